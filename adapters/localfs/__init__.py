@@ -1,0 +1,1 @@
+"""Adapters on the local filesystem: the embedded profile's blob store."""

@@ -1,0 +1,1 @@
+"""In-process adapters with real-store semantics: the embedded profile and the unit tests' fakes."""

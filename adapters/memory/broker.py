@@ -1,0 +1,125 @@
+"""An in-process broker with at-least-once semantics: redelivery, delayed retry, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from application.envelope import ATTEMPTS_HEADER, ENDPOINT_HEADER, REASON_HEADER, Envelope
+from application.ports import Delivery, MessageDispatcher
+
+
+@dataclass
+class _Queue:
+    ready: deque[tuple[Envelope, int]] = field(default_factory=deque)
+    signal: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class MemoryDelivery(Delivery):
+    """A delivery held by one consumer until settled; an unsettled one returns to the queue
+    when its consumer is dropped (a lost connection or a crash)."""
+
+    def __init__(self, broker: MemoryBroker, queue: str, envelope: Envelope, attempt: int,
+                 consumer: str, tag: int) -> None:
+        self.envelope = envelope
+        self.attempt = attempt
+        self._broker, self._queue, self.consumer, self.tag = broker, queue, consumer, tag
+
+    async def ack(self) -> None:
+        self._broker._settle(self)
+
+    async def retry(self, delay_s: float, reason: str) -> None:
+        if self._broker._settle(self):
+            self._broker._later(self._queue, self.envelope, self.attempt + 1, delay_s)
+
+    async def dead_letter(self, reason: str, endpoint: str) -> None:
+        if self._broker._settle(self):
+            headers = {**self.envelope.headers, REASON_HEADER: reason, ENDPOINT_HEADER: endpoint,
+                       ATTEMPTS_HEADER: str(self.attempt)}
+            self._broker.dead_letters[self._queue].append(
+                replace(self.envelope, headers=MappingProxyType(headers)))
+
+
+class MemoryBroker(MessageDispatcher):
+    """Queues named by endpoint. `dispatch` is confirmed at once; `consume` hands deliveries
+    to a named consumer; `drop_consumer` puts that consumer's unsettled deliveries back
+    (redelivery, possibly to another consumer while the first still runs: concurrent
+    copies). `publish` re-publishes a copy (duplicate injection)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, _Queue] = defaultdict(_Queue)
+        self._in_flight: dict[int, MemoryDelivery] = {}
+        self._tags = itertools.count(1)
+        self._delayed = 0
+        self.dead_letters: dict[str, list[Envelope]] = defaultdict(list)
+        self.published = 0
+
+    async def dispatch(self, destination: str, envelope: Envelope) -> None:
+        await asyncio.sleep(0)
+        await self._put(destination, envelope, 1)
+
+    def publish(self, destination: str, envelope: Envelope, attempt: int = 1) -> None:
+        """Enqueue without waiting (injection from outside a consumer)."""
+        self._queues[destination].ready.append((envelope, attempt))
+        self.published += 1
+        asyncio.get_running_loop().create_task(self._notify(destination))
+
+    async def _put(self, destination: str, envelope: Envelope, attempt: int) -> None:
+        queue = self._queues[destination]
+        queue.ready.append((envelope, attempt))
+        self.published += 1
+        async with queue.signal:
+            queue.signal.notify()
+
+    async def _notify(self, destination: str) -> None:
+        queue = self._queues[destination]
+        async with queue.signal:
+            queue.signal.notify_all()
+
+    def _settle(self, delivery: MemoryDelivery) -> bool:
+        return self._in_flight.pop(delivery.tag, None) is not None
+
+    def _later(self, queue: str, envelope: Envelope, attempt: int, delay_s: float) -> None:
+        self._delayed += 1
+
+        async def requeue() -> None:
+            await asyncio.sleep(delay_s)
+            self._delayed -= 1
+            await self._put(queue, envelope, attempt)
+
+        asyncio.get_running_loop().create_task(requeue())
+
+    async def consume(self, queue_name: str, consumer: str) -> AsyncIterator[MemoryDelivery]:
+        """Deliveries of `queue_name` for `consumer`, forever (cancel the task to stop)."""
+        queue = self._queues[queue_name]
+        while True:
+            async with queue.signal:
+                await queue.signal.wait_for(lambda: bool(queue.ready))
+                envelope, attempt = queue.ready.popleft()
+            delivery = MemoryDelivery(self, queue_name, envelope, attempt, consumer,
+                                      next(self._tags))
+            self._in_flight[delivery.tag] = delivery
+            yield delivery
+
+    def drop_consumer(self, consumer: str) -> int:
+        """Requeue every unsettled delivery of `consumer` (at the front, as RabbitMQ does);
+        returns how many. The consumer's own later settlements of them are ignored."""
+        dropped = [d for d in self._in_flight.values() if d.consumer == consumer]
+        for d in dropped:
+            del self._in_flight[d.tag]
+            self._queues[d._queue].ready.appendleft((d.envelope, d.attempt))
+            asyncio.get_running_loop().create_task(self._notify(d._queue))
+        return len(dropped)
+
+    def idle(self) -> bool:
+        """No ready message, none in flight, no delayed retry pending."""
+        return (not self._in_flight and self._delayed == 0
+                and all(not q.ready for q in self._queues.values()))
+
+    def depth(self, queue_name: str) -> int:
+        """Ready messages in `queue_name`."""
+        return len(self._queues[queue_name].ready)

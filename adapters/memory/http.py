@@ -1,0 +1,45 @@
+"""HTTP caller routed to in-process callees: the embedded profile's `HttpRequests`."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from application.errors import PermanentError, TransientError
+from application.http_callee import HttpCallee
+from application.ports import HttpRequests, HttpResult
+
+
+class InProcessHttp(HttpRequests):
+    """URLs `inproc://<service>/requests/<uuid>` go straight to that service's `HttpCallee`,
+    with the same status handling an HTTP client adapter applies."""
+
+    def __init__(self, callees: dict[str, HttpCallee]) -> None:
+        self.callees = callees
+
+    def _route(self, url: str) -> tuple[HttpCallee, uuid.UUID]:
+        scheme, _, rest = url.partition("://")
+        service, _, path = rest.partition("/")
+        callee = self.callees.get(service)
+        if scheme != "inproc" or callee is None or not path.startswith("requests/"):
+            raise PermanentError(f"no in-process callee for {url}")
+        return callee, uuid.UUID(path.removeprefix("requests/"))
+
+    async def put(self, url: str, body: bytes) -> None:
+        callee, request_id = self._route(url)
+        answer = await callee.put(request_id, body)
+        if answer.status >= 500:
+            raise TransientError(f"PUT {url}: {answer.status}")
+        if answer.status >= 300:
+            raise PermanentError(f"PUT {url}: {answer.status} {json.dumps(dict(answer.body))}")
+
+    async def post(self, url: str) -> HttpResult:
+        callee, request_id = self._route(url)
+        answer = await callee.post(request_id)
+        return HttpResult(answer.status, answer.body, answer.stored)
+
+    async def delete(self, url: str) -> None:
+        callee, request_id = self._route(url)
+        answer = await callee.delete(request_id)
+        if answer.status >= 500:
+            raise TransientError(f"DELETE {url}: {answer.status}")

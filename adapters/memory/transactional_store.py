@@ -1,0 +1,208 @@
+"""The transactional store in memory, with atomic transactions and optimistic concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from application.errors import Conflict
+from application.ports import Clock, TransactionalStore
+from application.records import (
+    Abandoned,
+    DeferredCleanup,
+    ProcessedMessage,
+    SideEffectRecord,
+    TransactionRecord,
+)
+from domain.decisions import Reply
+
+
+@dataclass
+class _Partition:
+    tr: TransactionRecord
+    state: Any = None
+    records: list[SideEffectRecord] = field(default_factory=list)
+
+
+def _same(a: SideEffectRecord, b: SideEffectRecord) -> bool:
+    return (a.kind, a.key, a.attempt_id) == (b.kind, b.key, b.attempt_id)
+
+
+class MemoryTransactionalStore(TransactionalStore):
+    """Every method is one transaction: it yields to the event loop once (the round trip),
+    then checks and writes without yielding, so it is atomic among coroutines. Conflicts
+    are raised exactly where PostgreSQL's single-statement version checks raise them."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.partitions: dict[str, _Partition] = {}
+        self.processed_rows: dict[uuid.UUID, ProcessedMessage] = {}
+        self.replies: dict[uuid.UUID, Reply] = {}
+        self.cleanups: dict[int, DeferredCleanup] = {}
+        self._cleanup_ids = itertools.count(1)
+
+    def _partition(self, partition: str) -> _Partition:
+        p = self.partitions.get(partition)
+        if p is None:
+            p = self.partitions[partition] = _Partition(TransactionRecord(partition, None, None, 0))
+        return p
+
+    def _bump(self, p: _Partition, **changes: Any) -> None:
+        p.tr = replace(p.tr, version=p.tr.version + 1, **changes)
+
+    def _defer(self, records: Sequence[SideEffectRecord], due: datetime) -> None:
+        for rec in records:
+            cid = next(self._cleanup_ids)
+            self.cleanups[cid] = DeferredCleanup(cid, rec.kind, rec.key, rec.payload, due)
+
+    def seed_state(self, partition: str, state: Any) -> None:
+        """Write a partition's initial business state (opening accounts, fixtures)."""
+        p = self._partition(partition)
+        p.state = state
+        self._bump(p)
+
+    async def load_tr(self, partition: str) -> TransactionRecord:
+        await asyncio.sleep(0)
+        return self._partition(partition).tr
+
+    async def load_tr_with_records(
+        self, partition: str
+    ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
+        await asyncio.sleep(0)
+        p = self._partition(partition)
+        return p.tr, tuple(p.records)
+
+    async def load_state(self, partition: str) -> Any:
+        await asyncio.sleep(0)
+        return self._partition(partition).state
+
+    async def register(self, record: SideEffectRecord, expected_version: int) -> int:
+        await asyncio.sleep(0)
+        p = self._partition(record.partition)
+        if p.tr.is_committed or p.tr.version != expected_version:
+            raise Conflict(f"partition {record.partition}: register at v{expected_version}, "
+                           f"TR at v{p.tr.version}")
+        p.records.append(record)
+        self._bump(p)
+        return p.tr.version
+
+    async def registration_valid(self, record: SideEffectRecord) -> bool:
+        await asyncio.sleep(0)
+        p = self._partition(record.partition)
+        return not p.tr.is_committed and any(_same(r, record) for r in p.records)
+
+    async def commit(
+        self,
+        partition: str,
+        expected_version: int,
+        state: Any,
+        message_id: uuid.UUID,
+        attempt_id: uuid.UUID,
+        records: Sequence[SideEffectRecord],
+        reply: Reply | None = None,
+        processed: ProcessedMessage | None = None,
+    ) -> None:
+        await asyncio.sleep(0)
+        p = self._partition(partition)
+        if p.tr.is_committed or p.tr.version != expected_version:
+            raise Conflict(f"partition {partition}: commit at v{expected_version}, "
+                           f"TR at v{p.tr.version}")
+        if processed is not None and processed.message_id in self.processed_rows:
+            raise Conflict(f"message {processed.message_id} already has an inbox row")
+        p.state = state
+        p.records.extend(records)
+        self._bump(p, message_id=message_id, attempt_id=attempt_id,
+                   committed_at=self.clock.now())
+        if reply is not None:
+            self.replies[message_id] = reply
+        if processed is not None:
+            self.processed_rows[processed.message_id] = processed
+
+    async def clear(
+        self,
+        partition: str,
+        expected_version: int,
+        records: Sequence[SideEffectRecord],
+        aborted: Sequence[SideEffectRecord],
+        cleanup_due: datetime,
+    ) -> bool:
+        await asyncio.sleep(0)
+        p = self._partition(partition)
+        if p.tr.version != expected_version:
+            return False
+        p.records = [r for r in p.records if not any(_same(r, x) for x in records)]
+        self._bump(p, message_id=None, attempt_id=None, committed_at=None)
+        self._defer(aborted, cleanup_due)
+        return True
+
+    async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
+        await asyncio.sleep(0)
+        return self.processed_rows.get(message_id)
+
+    async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
+        await asyncio.sleep(0)
+        return self.replies.get(message_id)
+
+    async def delete_reply(self, message_id: uuid.UUID) -> None:
+        await asyncio.sleep(0)
+        self.replies.pop(message_id, None)
+
+    async def committed_before(self, cutoff: datetime) -> Sequence[TransactionRecord]:
+        await asyncio.sleep(0)
+        return [p.tr for p in self.partitions.values()
+                if p.tr.committed_at is not None and p.tr.committed_at < cutoff]
+
+    async def due_cleanups(self, now: datetime) -> Sequence[DeferredCleanup]:
+        await asyncio.sleep(0)
+        return [c for c in self.cleanups.values() if c.due <= now]
+
+    async def drop_cleanups(self, cleanup_ids: Sequence[int]) -> None:
+        await asyncio.sleep(0)
+        for cid in cleanup_ids:
+            self.cleanups.pop(cid, None)
+
+    async def abandoned(self, cutoff: datetime) -> Sequence[Abandoned]:
+        await asyncio.sleep(0)
+        found = []
+        for name, p in self.partitions.items():
+            old = tuple(r for r in p.records
+                        if r.registered_at is not None and r.registered_at < cutoff)
+            if not p.tr.is_committed and old:
+                found.append(Abandoned(name, p.tr.version, old))
+        return found
+
+    async def take_over(self, abandoned: Abandoned, cleanup_due: datetime) -> bool:
+        await asyncio.sleep(0)
+        p = self._partition(abandoned.partition)
+        if p.tr.is_committed or p.tr.version != abandoned.version:
+            return False
+        p.records = [r for r in p.records if not any(_same(r, x) for x in abandoned.records)]
+        self._bump(p)
+        self._defer(abandoned.records, cleanup_due)
+        return True
+
+    async def purge_processed(self, before: datetime) -> int:
+        await asyncio.sleep(0)
+        old = [m for m, row in self.processed_rows.items() if row.processed_at < before]
+        for m in old:
+            del self.processed_rows[m]
+        return len(old)
+
+    async def unfinished_count(self) -> int:
+        return sum(p.tr.is_committed for p in self.partitions.values())
+
+    async def cleanup_count(self) -> int:
+        return len(self.cleanups)
+
+    def states(self) -> dict[str, Any]:
+        """Every partition's business state (test oracles and the demo's report)."""
+        return {name: p.state for name, p in self.partitions.items() if p.state is not None}
+
+    def record_count(self) -> int:
+        """Side-effect records still stored, over all partitions."""
+        return sum(len(p.records) for p in self.partitions.values())

@@ -1,0 +1,1 @@
+"""Adapters to the process's own facilities: the clock, ID generation, structured logging."""

@@ -1,0 +1,1 @@
+"""Application layer: the consistent-messaging protocol, written against ports."""

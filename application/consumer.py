@@ -1,0 +1,105 @@
+"""Settling deliveries: outcomes and errors mapped to ack, retry, dead-letter (protocol 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+
+from application.errors import Conflict, PermanentError, TransientError
+from application.failpoints import Failpoints
+from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED
+from application.ports import Delivery
+from application.processor import Outcome, Processor
+
+
+class Settlement(enum.StrEnum):
+    """How a delivery was settled; every delivery ends as exactly one of these."""
+
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"
+    RETRIED = "retried"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class Consumer:
+    """Runs an endpoint's `Processor` on deliveries and settles each one.
+
+    - duplicate or processed: ack;
+    - `PermanentError`: dead-letter with its reason (the token stays);
+    - `TransientError`, `Conflict` or an unexpected adapter error: delayed redelivery after
+      `retry_delays[attempt - 1]` seconds (the last delay repeats), and dead-letter with
+      "retries exhausted" once `max_attempts` deliveries failed.
+    `counts` holds the settlements, so every delivery is accounted for.
+    """
+
+    def __init__(
+        self,
+        processor: Processor,
+        max_attempts: int = 5,
+        retry_delays: Sequence[float] = (0.05, 0.2, 1.0, 5.0),
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        self.processor = processor
+        self.max_attempts = max_attempts
+        self.retry_delays = tuple(retry_delays)
+        self.counts: Counter[Settlement] = Counter()
+        self._fp = failpoints
+
+    async def settle(self, delivery: Delivery) -> Settlement:
+        """Process one delivery and settle it; returns the settlement."""
+        name = self.processor.endpoint.name
+        events = self.processor.ports.events
+        try:
+            outcome = await self.processor.process(delivery.envelope)
+        except PermanentError as exc:
+            return await self._dead_letter(delivery, exc.reason)
+        except (TransientError, Conflict, Exception) as exc:  # noqa: BLE001 - adapter errors retry
+            reason = f"{type(exc).__name__}: {exc}"
+            if delivery.attempt >= self.max_attempts:
+                return await self._dead_letter(
+                    delivery, f"retries exhausted after {delivery.attempt} attempts: {reason}")
+            delay = self.retry_delays[min(delivery.attempt, len(self.retry_delays)) - 1]
+            await delivery.retry(delay, reason)
+            events.emit(MESSAGE_RETRIED, endpoint=name,
+                        message_id=str(delivery.envelope.message_id),
+                        attempt=delivery.attempt, delay_s=delay, reason=reason)
+            self.counts[Settlement.RETRIED] += 1
+            return Settlement.RETRIED
+        if self._fp:
+            await self._fp.hit("before_ack")
+        await delivery.ack()
+        settlement = (Settlement.PROCESSED if outcome is Outcome.PROCESSED
+                      else Settlement.DUPLICATE)
+        self.counts[settlement] += 1
+        return settlement
+
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> Settlement:
+        name = self.processor.endpoint.name
+        await delivery.dead_letter(reason, name)
+        self.processor.ports.events.emit(
+            MESSAGE_DEAD_LETTERED, endpoint=name, message_id=str(delivery.envelope.message_id),
+            attempt=delivery.attempt, reason=reason)
+        self.counts[Settlement.DEAD_LETTERED] += 1
+        return Settlement.DEAD_LETTERED
+
+    async def serve(self, deliveries: AsyncIterator[Delivery], prefetch: int = 8) -> None:
+        """Settle deliveries as they come, at most `prefetch` at a time, until the iterator
+        ends; then wait for those in flight (graceful shutdown)."""
+        slots = asyncio.Semaphore(prefetch)
+        tasks: set[asyncio.Task[Settlement]] = set()
+
+        async def one(delivery: Delivery) -> Settlement:
+            try:
+                return await self.settle(delivery)
+            finally:
+                slots.release()
+
+        async for delivery in deliveries:
+            await slots.acquire()
+            task = asyncio.create_task(one(delivery))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)

@@ -1,0 +1,39 @@
+"""The transport-level message: ID, type, body and protocol headers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+#: Header of a message dispatched by a token-based sender: a token exists for it.
+TOKEN_HEADER = "eo-token"
+#: Header of an HTTP follow-up message: the URL of the request stored on the callee.
+REQUEST_URL_HEADER = "eo-request-url"
+#: Dead-letter headers (protocol 7).
+REASON_HEADER = "eo-reason"
+ENDPOINT_HEADER = "eo-endpoint"
+ATTEMPTS_HEADER = "eo-attempts"
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One message as it travels and as a token stores it (claim check).
+
+    - `message_id`: the sender-assigned ID shared by every copy.
+    - `type`: the registered message type name (AMQP `type`).
+    - `body`: UTF-8 JSON bytes of the message.
+    - `headers`: protocol headers (`eo-token`, `eo-request-url`, ...), strings only.
+    """
+
+    message_id: uuid.UUID
+    type: str
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+    def header(self, name: str) -> str | None:
+        """The header `name`, or None."""
+        return self.headers.get(name)

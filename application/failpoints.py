@@ -1,0 +1,121 @@
+"""Named failpoints (protocol 10): `name=action[@n|*n]` rules separated by `;`.
+
+Actions: `crash` (end the process at once), `raise` (a `TransientError`), `sleep:<ms>`,
+`drop_conn` (close the broker connection). `@n` fires on the n-th hit only, `*n` on each of
+the first n hits, neither on every hit. Off unless configured: callers hold `None` instead of
+a `Failpoints` and test `if fp:` so an unset failpoint costs one truth test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from application.errors import TransientError
+
+NAMES: frozenset[str] = frozenset(
+    {
+        "after_token_load", "after_tr_load", "after_token_check", "after_handler",
+        "before_commit", "after_commit", "after_publish_all", "after_cleanup_aborted",
+        "after_consume_token", "after_tr_clear", "before_ack",
+        "after_put", "after_post", "before_delete", "after_delete",
+        "callee.after_commit", "callee.before_reply",
+    }
+)
+#: Names taking a suffix: `after_register:<kind>`, `after_create:<kind>`, `after_publish:<k>`.
+PREFIXES: tuple[str, ...] = ("after_register:", "after_create:", "after_publish:")
+
+_RULE = re.compile(r"^(?P<name>[\w.:]+)=(?P<action>crash|raise|drop_conn|sleep:\d+)"
+                   r"(?:(?P<mode>[@*])(?P<n>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One parsed rule: `action` fires on hit `n` (`@`), on hits 1..n (`*`), or always."""
+
+    name: str
+    action: str
+    mode: str | None
+    n: int
+
+    def fires(self, hit: int) -> bool:
+        """Whether the `hit`-th hit (1-based) of the name fires."""
+        if self.mode == "@":
+            return hit == self.n
+        if self.mode == "*":
+            return hit <= self.n
+        return True
+
+
+def parse(spec: str) -> dict[str, Rule]:
+    """Parse an `EO_FAILPOINTS` value; raises ValueError naming the bad rule or name."""
+    rules: dict[str, Rule] = {}
+    for raw in filter(None, (part.strip() for part in spec.split(";"))):
+        match = _RULE.match(raw)
+        if match is None:
+            raise ValueError(f"EO_FAILPOINTS: cannot parse rule {raw!r}")
+        name = match["name"]
+        if name not in NAMES and not name.startswith(PREFIXES):
+            raise ValueError(f"EO_FAILPOINTS: unknown failpoint {name!r}")
+        rules[name] = Rule(name, match["action"], match["mode"], int(match["n"] or 0))
+    return rules
+
+
+class Failpoints:
+    """Active failpoints. `crash` and `drop_conn` call the hooks the entrypoint gives
+    (`os._exit` and the broker's connection close in a process; raising `Crash` in tests)."""
+
+    def __init__(
+        self,
+        rules: dict[str, Rule],
+        crash: Callable[[str], None],
+        drop_conn: Callable[[], Awaitable[None]] | None = None,
+        prefix: str = "",
+    ) -> None:
+        self._prefix = prefix
+        self._rules = rules
+        self._crash = crash
+        self._drop_conn = drop_conn
+        self.hits: Counter[str] = Counter()
+        self.fired: Counter[str] = Counter()
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: str | None,
+        crash: Callable[[str], None],
+        drop_conn: Callable[[], Awaitable[None]] | None = None,
+    ) -> Failpoints | None:
+        """`Failpoints` for a non-empty spec, else None (the zero-cost "off")."""
+        if not spec or not spec.strip():
+            return None
+        return cls(parse(spec), crash, drop_conn)
+
+    def scoped(self, prefix: str) -> Failpoints:
+        """A view whose names get `prefix` (e.g. `callee.`), sharing rules and counters."""
+        view = Failpoints(self._rules, self._crash, self._drop_conn, self._prefix + prefix)
+        view.hits, view.fired = self.hits, self.fired
+        return view
+
+    async def hit(self, name: str) -> None:
+        """Count a hit of `name` and perform its action when the rule fires."""
+        name = self._prefix + name
+        rule = self._rules.get(name)
+        if rule is None:
+            return
+        self.hits[name] += 1
+        if not rule.fires(self.hits[name]):
+            return
+        self.fired[name] += 1
+        if rule.action == "crash":
+            self._crash(name)
+        elif rule.action == "raise":
+            raise TransientError(f"failpoint {name}")
+        elif rule.action == "drop_conn":
+            if self._drop_conn is not None:
+                await self._drop_conn()
+        else:
+            await asyncio.sleep(int(rule.action.split(":", 1)[1]) / 1000)

@@ -1,0 +1,81 @@
+"""`finish`: publish a committed transaction, clean up its losers, consume, clear (protocol 3.1)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from application.failpoints import Failpoints
+from application.observability import SIDE_EFFECT_CLEANED, SIDE_EFFECT_PUBLISHED, TOKEN_CONSUMED
+from application.records import Kind, SideEffectRecord
+from application.side_effects import SideEffects
+
+if TYPE_CHECKING:
+    from application.processor import Ports
+
+_KIND_ORDER = {kind: i for i, kind in enumerate(Kind)}
+
+
+class Finisher:
+    """Completes the transaction committed to (message M, attempt A) on a partition.
+
+    Safe to run concurrently from any number of workers (committer, redelivered copy, next
+    message of the partition, sweeper) thanks to the two-sided fence: the TR and records are
+    read together and acted on only if the TR is still committed to (M, A); the clear is a
+    compare-and-clear on the version read. Every step is idempotent, so a crash anywhere in
+    it is repaired by running it again.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        ports: Ports,
+        effects: SideEffects,
+        failpoints: Failpoints | None,
+        cleanup_grace: timedelta,
+    ) -> None:
+        self._endpoint = endpoint
+        self._ports = ports
+        self.effects = effects
+        self._fp = failpoints
+        self._grace = cleanup_grace
+
+    async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID) -> bool:
+        """Finish (M, A) on `partition`. Returns False when someone else already finished it."""
+        ports, fp, ev = self._ports, self._fp, self._ports.events
+        tr, records = await ports.store.load_tr_with_records(partition)
+        if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
+            return False
+        fields = {"endpoint": self._endpoint, "message_id": str(message_id),
+                  "attempt_id": str(attempt_id), "partition": partition}
+        committed = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)
+        aborted = sorted((r for r in records if r.attempt_id != attempt_id), key=_order)
+        published = 0
+        for rec in committed:
+            if await self.effects.publish(rec.kind, rec.key, rec.payload):
+                published += 1
+                ev.emit(SIDE_EFFECT_PUBLISHED, kind=str(rec.kind), key=rec.key, **fields)
+                if fp:
+                    await fp.hit(f"after_publish:{published}")
+        if fp:
+            await fp.hit("after_publish_all")
+        for rec in aborted:  # losers go before the token: I8 holds once the message is consumed
+            await self.effects.clean_up(rec.kind, rec.key)
+            ev.emit(SIDE_EFFECT_CLEANED, kind=str(rec.kind), key=rec.key,
+                    loser_attempt_id=str(rec.attempt_id), **fields)
+        if fp:
+            await fp.hit("after_cleanup_aborted")
+        await ports.tokens.delete(message_id)  # consume: the last publication step
+        ev.emit(TOKEN_CONSUMED, **fields)
+        if fp:
+            await fp.hit("after_consume_token")
+        await ports.store.clear(partition, tr.version, records, aborted,
+                                ports.clock.now() + self._grace)
+        if fp:
+            await fp.hit("after_tr_clear")
+        return True
+
+
+def _order(rec: SideEffectRecord) -> tuple[int, str, int]:
+    return (_KIND_ORDER[rec.kind], str(rec.attempt_id), rec.seq)

@@ -1,0 +1,102 @@
+"""The callee's half of HTTP request/response (protocol 6), independent of any HTTP server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from application.envelope import TOKEN_HEADER, Envelope
+from application.errors import PermanentError, TransientError
+from application.failpoints import Failpoints
+from application.ports import PutResult, RequestStore
+from application.processor import Processor
+
+_PUT_STATUS = {PutResult.CREATED: 201, PutResult.SAME: 200, PutResult.DIFFERENT: 409,
+               PutResult.GONE: 410}
+
+
+@dataclass(frozen=True)
+class CalleeResponse:
+    """What the HTTP layer sends: status, JSON body, and whether it is a stored business
+    response (then the header `EO-Stored-Response: true` goes with it)."""
+
+    status: int
+    body: Mapping[str, Any]
+    stored: bool = False
+
+
+class HttpCallee:
+    """PUT/POST/GET/DELETE of `/requests/{id}` for one callee endpoint.
+
+    POST runs the stored request through the same `Processor` as a message (incoming ID =
+    request ID, token = "stored and not yet answered"); the commit stores the response and
+    marking the request answered is the consume step. `request_type` names the message type
+    the stored body decodes to. `failpoints` is the scoped view (`callee.` names). Never
+    raises: every outcome is a `CalleeResponse`.
+    """
+
+    def __init__(
+        self,
+        processor: Processor,
+        requests: RequestStore,
+        request_type: str,
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        self.processor = processor
+        self.requests = requests
+        self.request_type = request_type
+        self._fp = failpoints
+
+    def _envelope(self, request_id: uuid.UUID, body: bytes) -> Envelope:
+        return Envelope(request_id, self.request_type, body, MappingProxyType({TOKEN_HEADER: "1"}))
+
+    async def put(self, request_id: uuid.UUID, body: bytes) -> CalleeResponse:
+        """Store a request create-only: 201 new, 200 same body, 409 other body, 410 deleted,
+        422 when the body is not a valid request."""
+        envelope = self._envelope(request_id, body)
+        try:
+            self.processor.decode(envelope)
+        except PermanentError as exc:
+            return CalleeResponse(422, {"error": exc.reason})
+        result = await self.requests.put(request_id, envelope)
+        return CalleeResponse(_PUT_STATUS[result], {"request_id": str(request_id),
+                                                    "result": str(result)})
+
+    async def post(self, request_id: uuid.UUID) -> CalleeResponse:
+        """Process the request once and answer its stored response (same on every retry);
+        404 unknown, 503 on a transient failure (nothing committed), 422 when rejected."""
+        store = self.processor.ports.store
+        reply = await store.stored_reply(request_id)
+        if reply is None:
+            stored = await self.requests.get(request_id)
+            if stored is None and not await self.requests.known(request_id):
+                return CalleeResponse(404, {"error": f"unknown request {request_id}"})
+            if stored is not None:
+                try:
+                    await self.processor.process(stored)
+                except PermanentError as exc:
+                    return CalleeResponse(422, {"error": exc.reason})
+                except TransientError as exc:
+                    return CalleeResponse(503, {"error": str(exc)})
+            reply = await store.stored_reply(request_id)
+            if reply is None:
+                return CalleeResponse(404, {"error": f"unknown request {request_id}"})
+        if self._fp:
+            await self._fp.hit("before_reply")
+        return CalleeResponse(reply.status, reply.body, stored=True)
+
+    async def get(self, request_id: uuid.UUID) -> CalleeResponse:
+        """The stored response, or 404."""
+        reply = await self.processor.ports.store.stored_reply(request_id)
+        if reply is None:
+            return CalleeResponse(404, {"error": f"no response for {request_id}"})
+        return CalleeResponse(reply.status, reply.body, stored=True)
+
+    async def delete(self, request_id: uuid.UUID) -> CalleeResponse:
+        """Remove request and response, keep a tombstone (also for an unknown ID): 204."""
+        await self.requests.remove(request_id, self.processor.ports.clock.now())
+        await self.processor.ports.store.delete_reply(request_id)
+        return CalleeResponse(204, {})

@@ -1,0 +1,42 @@
+"""The event names of protocol 9 and an in-process counter of them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Final
+
+MESSAGE_RECEIVED: Final = "message.received"
+MESSAGE_DUPLICATE: Final = "message.duplicate"
+HANDLER_INVOKED: Final = "handler.invoked"
+TRANSACTION_COMMITTED: Final = "transaction.committed"
+TRANSACTION_CONFLICT: Final = "transaction.conflict"
+SIDE_EFFECT_PUBLISHED: Final = "side_effect.published"
+SIDE_EFFECT_CLEANED: Final = "side_effect.cleaned"
+TOKEN_CONSUMED: Final = "token.consumed"
+MESSAGE_DEAD_LETTERED: Final = "message.dead_lettered"
+MESSAGE_RETRIED: Final = "message.retried"
+
+EVENTS: Final = (
+    MESSAGE_RECEIVED, MESSAGE_DUPLICATE, HANDLER_INVOKED, TRANSACTION_COMMITTED,
+    TRANSACTION_CONFLICT, SIDE_EFFECT_PUBLISHED, SIDE_EFFECT_CLEANED, TOKEN_CONSUMED,
+    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED,
+)
+
+
+class CountingSink:
+    """An `EventSink` that counts events per (endpoint, event) and forwards to `inner`."""
+
+    def __init__(self, inner: object | None = None) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._inner = inner
+
+    def emit(self, event: str, **fields: object) -> None:
+        """Count `event` under its `endpoint` field, then forward it."""
+        self.counts[(str(fields.get("endpoint", "")), event)] += 1
+        emit = getattr(self._inner, "emit", None)
+        if emit is not None:
+            emit(event, **fields)
+
+    def total(self, event: str) -> int:
+        """How often `event` was emitted, over all endpoints."""
+        return sum(n for (_, name), n in self.counts.items() if name == event)

@@ -1,0 +1,249 @@
+"""Ports: what the protocol needs from the outside world, with the guarantees it relies on."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from application.envelope import Envelope
+from application.records import (
+    Abandoned,
+    DeferredCleanup,
+    ProcessedMessage,
+    SideEffectRecord,
+    TransactionRecord,
+)
+from domain.decisions import Reply
+
+
+class TokenStore(Protocol):
+    """Tokens: a row per in-flight message whose existence authorises processing it.
+
+    The row holds the message (claim check), so reading the body and checking the token are
+    one read. All methods are idempotent. Raises `TransientError` when the store is
+    unreachable.
+    """
+
+    async def create(self, envelopes: Sequence[Envelope]) -> None:
+        """Create a token per envelope; an existing token is left as it is."""
+
+    async def get(self, message_id: uuid.UUID) -> Envelope | None:
+        """The stored message, or None when no token exists (duplicate or consumed)."""
+
+    async def exists(self, message_id: uuid.UUID) -> bool:
+        """Whether the token exists."""
+
+    async def delete(self, message_id: uuid.UUID) -> None:
+        """Delete the token (consume); deleting a missing token is a no-op."""
+
+    async def count(self) -> int:
+        """Tokens in flight (a gauge, and the I9 check)."""
+
+
+class TransactionalStore(Protocol):
+    """The endpoint's transactional store: business state and protocol state per partition.
+
+    Every method is one atomic transaction. Optimistic writes take the transaction record's
+    version the caller loaded and raise `Conflict` when it moved. Raises `TransientError`
+    when the store is unreachable or a commit's outcome is unknown.
+    """
+
+    async def load_tr(self, partition: str) -> TransactionRecord:
+        """The partition's transaction record, created idle at version 0 when missing."""
+
+    async def load_tr_with_records(
+        self, partition: str
+    ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
+        """The transaction record and all side-effect records of the partition, in one read."""
+
+    async def load_state(self, partition: str) -> Any:
+        """The partition's business state, or None when never written."""
+
+    async def register(self, record: SideEffectRecord, expected_version: int) -> int:
+        """Insert `record` and bump the version, only while the TR is idle at
+        `expected_version`. Returns the new version; raises `Conflict` otherwise."""
+
+    async def registration_valid(self, record: SideEffectRecord) -> bool:
+        """The re-check of protocol 3.2: the record still exists and the TR is idle."""
+
+    async def commit(
+        self,
+        partition: str,
+        expected_version: int,
+        state: Any,
+        message_id: uuid.UUID,
+        attempt_id: uuid.UUID,
+        records: Sequence[SideEffectRecord],
+        reply: Reply | None = None,
+        processed: ProcessedMessage | None = None,
+    ) -> None:
+        """One transaction: write `state`, mark the TR committed to (message, attempt), bump
+        the version, insert `records` (those needing no artifact), store `reply` (HTTP callee)
+        and insert `processed` (inbox row; `Conflict` when the message ID already has one).
+        Raises `Conflict` unless the TR is idle at `expected_version`."""
+
+    async def clear(
+        self,
+        partition: str,
+        expected_version: int,
+        records: Sequence[SideEffectRecord],
+        aborted: Sequence[SideEffectRecord],
+        cleanup_due: datetime,
+    ) -> bool:
+        """Compare-and-clear (protocol 3.1): only if the TR is still at `expected_version`,
+        make it idle, bump the version, delete exactly `records` and list `aborted` for
+        deferred clean-up at `cleanup_due`. Returns whether it cleared."""
+
+    async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
+        """The inbox row of `message_id` (positive-proof path), or None."""
+
+    async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
+        """The HTTP callee's stored response to request `message_id`, or None."""
+
+    async def delete_reply(self, message_id: uuid.UUID) -> None:
+        """Delete a stored response (idempotent)."""
+
+    async def committed_before(self, cutoff: datetime) -> Sequence[TransactionRecord]:
+        """Transaction records committed before `cutoff` (sweeper step 1)."""
+
+    async def due_cleanups(self, now: datetime) -> Sequence[DeferredCleanup]:
+        """Deferred clean-ups whose due time has passed (sweeper step 2)."""
+
+    async def drop_cleanups(self, cleanup_ids: Sequence[int]) -> None:
+        """Forget deferred clean-ups once their artifacts are deleted."""
+
+    async def abandoned(self, cutoff: datetime) -> Sequence[Abandoned]:
+        """Registrations on idle TRs made before `cutoff` (sweeper step 3)."""
+
+    async def take_over(self, abandoned: Abandoned, cleanup_due: datetime) -> bool:
+        """In one optimistic write (bump the version, delete the records, list them for
+        deferred clean-up) take abandoned registrations over. Returns False on conflict."""
+
+    async def purge_processed(self, before: datetime) -> int:
+        """Delete inbox rows processed before `before`; returns how many (sweeper step 4)."""
+
+    async def unfinished_count(self) -> int:
+        """Committed-but-unfinished transaction records."""
+
+    async def cleanup_count(self) -> int:
+        """Deferred clean-ups still listed (aborted artifacts not yet deleted for good)."""
+
+
+class MessageDispatcher(Protocol):
+    """Publishes messages to endpoint queues.
+
+    `dispatch` returns only once the broker confirmed the message (publisher confirm); raises
+    `TransientError` otherwise. Re-dispatching an ID is harmless: receivers drop copies.
+    """
+
+    async def dispatch(self, destination: str, envelope: Envelope) -> None:
+        """Publish `envelope` persistently to the queue of endpoint `destination`."""
+
+
+class Delivery(Protocol):
+    """One broker delivery of an envelope, to be settled exactly once."""
+
+    envelope: Envelope
+    #: 1 on first delivery, incremented by each delayed redelivery.
+    attempt: int
+
+    async def ack(self) -> None:
+        """Remove the delivery from the queue."""
+
+    async def retry(self, delay_s: float, reason: str) -> None:
+        """Redeliver after `delay_s` seconds (delayed-retry queue), counting an attempt."""
+
+    async def dead_letter(self, reason: str, endpoint: str) -> None:
+        """Move to the dead-letter queue with reason, endpoint and attempt headers."""
+
+
+class BlobStore(Protocol):
+    """Blobs (S3 objects or files). `put` overwrites, `delete` is idempotent."""
+
+    async def put(self, key: str, content: bytes, media_type: str) -> None:
+        """Store `content` under `key`."""
+
+    async def delete(self, key: str) -> None:
+        """Delete `key`; a missing key is a no-op."""
+
+    async def exists(self, key: str) -> bool:
+        """Whether `key` exists."""
+
+    async def keys(self, prefix: str = "") -> list[str]:
+        """All keys under `prefix`, sorted."""
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """A callee's answer: status, JSON body and whether it is a stored business response
+    (header `EO-Stored-Response: true`, protocol 6)."""
+
+    status: int
+    body: Mapping[str, Any]
+    stored: bool
+
+
+class HttpRequests(Protocol):
+    """The caller's side of the HTTP protocol (protocol 6). Raises `TransientError` on network
+    errors and 5xx; `put` raises `PermanentError` on a 4xx other than 409."""
+
+    async def put(self, url: str, body: bytes) -> None:
+        """Store the request body under `url` (create-only on the callee)."""
+
+    async def post(self, url: str) -> HttpResult:
+        """Ask the callee to process the stored request; returns its answer as is."""
+
+    async def delete(self, url: str) -> None:
+        """Delete the request and its response (idempotent on the callee)."""
+
+
+class Clock(Protocol):
+    """Wall-clock time, injected so the protocol and its tests control it."""
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware UTC."""
+
+
+class IdGenerator(Protocol):
+    """Fresh attempt, message and artifact IDs (uuid4 in production, seeded in tests)."""
+
+    def __call__(self) -> uuid.UUID:
+        """A new unique ID."""
+
+
+class EventSink(Protocol):
+    """Structured events of protocol 9 (logged as JSON and counted as metrics)."""
+
+    def emit(self, event: str, **fields: object) -> None:
+        """Record `event` with its fields (endpoint, message_id, attempt_id, partition, ...)."""
+
+
+class PutResult(enum.StrEnum):
+    """Outcome of storing a request on the HTTP callee (protocol 6, PUT)."""
+
+    CREATED = "created"
+    SAME = "same"  # same body stored before: 200
+    DIFFERENT = "different"  # another body under this ID: 409
+    GONE = "gone"  # deleted before (tombstone): 410
+
+
+class RequestStore(TokenStore, Protocol):
+    """The HTTP callee's stored requests. As a `TokenStore` a request is a token: `get` and
+    `exists` see it while stored and not answered, `delete` marks it answered (the consume
+    step). Tombstones of deleted requests are kept for the retention window."""
+
+    async def put(self, request_id: uuid.UUID, envelope: Envelope) -> PutResult:
+        """Store a request create-only; see `PutResult`."""
+
+    async def known(self, request_id: uuid.UUID) -> bool:
+        """Whether the request is stored, answered or not (not deleted)."""
+
+    async def remove(self, request_id: uuid.UUID, now: datetime) -> None:
+        """Delete the request and keep a tombstone, also for an unknown ID (idempotent)."""
+
+    async def purge_tombstones(self, before: datetime) -> int:
+        """Drop tombstones made before `before`; returns how many."""

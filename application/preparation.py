@@ -1,0 +1,143 @@
+"""Preparing an attempt's side effects: register, create, re-check (protocol 3.2)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from application.codec import encode
+from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.errors import Conflict, PermanentError
+from application.failpoints import Failpoints
+from application.records import Kind, SideEffectRecord
+from application.side_effects import message_payload
+from domain.decisions import CallHttp, Decision, Outgoing
+
+if TYPE_CHECKING:
+    import uuid
+
+    from application.processor import Ports
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the commit needs: the expected TR version after the registrations, the records
+    the commit inserts itself, and the outgoing messages (for the inbox row)."""
+
+    version: int
+    records: tuple[SideEffectRecord, ...]
+    outgoing: tuple[Mapping[str, str], ...]
+
+
+class Preparation:
+    """Turns a decision into registered records and created artifacts, in the handler's
+    order: blobs, the HTTP request, then outgoing messages (the follow-up included).
+
+    Raises `Conflict` when a registration or a re-check fails (the attempt must abort; its
+    artifacts are deleted by the winner's clean-up or, after a failed re-check, here).
+    """
+
+    def __init__(self, endpoint: str, ports: Ports, failpoints: Failpoints | None) -> None:
+        self._endpoint = endpoint
+        self._ports = ports
+        self._fp = failpoints
+
+    async def run(
+        self,
+        partition: str,
+        version: int,
+        incoming: Envelope,
+        attempt: uuid.UUID,
+        decision: Decision[Any],
+    ) -> Prepared:
+        """Register, create and re-check every artifact of `decision`; see the class doc."""
+        ports = self._ports
+        seq = iter(range(1_000_000))
+        now = ports.clock.now()
+
+        def record(
+            kind: Kind, key: str, payload: Mapping[str, str] | None = None
+        ) -> SideEffectRecord:
+            return SideEffectRecord(partition, kind, key, incoming.message_id, attempt,
+                                    next(seq), MappingProxyType(dict(payload or {})), now)
+
+        blobs = ports.blobs
+        for blob in decision.blobs:
+            if blobs is None:
+                raise PermanentError("the handler asked for a blob but no blob store is configured")
+            version = await self._artifact(
+                record(Kind.BLOB, blob.key), version,
+                create=partial(blobs.put, blob.key, blob.content, blob.media_type),
+                delete=partial(blobs.delete, blob.key))
+        outgoing = list(decision.outgoing)
+        follow_up_headers: dict[str, str] = {}
+        if decision.http_call is not None:
+            url, version = await self._http_request(record, version, decision.http_call)
+            outgoing.append(Outgoing(self._endpoint, decision.http_call.follow_up))
+            follow_up_headers[REQUEST_URL_HEADER] = url
+        payloads: list[Mapping[str, str]] = []
+        for index, out in enumerate(outgoing):
+            headers = {TOKEN_HEADER: "1"}
+            if follow_up_headers and index == len(outgoing) - 1:
+                headers.update(follow_up_headers)
+            envelope = Envelope(ports.ids(), type(out.message).__name__, encode(out.message),
+                                MappingProxyType(headers))
+            payload = message_payload(out.destination, envelope)
+            payloads.append(MappingProxyType({**payload, "message_id": str(envelope.message_id)}))
+            version = await self._artifact(
+                record(Kind.MESSAGE, str(envelope.message_id), payload), version,
+                create=partial(ports.tokens.create, [envelope]),
+                delete=partial(ports.tokens.delete, envelope.message_id))
+        extra: list[SideEffectRecord] = []
+        request_url = incoming.header(REQUEST_URL_HEADER)
+        if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)
+            extra.append(record(Kind.HTTP_DELETE, request_url))
+        return Prepared(version, tuple(extra), tuple(payloads))
+
+    async def _http_request(
+        self,
+        record: Callable[[Kind, str], SideEffectRecord],
+        version: int,
+        call: CallHttp,
+    ) -> tuple[str, int]:
+        ports, http = self._ports, self._ports.http
+        base = ports.services.get(call.service)
+        if http is None or base is None:
+            raise PermanentError(f"no HTTP callee configured for service {call.service!r}")
+        url = f"{base.rstrip('/')}/requests/{ports.ids()}"
+        body = json.dumps(call.body, sort_keys=True, default=str).encode()
+
+        async def put() -> None:
+            await http.put(url, body)
+            if self._fp:
+                await self._fp.hit("after_put")
+
+        version = await self._artifact(record(Kind.HTTP_REQUEST, url), version,
+                                       create=put, delete=partial(http.delete, url))
+        return url, version
+
+    async def _artifact(
+        self,
+        rec: SideEffectRecord,
+        version: int,
+        create: Callable[[], Awaitable[None]],
+        delete: Callable[[], Awaitable[None]],
+    ) -> int:
+        """register -> create -> re-check one artifact; returns the new expected version."""
+        store, fp = self._ports.store, self._fp
+        version = await store.register(rec, version)
+        if fp:
+            await fp.hit(f"after_register:{rec.kind}")
+        await create()
+        if fp:
+            await fp.hit(f"after_create:{rec.kind}")
+        if not await store.registration_valid(rec):
+            # another attempt committed and may have cleaned up already: our artifact would
+            # be an orphan nobody deletes (protocol 3.2, step 3)
+            await delete()
+            raise Conflict(f"{rec.kind} {rec.key}: registration gone or transaction committed")
+        return version

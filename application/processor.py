@@ -1,0 +1,233 @@
+"""The processing of one delivery: token path (protocol 3) and positive-proof path (protocol 4)."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from application.codec import decode
+from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.errors import (
+    Conflict,
+    HandlerRejected,
+    MalformedMessage,
+    PermanentError,
+    TransientError,
+    UnknownMessageType,
+)
+from application.failpoints import Failpoints
+from application.finisher import Finisher
+from application.http_caller import collect_response
+from application.locks import PartitionLocks
+from application.observability import (
+    HANDLER_INVOKED,
+    MESSAGE_DUPLICATE,
+    MESSAGE_RECEIVED,
+    TRANSACTION_COMMITTED,
+    TRANSACTION_CONFLICT,
+)
+from application.ports import (
+    BlobStore,
+    Clock,
+    EventSink,
+    HttpRequests,
+    IdGenerator,
+    MessageDispatcher,
+    TokenStore,
+    TransactionalStore,
+)
+from application.preparation import Preparation
+from application.records import ProcessedMessage, TransactionRecord
+from application.side_effects import SideEffects, envelope_of
+from domain.context import Context, HttpResponse
+from domain.decisions import Decision, Endpoint
+from domain.errors import Rejected
+
+
+class Strategy(enum.StrEnum):
+    """How an endpoint recognises duplicates (configuration, per endpoint)."""
+
+    TOKEN = "token"  # protocol 3: a message may be processed only while its token exists
+    OUTBOX = "outbox"  # protocol 4: positive proof, one inbox row per processed message
+
+
+class Outcome(enum.StrEnum):
+    """How a delivery ended without error."""
+
+    PROCESSED = "processed"
+    DUPLICATE = "duplicate"
+
+
+@dataclass
+class Ports:
+    """The adapters one endpoint's processor works through."""
+
+    tokens: TokenStore
+    store: TransactionalStore
+    dispatcher: MessageDispatcher
+    clock: Clock
+    ids: IdGenerator
+    events: EventSink
+    blobs: BlobStore | None = None
+    http: HttpRequests | None = None
+    #: service name -> base URL of its HTTP callee (protocol 6), e.g. {"payments": "http://..."}
+    services: dict[str, str] = field(default_factory=dict)
+
+
+class _Duplicate(Exception):
+    """Internal: the delivery turned out to be a duplicate; ack it."""
+
+
+class Processor:
+    """Processes deliveries for one endpoint, exactly once in effect.
+
+    `process(envelope)` returns an `Outcome` or raises `PermanentError` (dead-letter) or
+    `TransientError` (delayed redelivery; conflicts retried `conflict_retries` times first).
+    `failpoints` is None when none are configured (the HTTP callee passes
+    `failpoints.scoped("callee.")`). Source: protocol.md sections 3.1-3.3 and 4.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint[Any],
+        ports: Ports,
+        strategy: Strategy = Strategy.TOKEN,
+        failpoints: Failpoints | None = None,
+        conflict_retries: int = 3,
+        cleanup_grace: timedelta = timedelta(minutes=30),
+    ) -> None:
+        self.endpoint = endpoint
+        self.ports = ports
+        self.strategy = strategy
+        self.conflict_retries = conflict_retries
+        self._fp = failpoints
+        self._locks = PartitionLocks()
+        effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, failpoints)
+        self.finisher = Finisher(endpoint.name, ports, effects, failpoints, cleanup_grace)
+        self._prepare = Preparation(endpoint.name, ports, failpoints)
+
+    async def _hit(self, name: str) -> None:
+        if self._fp:
+            await self._fp.hit(name)
+
+    async def process(self, envelope: Envelope) -> Outcome:
+        """Process one delivery; see the class docstring for the errors raised."""
+        ev = self.ports.events
+        ev.emit(MESSAGE_RECEIVED, endpoint=self.endpoint.name, message_id=str(envelope.message_id),
+                type=envelope.type)
+        for _ in range(self.conflict_retries + 1):
+            try:
+                return await self._attempt(envelope)
+            except _Duplicate:
+                ev.emit(MESSAGE_DUPLICATE, endpoint=self.endpoint.name,
+                        message_id=str(envelope.message_id))
+                return Outcome.DUPLICATE
+            except Conflict as exc:
+                ev.emit(TRANSACTION_CONFLICT, endpoint=self.endpoint.name,
+                        message_id=str(envelope.message_id), reason=str(exc))
+        raise TransientError(f"optimistic-concurrency conflict {self.conflict_retries + 1} times")
+
+    async def _load(self, envelope: Envelope) -> Envelope:
+        if self.strategy is Strategy.OUTBOX:
+            return envelope
+        if envelope.header(TOKEN_HEADER) is None:
+            raise MalformedMessage("no token header: the sender did not create a token")
+        stored = await self.ports.tokens.get(envelope.message_id)
+        await self._hit("after_token_load")
+        if stored is None:
+            raise _Duplicate
+        return stored
+
+    async def _still_pending(self, m: uuid.UUID) -> None:
+        """The check after the TR load: token exists (token path) or no inbox row (outbox)."""
+        if self.strategy is Strategy.TOKEN:
+            if not await self.ports.tokens.exists(m):
+                raise _Duplicate
+            return
+        row = await self.ports.store.processed(m)
+        if row is not None:
+            # processed before: re-publish the stored, byte-identical copies (protocol 4)
+            for stored in row.outgoing:
+                destination, env = envelope_of(stored["message_id"], stored)
+                await self.ports.dispatcher.dispatch(destination, env)
+            raise _Duplicate
+
+    def decode(self, envelope: Envelope) -> Any:
+        """The domain message of `envelope`; raises `UnknownMessageType` / `MalformedMessage`."""
+        cls = self.endpoint.messages.get(envelope.type)
+        if cls is None:
+            raise UnknownMessageType(f"unknown message type {envelope.type!r}")
+        return decode(cls, envelope.body)
+
+    async def _attempt(self, envelope: Envelope) -> Outcome:
+        m = envelope.message_id
+        stored = await self._load(envelope)
+        message = self.decode(stored)
+        partition = self.endpoint.partition_of(message)
+        async with self._locks.hold(partition):
+            tr = await self._settle_committed(partition, m)
+            await self._still_pending(m)
+            await self._hit("after_token_check")
+            return await self._run(stored, message, partition, tr)
+
+    async def _settle_committed(self, partition: str, m: uuid.UUID) -> TransactionRecord:
+        """Load the TR and finish whatever transaction is committed on it (3.1)."""
+        tr = await self.ports.store.load_tr(partition)
+        await self._hit("after_tr_load")
+        while tr.message_id is not None and tr.attempt_id is not None:
+            await self.finisher.finish(partition, tr.message_id, tr.attempt_id)
+            if tr.message_id == m:
+                raise _Duplicate  # it was ours: committed earlier, now finished
+            tr = await self.ports.store.load_tr(partition)
+        return tr
+
+    async def _run(
+        self, stored: Envelope, message: Any, partition: str, tr: TransactionRecord
+    ) -> Outcome:
+        ports, name, m = self.ports, self.endpoint.name, stored.message_id
+        attempt = ports.ids()
+        response = await self._follow_up_response(stored)
+        state = await ports.store.load_state(partition)
+        context = Context(message_id=m, attempt_id=attempt, now=ports.clock.now(),
+                          http_response=response)
+        ports.events.emit(HANDLER_INVOKED, endpoint=name, message_id=str(m),
+                          attempt_id=str(attempt), partition=partition)
+        decision = self._handle(state, message, context)
+        await self._hit("after_handler")
+        prepared = await self._prepare.run(partition, tr.version, stored, attempt, decision)
+        processed = None
+        if self.strategy is Strategy.OUTBOX:
+            processed = ProcessedMessage(m, partition, prepared.outgoing, ports.clock.now())
+        await self._hit("before_commit")
+        await ports.store.commit(partition, prepared.version, decision.state, m, attempt,
+                                 prepared.records, decision.reply, processed)
+        ports.events.emit(TRANSACTION_COMMITTED, endpoint=name, message_id=str(m),
+                          attempt_id=str(attempt), partition=partition)
+        await self._hit("after_commit")
+        await self.finisher.finish(partition, m, attempt)
+        return Outcome.PROCESSED
+
+    def _handle(self, state: Any, message: Any, context: Context) -> Decision[Any]:
+        try:
+            return self.endpoint.handle(state, message, context)
+        except Rejected as exc:
+            raise HandlerRejected(f"rejected by handler: {exc.reason}") from exc
+        except Exception as exc:  # a pure handler's failure is deterministic: retrying won't help
+            raise PermanentError(f"handler failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _follow_up_response(self, stored: Envelope) -> HttpResponse | None:
+        url = stored.header(REQUEST_URL_HEADER)
+        if url is None:
+            return None
+        if self.ports.http is None:
+            raise PermanentError("HTTP follow-up received but no HTTP client is configured")
+        result = await collect_response(self.ports.http, url, self._fp)
+        if result is None:  # 404 without a stored response: duplicate if our token is gone
+            if not await self.ports.tokens.exists(stored.message_id):
+                raise _Duplicate
+            raise PermanentError(f"request {url} unknown on the callee")
+        return result
+

@@ -1,0 +1,94 @@
+"""Protocol state kept in the transactional store: transaction and side-effect records."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from types import MappingProxyType
+
+
+class Kind(StrEnum):
+    """Side-effect kinds (protocol 5), in the order `finish` publishes and cleans them."""
+
+    HTTP_DELETE = "http_delete"
+    HTTP_REQUEST = "http_request"
+    BLOB = "blob"
+    MESSAGE = "message"
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """One row per partition (protocol 2).
+
+    `message_id`/`attempt_id` are both None while idle and name the committed transaction
+    otherwise; `version` is bumped by every write and checked by every optimistic write;
+    `committed_at` is the commit time (UTC) while committed.
+    """
+
+    partition: str
+    message_id: uuid.UUID | None
+    attempt_id: uuid.UUID | None
+    version: int
+    committed_at: datetime | None = None
+
+    @property
+    def is_committed(self) -> bool:
+        """True while a committed transaction waits to be finished."""
+        return self.message_id is not None
+
+
+@dataclass(frozen=True)
+class SideEffectRecord:
+    """An artifact an attempt will create or has created (protocol 2, "side-effect record").
+
+    - `key`: the artifact's name: a message ID, a blob key, a request URL.
+    - `seq`: position in the attempt's decision, so publication keeps the handler's order.
+    - `payload`: what publication needs (for a message: destination, type, body, headers).
+    - `registered_at`: UTC time of registration, used by the sweeper's grace period.
+    """
+
+    partition: str
+    kind: Kind
+    key: str
+    incoming_id: uuid.UUID
+    attempt_id: uuid.UUID
+    seq: int
+    payload: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    registered_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class DeferredCleanup:
+    """An aborted artifact to delete again once `due` (UTC) has passed (protocol 8, step 2)."""
+
+    cleanup_id: int
+    kind: Kind
+    key: str
+    payload: Mapping[str, str]
+    due: datetime
+
+
+@dataclass(frozen=True)
+class ProcessedMessage:
+    """Inbox row of the positive-proof path (protocol 4): the stored outgoing messages.
+
+    `outgoing` holds (destination, envelope fields) per message, byte-identical on every
+    re-publication.
+    """
+
+    message_id: uuid.UUID
+    partition: str
+    outgoing: tuple[Mapping[str, str], ...]
+    processed_at: datetime
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """Registrations on an idle transaction record older than the grace period (protocol 8.3)."""
+
+    partition: str
+    version: int
+    records: tuple[SideEffectRecord, ...]

@@ -1,0 +1,81 @@
+"""Side-effect kinds (protocol 5): how each is published after commit and cleaned when aborted."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from application.envelope import Envelope
+from application.failpoints import Failpoints
+from application.ports import BlobStore, HttpRequests, MessageDispatcher, TokenStore
+from application.records import Kind
+
+
+def message_payload(destination: str, envelope: Envelope) -> Mapping[str, str]:
+    """The side-effect record payload of an outgoing message: all that dispatch needs."""
+    return MappingProxyType(
+        {
+            "destination": destination,
+            "type": envelope.type,
+            "body": envelope.body.decode(),
+            "headers": json.dumps(dict(envelope.headers), sort_keys=True),
+        }
+    )
+
+
+def envelope_of(key: str, payload: Mapping[str, str]) -> tuple[str, Envelope]:
+    """Inverse of `message_payload`: (destination, envelope) of a message record."""
+    return payload["destination"], Envelope(
+        message_id=uuid.UUID(key),
+        type=payload["type"],
+        body=payload["body"].encode(),
+        headers=MappingProxyType(json.loads(payload["headers"])),
+    )
+
+
+@dataclass
+class SideEffects:
+    """Publication and clean-up of every kind; each operation is idempotent, so a crashed
+    `finish` is repaired by running it again (protocol 3.1)."""
+
+    tokens: TokenStore
+    dispatcher: MessageDispatcher
+    blobs: BlobStore | None
+    http: HttpRequests | None
+    failpoints: Failpoints | None = None
+
+    async def publish(self, kind: Kind, key: str, payload: Mapping[str, str]) -> bool:
+        """Make a committed side effect visible. Returns False for kinds with nothing to
+        publish (a blob's key travels in messages; a stored HTTP request is named by the
+        follow-up message)."""
+        if kind is Kind.MESSAGE:
+            destination, envelope = envelope_of(key, payload)
+            await self.dispatcher.dispatch(destination, envelope)
+            return True
+        if kind is Kind.HTTP_DELETE:
+            await self._http_delete(key)
+            return True
+        return False
+
+    async def clean_up(self, kind: Kind, key: str) -> None:
+        """Delete the artifact of an aborted attempt (a no-op when it was never created)."""
+        if kind is Kind.MESSAGE:
+            await self.tokens.delete(uuid.UUID(key))
+        elif kind is Kind.BLOB:
+            if self.blobs is not None:
+                await self.blobs.delete(key)
+        elif kind is Kind.HTTP_REQUEST:
+            await self._http_delete(key)
+
+    async def _http_delete(self, url: str) -> None:
+        if self.http is None:
+            return
+        fp = self.failpoints
+        if fp:
+            await fp.hit("before_delete")
+        await self.http.delete(url)
+        if fp:
+            await fp.hit("after_delete")

@@ -1,0 +1,1 @@
+"""Pure domain layer: messages, state, deterministic handlers and their decisions."""

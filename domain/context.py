@@ -1,0 +1,42 @@
+"""The handler's window on the world: everything impure arrives here as plain values."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    """A callee's stored business response, given to the handler of an HTTP follow-up."""
+
+    status: int
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Context:
+    """Per-attempt facts a pure handler may use.
+
+    - `message_id`: the incoming message's ID.
+    - `attempt_id`: unique to this execution of the handler (protocol 2, "attempt").
+    - `now`: the time the attempt started, UTC, from the processor's clock.
+    - `http_response`: set only when handling an HTTP follow-up (protocol 6, step 3).
+    """
+
+    message_id: uuid.UUID
+    attempt_id: uuid.UUID
+    now: datetime
+    http_response: HttpResponse | None = None
+
+    def artifact_key(self, prefix: str, index: int = 0) -> str:
+        """A name unique to this attempt for the `index`-th artifact under `prefix`.
+
+        Returns `"<prefix>/<uuid>"` where the UUID is `uuid5(attempt_id, "<prefix>/<index>")`:
+        as unique as the attempt ID (a uuid4), yet reproducible from the context, so the
+        handler stays deterministic (protocol 3.2 step 2 and 5).
+        """
+        return f"{prefix}/{uuid.uuid5(self.attempt_id, f'{prefix}/{index}')}"

@@ -1,0 +1,1 @@
+"""Entrypoints: settings, logging, the composition root, and the processes they run."""

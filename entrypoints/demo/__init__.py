@@ -1,0 +1,1 @@
+"""Demo entrypoints: sample input generated from TPC-H."""

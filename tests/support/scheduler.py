@@ -1,0 +1,153 @@
+"""A deterministic scheduler that switches between workers at every port call, and a
+stateless explorer of its schedules with bounded preemptions and crashes.
+
+Source: iterative context bounding, Musuvathi & Qadeer, "Iterative context bounding for
+systematic testing of multithreaded programs", PLDI 2007: most concurrency bugs show up
+with few preemptions, so enumerating every schedule with at most k preemptions (and here at
+most c crashes) is both exhaustive within the bound and small enough to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from application.errors import Crash
+
+Choice = tuple[int, bool]  # (worker, crash it instead of letting it run)
+
+
+@dataclass(frozen=True)
+class Step:
+    enabled: tuple[int, ...]
+    current: int | None
+    choice: Choice
+    preemptions: int  # before this step
+    crashes: int  # before this step
+
+
+class GatedPort:
+    """Forwards to `target`; every coroutine method first waits for the scheduler."""
+
+    def __init__(self, target: Any, run: Run, worker: int, name: str) -> None:
+        self._target, self._run, self._worker, self._name = target, run, worker, name
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._target, attr)
+        if not inspect.iscoroutinefunction(value):
+            return value
+
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            await self._run.gate(self._worker, f"{self._name}.{attr}")
+            return await value(*args, **kwargs)
+
+        return gated
+
+
+@dataclass
+class Run:
+    """One schedule: follows `prefix`, then the non-preemptive default."""
+
+    prefix: list[Choice]
+    trace: list[Step] = field(default_factory=list)
+    waiting: dict[int, asyncio.Future[bool]] = field(default_factory=dict)
+    crashed: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._progress = asyncio.Event()
+
+    async def gate(self, worker: int, label: str) -> None:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.waiting[worker] = fut
+        self._progress.set()
+        if await fut:
+            raise Crash(f"worker {worker} at {label}")
+
+    async def execute(
+        self,
+        workers: dict[int, Callable[[int], Awaitable[None]]],
+        on_crash: Callable[[int], tuple[int, Callable[[int], Awaitable[None]]] | None],
+    ) -> None:
+        tasks: dict[int, asyncio.Task[None]] = {}
+
+        def start(wid: int, body: Callable[[int], Awaitable[None]]) -> None:
+            task = asyncio.ensure_future(body(wid))
+            task.add_done_callback(lambda _t: self._progress.set())
+            tasks[wid] = task
+
+        for wid, body in workers.items():
+            start(wid, body)
+        current: int | None = None
+        preemptions = crashes = 0
+        while True:
+            while not all(t.done() or w in self.waiting for w, t in tasks.items()):
+                self._progress.clear()
+                await self._progress.wait()
+            enabled = tuple(sorted(self.waiting))
+            if not enabled:
+                break
+            i = len(self.trace)
+            if i < len(self.prefix):
+                choice = self.prefix[i]
+            else:
+                choice = (current if current in enabled else enabled[0], False)
+            self.trace.append(Step(enabled, current, choice, preemptions, crashes))
+            wid, crash = choice
+            if crash:
+                crashes += 1
+                self.crashed.append(wid)
+            elif current in enabled and wid != current:
+                preemptions += 1
+            self.waiting.pop(wid).set_result(crash)
+            if crash:
+                await asyncio.sleep(0)
+                replacement = on_crash(wid)
+                if replacement is not None:
+                    start(*replacement)
+                current = None if wid == current else current
+            else:
+                current = wid
+        for task in tasks.values():
+            if not task.cancelled() and task.exception() is not None \
+                    and not isinstance(task.exception(), Crash):
+                raise task.exception()  # type: ignore[misc]
+
+
+def children(trace: list[Step], start: int, max_preemptions: int, max_crashes: int
+             ) -> list[list[Choice]]:
+    """Prefixes of the schedules that differ from `trace` first at a step >= `start`."""
+    out = []
+    for i in range(start, len(trace)):
+        step = trace[i]
+        for wid in step.enabled:
+            for crash in (False, True):
+                if (wid, crash) == step.choice:
+                    continue
+                if crash and step.crashes >= max_crashes:
+                    continue
+                preempts = (not crash and step.current in step.enabled and wid != step.current)
+                if step.preemptions + preempts > max_preemptions:
+                    continue
+                out.append([s.choice for s in trace[:i]] + [(wid, crash)])
+    return out
+
+
+async def explore(
+    run_one: Callable[[list[Choice]], Awaitable[Run]],
+    max_preemptions: int,
+    max_crashes: int,
+    limit: int,
+) -> int:
+    """Depth-first over every schedule within the bounds (at most `limit` of them), in a
+    fixed order; `run_one(prefix)` runs and checks one. Returns the number explored."""
+    stack: list[list[Choice]] = [[]]
+    explored = 0
+    while stack and explored < limit:
+        prefix = stack.pop()
+        run = await run_one(prefix)
+        explored += 1
+        stack.extend(reversed(children(run.trace, len(prefix), max_preemptions, max_crashes)))
+    return explored

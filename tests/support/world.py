@@ -1,0 +1,93 @@
+"""An endpoint on memory adapters, with recording hooks the invariant checks read."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any
+
+from adapters.memory.blob_store import MemoryBlobStore
+from adapters.memory.token_store import MemoryTokenStore
+from adapters.memory.transactional_store import MemoryTransactionalStore
+from adapters.system.clock import ManualClock, SeededIds
+from application.codec import encode
+from application.envelope import TOKEN_HEADER, Envelope
+from application.errors import Crash
+from application.failpoints import Failpoints
+from application.observability import CountingSink
+from application.processor import Ports, Processor, Strategy
+from application.sweeper import Sweeper
+from domain.decisions import Endpoint
+
+
+@dataclass
+class RecordingDispatcher:
+    """Keeps every dispatch; `on_dispatch` lets a test check I4 at the moment of publication."""
+
+    sent: list[tuple[str, Envelope]] = field(default_factory=list)
+    on_dispatch: Callable[[str, Envelope], None] | None = None
+
+    async def dispatch(self, destination: str, envelope: Envelope) -> None:
+        if self.on_dispatch is not None:
+            self.on_dispatch(destination, envelope)
+        self.sent.append((destination, envelope))
+
+
+def crash(name: str) -> None:
+    raise Crash(name)
+
+
+@dataclass
+class World:
+    """One endpoint's stores, shared by every worker (each worker its own `Processor`)."""
+
+    endpoint: Endpoint[Any]
+    strategy: Strategy = Strategy.TOKEN
+    seed: int = 0
+    clock: ManualClock = field(default_factory=ManualClock)
+    tokens: MemoryTokenStore = field(default_factory=MemoryTokenStore)
+    blobs: MemoryBlobStore = field(default_factory=MemoryBlobStore)
+    dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
+    events: CountingSink = field(default_factory=CountingSink)
+
+    def __post_init__(self) -> None:
+        self.store = MemoryTransactionalStore(self.clock)
+        self.ids = SeededIds(self.seed)
+
+    def ports(self, wrap: Callable[[str, Any], Any] = lambda _name, port: port) -> Ports:
+        """Ports of one worker; `wrap(name, port)` may interpose (the scheduler's gates)."""
+        return Ports(tokens=wrap("tokens", self.tokens), store=wrap("store", self.store),
+                     dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
+                     ids=self.ids, events=self.events, blobs=wrap("blobs", self.blobs))
+
+    def processor(self, failpoints: str | None = None, **kwargs: Any) -> Processor:
+        """A worker; `failpoints` is an `EO_FAILPOINTS` spec whose `crash` raises `Crash`."""
+        wrap = kwargs.pop("wrap", lambda _name, port: port)
+        return Processor(self.endpoint, self.ports(wrap), self.strategy,
+                         Failpoints.from_spec(failpoints, crash),
+                         cleanup_grace=timedelta(minutes=30), **kwargs)
+
+    async def send(self, message: Any, message_id: uuid.UUID | None = None) -> Envelope:
+        """What a token-based sender does: create the token, return the envelope to deliver."""
+        envelope = Envelope(message_id or uuid.uuid5(uuid.NAMESPACE_OID, json.dumps(
+            [type(message).__name__, encode(message).decode(), len(self.tokens.rows)])),
+            type(message).__name__, encode(message), MappingProxyType({TOKEN_HEADER: "1"}))
+        if self.strategy is Strategy.TOKEN:
+            await self.tokens.create([envelope])
+        return envelope
+
+    def sweeper(self, processor: Processor) -> Sweeper:
+        return Sweeper(self.endpoint.name, self.store, processor.finisher, self.clock,
+                       self.events, stale_after=timedelta(seconds=30),
+                       grace=timedelta(minutes=30))
+
+    async def quiesce(self) -> None:
+        """Let time pass beyond every threshold and sweep: what a live service reaches."""
+        self.clock.advance(timedelta(hours=1))
+        await self.sweeper(self.processor()).sweep()
+        self.clock.advance(timedelta(hours=1))
+        await self.sweeper(self.processor()).sweep()

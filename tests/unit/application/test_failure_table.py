@@ -1,0 +1,194 @@
+"""Every row of the failure table (protocol 3.4): what a crash leaves and who repairs it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from application.errors import Crash, TransientError
+from application.observability import HANDLER_INVOKED
+from application.processor import Outcome
+from tests.support.counter import COUNTER, Add
+from tests.support.invariants import check, install_probes
+from tests.support.world import World
+
+M1, M2 = uuid.UUID(int=1), uuid.UUID(int=2)
+
+
+async def _world() -> tuple[World, list[str]]:
+    world = World(COUNTER)
+    violations = install_probes(world, {M1, M2})
+    return world, violations
+
+
+async def _crash_at(world: World, spec: str, message_id: uuid.UUID = M1) -> None:
+    envelope = await world.send(Add("p", 1), message_id)
+    with pytest.raises(Crash):
+        await world.processor(spec).process(envelope)
+
+
+async def _redeliver(world: World, message_id: uuid.UUID = M1) -> Outcome:
+    envelope = _envelope(world, message_id)
+    return await world.processor().process(envelope)
+
+
+def _envelope(world: World, message_id: uuid.UUID):  # type: ignore[no-untyped-def]
+    # the broker redelivers the same envelope; the token (if any) holds the same message
+    from types import MappingProxyType
+
+    from application.codec import encode
+    from application.envelope import TOKEN_HEADER, Envelope
+
+    return Envelope(message_id, "Add", encode(Add("p", 1)), MappingProxyType({TOKEN_HEADER: "1"}))
+
+
+def _invoked(world: World) -> int:
+    return world.events.total(HANDLER_INVOKED)
+
+
+@pytest.mark.parametrize("point", ["after_token_load", "after_tr_load", "after_token_check",
+                                   "after_handler"])
+async def test_crash_before_anything_durable_leaves_nothing(point: str) -> None:
+    world, violations = await _world()
+    await _crash_at(world, f"{point}=crash")
+    assert world.store.record_count() == 0 and not world.blobs.objects
+    assert await world.tokens.exists(M1)
+    assert await _redeliver(world) is Outcome.PROCESSED
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_crash_after_register_leaves_a_record_the_winner_cleans() -> None:
+    world, violations = await _world()
+    await _crash_at(world, "after_register:blob=crash")
+    assert world.store.record_count() == 1 and not world.blobs.objects
+    await _redeliver(world)
+    assert world.store.record_count() == 0
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+@pytest.mark.parametrize("kind", ["blob", "message"])
+async def test_crash_after_create_leaves_an_artifact_the_winner_deletes(kind: str) -> None:
+    world, violations = await _world()
+    await _crash_at(world, f"after_create:{kind}=crash")
+    orphans = set(world.blobs.objects)
+    assert orphans
+    await _redeliver(world)
+    assert not orphans & set(world.blobs.objects)
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_artifact_created_after_the_winners_clean_up_goes_by_deferred_clean_up() -> None:
+    """A stalls between register and create, B wins and cleans, A creates and crashes before
+    its re-check: the orphan is deleted by the sweeper once the grace period is over."""
+    world, violations = await _world()
+    release = asyncio.Event()
+    real_put = world.blobs.put
+    loser_put_started = asyncio.Event()
+
+    class StallingBlobs:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(world.blobs, name)
+
+        async def put(self, key: str, content: bytes, media_type: str) -> None:
+            loser_put_started.set()
+            await release.wait()
+            await real_put(key, content, media_type)
+
+    envelope = await world.send(Add("p", 1), M1)
+    loser = world.processor("after_create:blob=crash")
+    loser.ports.blobs = StallingBlobs()  # type: ignore[assignment]
+    loser._prepare._ports = loser.ports
+    task = asyncio.create_task(loser.process(envelope))
+    await loser_put_started.wait()
+    assert await world.processor().process(envelope) is Outcome.PROCESSED
+    release.set()
+    with pytest.raises(Crash):
+        await task
+    assert len(world.blobs.objects) == 2  # the winner's and the orphan
+    assert world.store.cleanups
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans() -> None:
+    world, violations = await _world()
+    envelope = await world.send(Add("p", 1), M1)
+    with pytest.raises(TransientError):
+        await world.processor("before_commit=raise").process(envelope)
+    assert world.store.record_count() == 2 and world.blobs.objects
+    assert await _redeliver(world) is Outcome.PROCESSED
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_commit_with_unknown_outcome_is_finished_without_running_the_handler_again() -> None:
+    world, violations = await _world()
+    real_commit = world.store.commit
+
+    async def commit_then_lose_the_reply(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await real_commit(*args, **kwargs)
+        raise TransientError("connection lost during COMMIT")
+
+    envelope = await world.send(Add("p", 1), M1)
+    processor = world.processor()
+    processor.ports.store.commit = commit_then_lose_the_reply  # type: ignore[method-assign]
+    with pytest.raises(TransientError):
+        await processor.process(envelope)
+    processor.ports.store.commit = real_commit  # type: ignore[method-assign]
+    assert await _redeliver(world) is Outcome.DUPLICATE
+    assert _invoked(world) == 1
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+@pytest.mark.parametrize("point", ["after_commit", "after_publish:1",
+                                   "after_publish_all", "after_cleanup_aborted"])
+async def test_crash_after_commit_is_finished_by_redelivery_without_a_second_handler_run(
+    point: str,
+) -> None:
+    world, violations = await _world()
+    await _crash_at(world, f"{point}=crash")
+    assert world.store.partitions["p"].tr.message_id == M1
+    assert await _redeliver(world) is Outcome.DUPLICATE
+    assert _invoked(world) == 1
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_crash_after_token_delete_is_finished_by_the_next_message_of_the_partition() -> None:
+    world, violations = await _world()
+    await _crash_at(world, "after_consume_token=crash")
+    assert world.store.partitions["p"].tr.message_id == M1
+    assert await _redeliver(world) is Outcome.DUPLICATE  # token gone: dropped at once
+    assert world.store.partitions["p"].tr.message_id == M1
+    m2 = await world.send(Add("p", 2), M2)
+    assert await world.processor().process(m2) is Outcome.PROCESSED
+    assert world.store.partitions["p"].tr.message_id is None
+    assert violations + check(world, {M1, M2}) == []
+
+
+async def test_crash_after_token_delete_is_finished_by_the_sweeper() -> None:
+    world, violations = await _world()
+    await _crash_at(world, "after_consume_token=crash")
+    world.clock.advance(timedelta(seconds=31))
+    report = await world.sweeper(world.processor()).sweep()
+    assert report.finished == 1
+    assert world.store.partitions["p"].tr.message_id is None
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+@pytest.mark.parametrize("point", ["after_tr_clear"])
+async def test_crash_after_clear_leaves_nothing_and_redelivery_is_dropped(point: str) -> None:
+    world, violations = await _world()
+    await _crash_at(world, f"{point}=crash")
+    assert await _redeliver(world) is Outcome.DUPLICATE
+    assert _invoked(world) == 1
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []

@@ -1,0 +1,120 @@
+"""Interleavings: two copies of one message and another message of the same partition, every
+schedule with bounded preemptions and crashes, I1-I9 checked on each (protocol 3.1, 3.4)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from application.envelope import Envelope
+from application.errors import PermanentError, TransientError
+from application.finisher import Finisher
+from application.processor import Processor
+from tests.support.counter import COUNTER, Add
+from tests.support.invariants import check, install_probes
+from tests.support.scheduler import Choice, GatedPort, Run, explore
+from tests.support.world import World
+
+#: Scale of the exploration; CI runs the default, EO_INTERLEAVING_LIMIT raises it.
+LIMIT = int(os.environ.get("EO_INTERLEAVING_LIMIT", "4000"))
+
+
+async def _scenario(prefix: list[Choice], copies: int, others: int,
+                    finisher: type[Finisher] | None = None) -> tuple[Run, list[str]]:
+    world = World(COUNTER, seed=7)
+    m1 = await world.send(Add("p", 1), uuid.UUID(int=1))
+    extra = [await world.send(Add("p", 10 + i), uuid.UUID(int=2 + i)) for i in range(others)]
+    deliveries = [m1] * copies + extra
+    violations = install_probes(world, {e.message_id for e in deliveries})
+    for e in deliveries:  # the probe replaced the token store: tokens go in again
+        await world.tokens.create([e])
+    run = Run(prefix)
+    by_worker: dict[int, Envelope] = {}
+
+    def worker_for(envelope: Envelope) -> Callable[[int], Awaitable[None]]:
+        async def body(wid: int) -> None:
+            processor: Processor = world.processor(
+                wrap=lambda name, port: GatedPort(port, run, wid, name))
+            if finisher is not None:
+                processor.finisher.__class__ = finisher
+            by_worker[wid] = envelope
+            for _ in range(10):  # what the broker does: redeliver until settled
+                try:
+                    await processor.process(envelope)
+                    return
+                except (TransientError, PermanentError):
+                    continue
+        return body
+
+    workers = {i: worker_for(e) for i, e in enumerate(deliveries)}
+    next_id = [len(workers)]
+
+    def redeliver(wid: int) -> tuple[int, Callable[[int], Awaitable[None]]]:
+        next_id[0] += 1
+        return next_id[0], worker_for(by_worker.get(wid, deliveries[wid]))
+
+    await run.execute(workers, redeliver)
+    await world.quiesce()
+    violations += check(world, {e.message_id for e in deliveries})
+    return run, violations
+
+
+async def _explore(copies: int, others: int, preemptions: int, crashes: int, limit: int,
+                   finisher: type[Finisher] | None = None) -> tuple[int, list[str]]:
+    found: list[str] = []
+
+    async def one(prefix: list[Choice]) -> Run:
+        run, violations = await _scenario(prefix, copies, others, finisher)
+        if violations and not found:
+            found.extend([f"schedule {prefix}: {v}" for v in violations])
+        return run
+
+    explored = await explore(one, preemptions, crashes, limit)
+    return explored, found
+
+
+async def test_every_schedule_within_two_preemptions_keeps_the_invariants() -> None:
+    explored, violations = await _explore(copies=2, others=1, preemptions=2, crashes=0,
+                                          limit=LIMIT)
+    print(f"\ninterleavings checked without crashes: {explored}")
+    assert violations == []
+    assert explored >= 1000
+
+
+async def test_every_schedule_with_one_crash_keeps_the_invariants() -> None:
+    explored, violations = await _explore(copies=2, others=1, preemptions=1, crashes=1,
+                                          limit=LIMIT)
+    print(f"\ninterleavings checked with one crash: {explored}")
+    assert violations == []
+    assert explored >= 1000
+
+
+class UnfencedFinisher(Finisher):
+    """The defect protocol 3.1 warns about: finish without the (M, A) guard and with an
+    unconditional clear."""
+
+    async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID) -> bool:
+        store = self._ports.store
+        _tr, records = await store.load_tr_with_records(partition)
+        committed = [r for r in records if r.attempt_id == attempt_id]
+        aborted = [r for r in records if r.attempt_id != attempt_id]
+        for rec in committed:
+            await self.effects.publish(rec.kind, rec.key, rec.payload)
+        for rec in aborted:
+            await self.effects.clean_up(rec.kind, rec.key)
+        await self._ports.tokens.delete(message_id)
+        current = await store.load_tr(partition)
+        await store.clear(partition, current.version, records, aborted,
+                          self._ports.clock.now())
+        return True
+
+
+@pytest.mark.parametrize("preemptions", [3])
+async def test_the_exploration_finds_the_unfenced_finish_bug(preemptions: int) -> None:
+    """The checker is not vacuous: with the fence removed, some schedule breaks an invariant."""
+    _explored, violations = await _explore(copies=2, others=1, preemptions=preemptions,
+                                           crashes=0, limit=LIMIT, finisher=UnfencedFinisher)
+    assert violations, "the unfenced finish should violate I1, I5 or I6"
