@@ -60,8 +60,9 @@ class TransactionalStore(Protocol):
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
         """The transaction record and all side-effect records of the partition, in one read."""
 
-    async def load_state(self, partition: str) -> Any:
-        """The partition's business state, or None when never written."""
+    async def load_state(self, partition: str) -> tuple[Any, int]:
+        """The partition's business state (None when never written) and the transaction
+        record's version it belongs to, read together (one consistent snapshot)."""
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         """Insert `record` and bump the version, only while the TR is idle at

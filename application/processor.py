@@ -190,12 +190,21 @@ class Processor:
         ports, name, m = self.ports, self.endpoint.name, stored.message_id
         attempt = ports.ids()
         response = await self._follow_up_response(stored)
-        state = await ports.store.load_state(partition)
+        state, version = await ports.store.load_state(partition)
+        if version != tr.version:  # the state moved since the TR load: not ours to judge
+            raise Conflict(f"partition {partition} changed before the handler ran")
         context = Context(message_id=m, attempt_id=attempt, now=ports.clock.now(),
                           http_response=response)
         ports.events.emit(HANDLER_INVOKED, endpoint=name, message_id=str(m),
                           attempt_id=str(attempt), partition=partition)
-        decision = self._handle(state, message, context)
+        try:
+            decision = self._handle(state, message, context)
+        except PermanentError:
+            # a rejection judged on a state another attempt has since replaced (maybe by
+            # committing this very message) is a conflict, not a verdict
+            if (await ports.store.load_tr(partition)).version != tr.version:
+                raise Conflict(f"partition {partition} changed while the handler ran") from None
+            raise
         await self._hit("after_handler")
         prepared = await self._prepare.run(partition, tr.version, stored, attempt, decision)
         processed = None

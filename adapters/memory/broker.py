@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -48,9 +49,11 @@ class MemoryBroker(MessageDispatcher):
     """Queues named by endpoint. `dispatch` is confirmed at once; `consume` hands deliveries
     to a named consumer; `drop_consumer` puts that consumer's unsettled deliveries back
     (redelivery, possibly to another consumer while the first still runs: concurrent
-    copies). `publish` re-publishes a copy (duplicate injection)."""
+    copies). `publish` re-publishes a copy (duplicate injection). With `shuffle`, each
+    delivery is taken from a random place in the queue (out-of-order delivery)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shuffle: random.Random | None = None) -> None:
+        self._shuffle = shuffle
         self._queues: dict[str, _Queue] = defaultdict(_Queue)
         self._in_flight: dict[int, MemoryDelivery] = {}
         self._tags = itertools.count(1)
@@ -83,6 +86,10 @@ class MemoryBroker(MessageDispatcher):
     def _settle(self, delivery: MemoryDelivery) -> bool:
         return self._in_flight.pop(delivery.tag, None) is not None
 
+    def publish_later(self, destination: str, envelope: Envelope, delay_s: float) -> None:
+        """Enqueue a copy after `delay_s` seconds (a late duplicate); counts as pending work."""
+        self._later(destination, envelope, 1, delay_s)
+
     def _later(self, queue: str, envelope: Envelope, attempt: int, delay_s: float) -> None:
         self._delayed += 1
 
@@ -99,6 +106,8 @@ class MemoryBroker(MessageDispatcher):
         while True:
             async with queue.signal:
                 await queue.signal.wait_for(lambda: bool(queue.ready))
+                if self._shuffle is not None:  # out-of-order delivery
+                    queue.ready.rotate(-self._shuffle.randrange(len(queue.ready)))
                 envelope, attempt = queue.ready.popleft()
             delivery = MemoryDelivery(self, queue_name, envelope, attempt, consumer,
                                       next(self._tags))

@@ -77,9 +77,10 @@ class MemoryTransactionalStore(TransactionalStore):
         p = self._partition(partition)
         return p.tr, tuple(p.records)
 
-    async def load_state(self, partition: str) -> Any:
+    async def load_state(self, partition: str) -> tuple[Any, int]:
         await asyncio.sleep(0)
-        return self._partition(partition).state
+        p = self._partition(partition)
+        return p.state, p.tr.version
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         await asyncio.sleep(0)

@@ -140,12 +140,14 @@ async def explore(
     max_preemptions: int,
     max_crashes: int,
     limit: int,
+    stop: Callable[[], bool] | None = None,
 ) -> int:
     """Depth-first over every schedule within the bounds (at most `limit` of them), in a
-    fixed order; `run_one(prefix)` runs and checks one. Returns the number explored."""
+    fixed order; `run_one(prefix)` runs and checks one; `stop()` ends early. Returns the
+    number explored."""
     stack: list[list[Choice]] = [[]]
     explored = 0
-    while stack and explored < limit:
+    while stack and explored < limit and not (stop and stop()):
         prefix = stack.pop()
         run = await run_one(prefix)
         explored += 1

@@ -54,7 +54,8 @@ def _invoked(world: World) -> int:
 async def test_crash_before_anything_durable_leaves_nothing(point: str) -> None:
     world, violations = await _world()
     await _crash_at(world, f"{point}=crash")
-    assert world.store.record_count() == 0 and not world.blobs.objects
+    assert world.store.record_count() == 0
+    assert not world.blobs.objects
     assert await world.tokens.exists(M1)
     assert await _redeliver(world) is Outcome.PROCESSED
     await world.quiesce()
@@ -64,7 +65,8 @@ async def test_crash_before_anything_durable_leaves_nothing(point: str) -> None:
 async def test_crash_after_register_leaves_a_record_the_winner_cleans() -> None:
     world, violations = await _world()
     await _crash_at(world, "after_register:blob=crash")
-    assert world.store.record_count() == 1 and not world.blobs.objects
+    assert world.store.record_count() == 1
+    assert not world.blobs.objects
     await _redeliver(world)
     assert world.store.record_count() == 0
     await world.quiesce()
@@ -121,7 +123,8 @@ async def test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans() -
     envelope = await world.send(Add("p", 1), M1)
     with pytest.raises(TransientError):
         await world.processor("before_commit=raise").process(envelope)
-    assert world.store.record_count() == 2 and world.blobs.objects
+    assert world.store.record_count() == 2
+    assert world.blobs.objects
     assert await _redeliver(world) is Outcome.PROCESSED
     await world.quiesce()
     assert violations + check(world, {M1}) == []

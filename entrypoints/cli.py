@@ -1,0 +1,154 @@
+"""The `eo` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from application.failpoints import NAMES, PREFIXES, parse
+from application.observability import CountingSink
+from entrypoints.container import EmbeddedContainer
+from entrypoints.demo.run import DemoReport, DuplicatingDispatcher, run_demo
+from entrypoints.demo.tpch import generate
+from entrypoints.logging import StructlogEventSink, configure_logging
+from entrypoints.settings import Settings, SettingsError, load_settings
+
+app = typer.Typer(help="Exactly-once service template: run the demo, inspect the protocol.",
+                  no_args_is_help=True, add_completion=False)
+console = Console(stderr=False)
+
+
+def _settings(**overrides: object) -> Settings:
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
+def _strategies(values: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, strategy = value.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"expected ENDPOINT=STRATEGY, got {value!r}")
+        out[name] = strategy
+    return out
+
+
+@app.command()
+def demo(
+    sf: Annotated[float, typer.Option(help="TPC-H scale factor (0.001: 1,500 orders)")] = 0.001,
+    consumers: Annotated[int, typer.Option(help="competing consumers per endpoint")] = 3,
+    duplicates: Annotated[float, typer.Option(help="share of messages re-published")] = 0.15,
+    seed: Annotated[int, typer.Option(help="seed of shuffling and duplicate injection")] = 1,
+    strategy: Annotated[list[str], typer.Option(
+        help="ENDPOINT=token|outbox, repeatable (e.g. ledger=outbox)")] = [],  # noqa: B006
+    log_file: Annotated[Path | None, typer.Option(
+        help="write protocol events as JSON lines here")] = None,
+    profile: Annotated[str, typer.Option(help="adapter profile")] = "embedded",
+) -> None:
+    """Run the sample end to end with duplicates and out-of-order delivery, check the oracle.
+
+    Exits 1 when the oracle fails or anything is left behind.
+    """
+    if profile != "embedded":
+        raise typer.BadParameter("only the embedded profile exists so far", param_hint="--profile")
+    base = load_settings() if not strategy else None
+    strategies = {**(base.strategies if base else _settings().strategies),
+                  **_strategies(strategy)}
+    blob_dir = Path(tempfile.mkdtemp(prefix="eo-demo-blobs-"))
+    settings = _settings(strategies=strategies, blob_dir=blob_dir)
+    if log_file is not None:
+        configure_logging(settings.log_level, log_file.open("w"))
+    rng = random.Random(seed)
+    container = EmbeddedContainer(settings=settings)
+    container.broker.override(EmbeddedContainer.broker.cls(shuffle=random.Random(seed + 1)))
+    container.events.override(CountingSink(StructlogEventSink() if log_file else None))
+    duplicating = DuplicatingDispatcher(container.broker(), duplicates, rng)
+    container.dispatcher.override(duplicating)
+    with console.status(f"generating TPC-H sf={sf} with DuckDB"):
+        sample = generate(sf)
+    system = container.system()
+    with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        bar = progress.add_task("orders", total=len(sample.expected))
+        report = asyncio.run(run_demo(system, sample, duplicating, consumers, rng,
+                                      lambda done: progress.update(bar, completed=done)))
+    _print_report(report, sf, consumers, strategies)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _print_report(report: DemoReport, sf: float, consumers: int,
+                  strategies: dict[str, str]) -> None:
+    s = report.settlements
+    table = Table(title=f"eo demo: TPC-H sf={sf}, {consumers} consumers per endpoint, "
+                        f"strategies {strategies}", show_header=False)
+    rows = [
+        ("deliveries settled", f"{report.deliveries:,} in {report.seconds:.1f} s "
+                               f"({report.deliveries / report.seconds:,.0f}/s)"),
+        ("  processed", f"{s['processed']:,}"),
+        ("  duplicates dropped", f"{s['duplicate']:,}"),
+        ("  retried (delayed)", f"{s['retried']:,}"),
+        ("  dead-lettered", f"{s['dead_lettered']:,}"),
+        ("duplicates injected", f"{report.duplicates_injected:,} "
+                                f"({report.duplicates_injected / report.deliveries:.1%} "
+                                "of deliveries)"),
+        ("conflicts retried", f"{report.conflicts:,}"),
+        ("handler runs", f"{report.handler_runs:,}"),
+        ("orders confirmed / rejected", f"{report.oracle.confirmed:,} / "
+                                        f"{report.oracle.rejected:,} of {report.orders:,}"),
+        *((f"{name} left", str(n)) for name, n in report.leftovers.items()),
+        ("oracle", "PASS" if report.ok else "FAIL"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    for violation in report.oracle.violations:
+        console.print(f"[red]violation:[/red] {violation}")
+
+
+@app.command()
+def failpoints(
+    spec: Annotated[str | None, typer.Argument(help="an EO_FAILPOINTS value to check")] = None,
+) -> None:
+    """List the failpoint names (protocol 10), or check an EO_FAILPOINTS value."""
+    if spec is not None:
+        try:
+            rules = parse(spec)
+        except ValueError as exc:
+            Console(stderr=True).print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from exc
+        for rule in rules.values():
+            when = {"@": f"on hit {rule.n}", "*": f"on the first {rule.n} hits"}
+            console.print(f"{rule.name}: {rule.action} {when.get(rule.mode or '', 'always')}")
+        return
+    for name in sorted(NAMES):
+        console.print(name)
+    for prefix in PREFIXES:
+        console.print(f"{prefix}<{'k' if 'publish' in prefix else 'kind'}>")
+
+
+@app.command()
+def settings() -> None:
+    """Print the effective settings (from EO_* variables) and exit 2 if one is invalid."""
+    for name, value in _settings().model_dump(mode="json").items():
+        console.print(f"EO_{name.upper()}={value}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="eo")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""`eo demo` on the embedded profile: TPC-H through the gateway, duplicates, the oracle."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+
+from adapters.memory.broker import MemoryBroker
+from application.codec import encode
+from application.consumer import Consumer
+from application.envelope import Envelope
+from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
+from application.ports import Clock
+from domain.sample.payments import open_account
+from entrypoints.demo.oracle_check import OracleResult, check_oracle
+from entrypoints.demo.tpch import TpchSample
+from entrypoints.embedded import ENDPOINTS, SampleSystem
+
+
+class DuplicatingDispatcher:
+    """Dispatches through the broker and re-publishes a share (`rate`) of messages with the
+    same message ID: half at once (a concurrent copy for another consumer), half after up to
+    `late_s` seconds (usually after the original was consumed: its token is gone)."""
+
+    def __init__(self, broker: MemoryBroker, rate: float, rng: random.Random,
+                 late_s: float = 0.5) -> None:
+        self.broker, self.rate, self.rng, self.late_s = broker, rate, rng, late_s
+        self.injected = 0
+
+    async def dispatch(self, destination: str, envelope: Envelope) -> None:
+        await self.broker.dispatch(destination, envelope)
+        self.duplicate(destination, envelope)
+
+    def duplicate(self, destination: str, envelope: Envelope) -> None:
+        """Maybe publish a copy of `envelope` now or later."""
+        draw = self.rng.random()
+        if draw < self.rate / 2:
+            self.broker.publish(destination, envelope)
+        elif draw < self.rate:
+            self.broker.publish_later(destination, envelope, self.rng.uniform(0, self.late_s))
+        else:
+            return
+        self.injected += 1
+
+
+class _Later:
+    """A clock `offset` ahead: the final sweep acts as if every grace period had passed."""
+
+    def __init__(self, clock: Clock, offset: timedelta) -> None:
+        self.clock, self.offset = clock, offset
+
+    def now(self) -> datetime:
+        return self.clock.now() + self.offset
+
+
+@dataclass
+class DemoReport:
+    """What `eo demo` prints: traffic, protocol counts, outcomes, leftovers, the oracle."""
+
+    orders: int
+    settlements: Counter[str]
+    duplicates_injected: int
+    conflicts: int
+    handler_runs: int
+    oracle: OracleResult
+    leftovers: dict[str, int]
+    dead_letters: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def deliveries(self) -> int:
+        return sum(self.settlements.values())
+
+    @property
+    def ok(self) -> bool:
+        return (not self.oracle.violations and not any(self.leftovers.values())
+                and self.dead_letters == 0)
+
+
+async def run_demo(
+    system: SampleSystem,
+    sample: TpchSample,
+    duplicates: DuplicatingDispatcher,
+    consumers: int,
+    rng: random.Random,
+    on_progress: Callable[[int], None] = lambda _done: None,
+    timeout_s: float = 600.0,
+) -> DemoReport:
+    """Feed every command through the gateway, run `consumers` competing consumers per
+    endpoint until quiescence, sweep, and check the oracle. Raises TimeoutError when the
+    system does not quiesce within `timeout_s`."""
+    started = time.monotonic()
+    broker, settings = system.broker, system.settings
+    for customer, balance in sample.customers:
+        system.stores["payments"].seed_state(
+            str(customer), open_account(customer, balance, settings.credit_limit))
+    commands = list(sample.commands)
+    rng.shuffle(commands)  # the producer's order is not the business order
+    for command in commands:
+        envelope = Envelope(command.message_id, type(command.message).__name__,
+                            encode(command.message), MappingProxyType({}))
+        broker.publish("gateway", envelope)
+        duplicates.duplicate("gateway", envelope)  # the producer re-sends some commands
+    workers: list[Consumer] = []
+    tasks = []
+    for name in ENDPOINTS:
+        for i in range(consumers):
+            consumer = system.consumer(name)
+            workers.append(consumer)
+            tasks.append(asyncio.create_task(
+                consumer.serve(broker.consume(name, f"{name}-{i}"), settings.prefetch)))
+    idle_polls = 0
+    while idle_polls < 4:
+        await asyncio.sleep(0.05)
+        idle_polls = idle_polls + 1 if broker.idle() else 0
+        on_progress(sum(len(s.confirmed) + len(s.rejected)
+                        for s in system.stores["ledger"].states().values()))
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"no quiescence after {timeout_s} s")
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    later = _Later(system.clock, timedelta(seconds=settings.cleanup_grace_s
+                                           + settings.stale_after_s + 1))
+    for name in [*ENDPOINTS, "payments"]:
+        await system.sweeper(name, later).sweep()
+    return await _report(system, sample, duplicates, workers, time.monotonic() - started)
+
+
+async def _report(system: SampleSystem, sample: TpchSample, duplicates: DuplicatingDispatcher,
+                  workers: list[Consumer], seconds: float) -> DemoReport:
+    stores = system.stores
+    blob_keys = await system.blobs.keys()
+    oracle = check_oracle(sample, stores["orders"].states(), stores["ledger"].states(),
+                          stores["payments"].states(), blob_keys, system.settings.credit_limit)
+    leftovers = {
+        "tokens": await system.tokens.count(),
+        "unfinished transaction records": sum([await s.unfinished_count()
+                                               for s in stores.values()]),
+        "side-effect records": sum(s.record_count() for s in stores.values()),
+        "aborted artifacts (deferred clean-ups)": sum([await s.cleanup_count()
+                                                       for s in stores.values()]),
+        "requests on payments": len(system.requests.requests),
+    }
+    settlements: Counter[str] = Counter()
+    for worker in workers:
+        settlements.update({str(k): v for k, v in worker.counts.items()})
+    events = system.events
+    return DemoReport(
+        orders=len(sample.expected), settlements=settlements,
+        duplicates_injected=duplicates.injected,
+        conflicts=events.total(TRANSACTION_CONFLICT),  # type: ignore[attr-defined]
+        handler_runs=events.total(HANDLER_INVOKED),  # type: ignore[attr-defined]
+        oracle=oracle, leftovers=leftovers,
+        dead_letters=sum(len(v) for v in system.broker.dead_letters.values()),
+        seconds=seconds)
+

@@ -1,0 +1,93 @@
+"""The sample service wired on memory adapters: the embedded profile's composition."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from adapters.memory.broker import MemoryBroker
+from adapters.memory.http import InProcessHttp
+from adapters.memory.request_store import MemoryRequestStore
+from adapters.memory.token_store import MemoryTokenStore
+from adapters.memory.transactional_store import MemoryTransactionalStore
+from application.consumer import Consumer
+from application.failpoints import Failpoints
+from application.http_callee import HttpCallee
+from application.ports import BlobStore, Clock, EventSink, IdGenerator, MessageDispatcher
+from application.processor import Ports, Processor, Strategy
+from application.sweeper import Sweeper
+from domain.decisions import Endpoint
+from domain.sample import LEDGER, ORDERS, PAYMENTS
+from domain.sample.gateway import GATEWAY
+from entrypoints.settings import Settings
+
+ENDPOINTS: dict[str, Endpoint[Any]] = {"gateway": GATEWAY, "orders": ORDERS, "ledger": LEDGER}
+#: The payments callee's request type (the body of a stored request).
+PAYMENT_REQUEST = "PaymentRequest"
+
+
+class SampleSystem:
+    """Stores shared by every "process" of the embedded service, and factories for them.
+
+    Each call of `processor(name)` or `consumer(name)` is a separate worker with its own
+    partition locks, as a separate process would be: competing workers on one queue meet
+    only in the stores, through optimistic concurrency. `dispatcher` is the broker, or a
+    wrapper of it (the demo's duplicate injection).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        ids: IdGenerator,
+        events: EventSink,
+        broker: MemoryBroker,
+        tokens: MemoryTokenStore,
+        blobs: BlobStore,
+        requests: MemoryRequestStore,
+        failpoints: Failpoints | None,
+        dispatcher: MessageDispatcher | None = None,
+    ) -> None:
+        self.settings, self.clock, self.ids, self.events = settings, clock, ids, events
+        self.broker, self.tokens, self.blobs, self.requests = broker, tokens, blobs, requests
+        self.failpoints = failpoints
+        self.dispatcher: MessageDispatcher = dispatcher or broker
+        self.stores = {name: MemoryTransactionalStore(clock) for name in [*ENDPOINTS, "payments"]}
+        callee_fp = failpoints.scoped("callee.") if failpoints else None
+        payments = Processor(PAYMENTS, self._ports("payments", tokens=requests), Strategy.TOKEN,
+                             callee_fp, settings.conflict_retries, self._grace)
+        self.callee = HttpCallee(payments, requests, PAYMENT_REQUEST, callee_fp)
+        self.http = InProcessHttp({"payments": self.callee})
+
+    @property
+    def _grace(self) -> timedelta:
+        return timedelta(seconds=self.settings.cleanup_grace_s)
+
+    def _ports(self, name: str, tokens: Any = None) -> Ports:
+        return Ports(tokens=tokens or self.tokens, store=self.stores[name],
+                     dispatcher=self.dispatcher, clock=self.clock, ids=self.ids,
+                     events=self.events, blobs=self.blobs,
+                     http=getattr(self, "http", None),
+                     services={"payments": "inproc://payments"})
+
+    def processor(self, name: str) -> Processor:
+        """A new worker for endpoint `name` with the configured strategy."""
+        return Processor(ENDPOINTS[name], self._ports(name), self.settings.strategy(name),
+                         self.failpoints, self.settings.conflict_retries, self._grace)
+
+    def consumer(self, name: str) -> Consumer:
+        """A new consumer (its own processor) for endpoint `name`."""
+        return Consumer(self.processor(name), self.settings.max_attempts,
+                        self.settings.retry_delays_s, self.failpoints)
+
+    def sweeper(self, name: str, clock: Clock | None = None) -> Sweeper:
+        """The sweeper of endpoint `name` (`payments` included), optionally on another clock."""
+        s = self.settings
+        if name == "payments":
+            finisher = self.callee.processor.finisher
+        else:
+            finisher = self.processor(name).finisher
+        return Sweeper(name, self.stores[name], finisher, clock or self.clock, self.events,
+                       timedelta(seconds=s.stale_after_s), self._grace,
+                       timedelta(days=s.retention_days),
+                       self.requests if name == "payments" else None)

@@ -1,0 +1,81 @@
+"""Settings from the environment (prefix `EO_`), validated at start-up."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from application.failpoints import parse
+from application.processor import Strategy
+
+Profile = Literal["embedded", "local", "production"]
+
+
+class SettingsError(Exception):
+    """A setting is invalid; the message names the environment variable."""
+
+
+class Settings(BaseSettings):
+    """Every setting of the service; the environment variable is `EO_<NAME>` (upper case).
+
+    Strategies are per endpoint (`EO_STRATEGIES='{"ledger": "outbox"}'`); the gateway always
+    uses `outbox` (protocol 4: outside producers create no tokens).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="EO_", extra="ignore")
+
+    profile: Profile = "embedded"
+    failpoints: str = Field("", description="protocol 10 rules, e.g. after_commit=crash@3")
+    strategies: dict[str, Strategy] = Field(
+        default_factory=lambda: {"gateway": Strategy.OUTBOX, "orders": Strategy.TOKEN,
+                                 "ledger": Strategy.TOKEN})
+    conflict_retries: int = Field(3, ge=0, description="immediate retries after a conflict")
+    max_attempts: int = Field(5, ge=1, description="deliveries before dead-lettering")
+    retry_delays_s: tuple[float, ...] = (0.05, 0.2, 1.0, 5.0)
+    prefetch: int = Field(8, ge=1, description="deliveries in flight per consumer")
+    cleanup_grace_s: float = Field(1800.0, gt=0, description="longer than any attempt lives")
+    stale_after_s: float = Field(30.0, gt=0, description="finish committed TRs older than this")
+    retention_days: float = Field(7.0, gt=0, description="inbox rows and HTTP tombstones")
+    sweep_interval_s: float = Field(10.0, gt=0)
+    credit_limit: Decimal = Field(Decimal("1000000"), ge=0, description="payments accounts")
+    blob_dir: Path = Path("var/blobs")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("failpoints")
+    @classmethod
+    def _valid_failpoints(cls, value: str) -> str:
+        parse(value)
+        return value
+
+    @field_validator("retry_delays_s")
+    @classmethod
+    def _some_delay(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(d < 0 for d in value):
+            raise ValueError("needs at least one non-negative delay")
+        return value
+
+    @model_validator(mode="after")
+    def _gateway_is_outbox(self) -> Settings:
+        if self.strategies.get("gateway", Strategy.OUTBOX) is not Strategy.OUTBOX:
+            raise ValueError("strategies: the gateway must use 'outbox' (outside producers "
+                             "create no tokens)")
+        return self
+
+    def strategy(self, endpoint: str) -> Strategy:
+        """The configured strategy of `endpoint` (token by default)."""
+        return self.strategies.get(endpoint, Strategy.TOKEN)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment plus `overrides`; raises `SettingsError` naming the
+    `EO_...` variable of the first invalid setting."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "strategies"
+        raise SettingsError(f"invalid setting EO_{field.upper()}: {first['msg']}") from exc
