@@ -63,6 +63,10 @@ class SampleSystem:
     def _grace(self) -> timedelta:
         return timedelta(seconds=self.settings.cleanup_grace_s)
 
+    def ports(self, name: str, tokens: Any = None) -> Ports:
+        """The ports of endpoint `name`'s workers (`tokens` replaces the token store)."""
+        return self._ports(name, tokens)
+
     def _ports(self, name: str, tokens: Any = None) -> Ports:
         return Ports(tokens=tokens or self.tokens, store=self.stores[name],
                      dispatcher=self.dispatcher, clock=self.clock, ids=self.ids,
