@@ -1,0 +1,1 @@
+"""PostgreSQL adapters (asyncpg): tokens, transaction and side-effect records, inbox, state."""

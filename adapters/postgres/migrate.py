@@ -1,0 +1,39 @@
+"""Schema migrations with alembic (`eo migrate`, and at start-up when configured)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from alembic import command
+from alembic.config import Config
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """`postgresql://...` as SQLAlchemy's asyncpg URL; raises ValueError for other schemes."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
+        raise ValueError("expected a postgresql:// DSN")
+    return urlunsplit(parts._replace(scheme="postgresql+asyncpg"))
+
+
+def _config(dsn: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    # '%' would be read as interpolation by configparser
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+    return config
+
+
+def upgrade(dsn: str, revision: str = "head") -> None:
+    """Apply migrations up to `revision` (idempotent). Blocking: call it in a thread from
+    async code (`upgrade_async`)."""
+    command.upgrade(_config(dsn), revision)
+
+
+async def upgrade_async(dsn: str, revision: str = "head") -> None:
+    """`upgrade` off the event loop (alembic's env runs its own loop)."""
+    await asyncio.to_thread(upgrade, dsn, revision)

@@ -1,0 +1,59 @@
+"""The asyncpg pool as a resource, and driver errors translated into the application's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+
+from application.errors import TransientError
+
+#: Errors after which a retry may succeed: lost connections, timeouts, serialization
+#: failures and deadlocks, a server shutting down.
+_TRANSIENT = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
+
+
+@asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """Raise `TransientError` for driver errors a retry may fix; others pass unchanged."""
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise TransientError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+
+
+async def _init(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
+                              schema="pg_catalog")
+
+
+async def create_pool(dsn: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """A pool whose connections encode and decode `jsonb` as JSON. Raises `TransientError`
+    when the server does not answer (the DSN is never put in the message)."""
+    async with translated():
+        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init,
+                                         command_timeout=30)
+    if pool is None:  # create_pool returns None only when awaited oddly; keep mypy honest
+        raise TransientError("PostgreSQL pool could not be created")
+    return pool
+
+
+async def pool_resource(dsn: str, min_size: int = 1, max_size: int = 10
+                        ) -> AsyncIterator[asyncpg.Pool]:
+    """dependency-injector `Resource`: the pool, closed on shutdown."""
+    pool = await create_pool(dsn, min_size, max_size)
+    try:
+        yield pool
+    finally:
+        await pool.close()

@@ -1,0 +1,157 @@
+"""The SQL of the PostgreSQL transactional store; every optimistic write is one statement.
+
+Data-modifying CTEs run in one snapshot and all-or-nothing: `FROM tr` makes the dependent
+writes happen only when the guarded update of the transaction record matched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from application.records import SideEffectRecord
+
+SELECT_TR = """
+SELECT message_id, attempt_id, version, committed_at FROM eo_transaction_record
+ WHERE endpoint = $1 AND partition_key = $2"""
+
+INSERT_TR = """
+WITH ins AS (
+  INSERT INTO eo_transaction_record (endpoint, partition_key) VALUES ($1, $2)
+  ON CONFLICT DO NOTHING
+  RETURNING message_id, attempt_id, version, committed_at)
+SELECT * FROM ins
+UNION ALL
+SELECT message_id, attempt_id, version, committed_at FROM eo_transaction_record
+ WHERE endpoint = $1 AND partition_key = $2
+LIMIT 1"""
+
+_RECORDS_OF = """
+coalesce((SELECT jsonb_agg(jsonb_build_object(
+    'kind', r.kind, 'key', r.key, 'incoming_id', r.incoming_id, 'attempt_id', r.attempt_id,
+    'seq', r.seq, 'payload', r.payload, 'registered_at', r.registered_at) ORDER BY r.seq)
+  FROM eo_side_effect_record r
+  WHERE r.endpoint = t.endpoint AND r.partition_key = t.partition_key {extra}), '[]'::jsonb)"""
+
+SELECT_TR_WITH_RECORDS = f"""
+SELECT t.message_id, t.attempt_id, t.version, t.committed_at,
+       {_RECORDS_OF.format(extra="")} AS records
+  FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
+
+SELECT_STATE = """
+SELECT state, version FROM eo_transaction_record WHERE endpoint = $1 AND partition_key = $2"""
+
+REGISTER = """
+WITH bump AS (
+  UPDATE eo_transaction_record SET version = version + 1
+   WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
+  RETURNING version),
+ins AS (
+  INSERT INTO eo_side_effect_record
+    (endpoint, partition_key, kind, key, incoming_id, attempt_id, seq, payload, registered_at)
+  SELECT $1, $2, $4, $5, $6, $7, $8, $9, $10 FROM bump)
+SELECT version FROM bump"""
+
+REGISTRATION_VALID = """
+SELECT t.message_id IS NULL AND EXISTS (
+  SELECT 1 FROM eo_side_effect_record r
+   WHERE r.endpoint = $1 AND r.kind = $3 AND r.key = $4 AND r.attempt_id = $5)
+  FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
+
+COMMIT_TR = """
+UPDATE eo_transaction_record
+   SET state = $4, message_id = $5, attempt_id = $6, committed_at = $7, version = version + 1
+ WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
+RETURNING version"""
+
+INSERT_RECORDS = """
+INSERT INTO eo_side_effect_record
+  (endpoint, partition_key, kind, key, incoming_id, attempt_id, seq, payload, registered_at)
+SELECT $1, $2, k, ky, i, a, s, p, at
+  FROM unnest($3::text[], $4::text[], $5::uuid[], $6::uuid[], $7::int[], $8::jsonb[],
+              $9::timestamptz[]) AS x(k, ky, i, a, s, p, at)"""
+
+
+def record_arrays(records: Sequence[SideEffectRecord], now: datetime) -> list[list[Any]]:
+    """The column arrays `INSERT_RECORDS` takes after endpoint and partition."""
+    return [[str(r.kind) for r in records], [r.key for r in records],
+            [r.incoming_id for r in records], [r.attempt_id for r in records],
+            [r.seq for r in records], [dict(r.payload) for r in records],
+            [r.registered_at or now for r in records]]
+
+
+INSERT_REPLY = """
+INSERT INTO eo_stored_reply (endpoint, message_id, status, body) VALUES ($1, $2, $3, $4)
+ON CONFLICT (endpoint, message_id) DO NOTHING"""
+
+INSERT_PROCESSED = """
+INSERT INTO eo_processed_message (endpoint, message_id, partition_key, outgoing, processed_at)
+VALUES ($1, $2, $3, to_jsonb($4::jsonb[]), $5)
+ON CONFLICT (endpoint, message_id) DO NOTHING RETURNING 1"""
+
+CLEAR = """
+WITH tr AS (
+  UPDATE eo_transaction_record
+     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = version + 1
+   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
+  RETURNING 1),
+del AS (
+  DELETE FROM eo_side_effect_record r USING tr
+   WHERE r.endpoint = $1 AND r.partition_key = $2
+     AND (r.kind, r.key) IN (SELECT * FROM unnest($4::text[], $5::text[]))),
+def AS (
+  INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
+  SELECT $1, k, ky, p, $9 FROM tr, unnest($6::text[], $7::text[], $8::jsonb[]) AS x(k, ky, p))
+SELECT count(*) FROM tr"""
+
+SELECT_PROCESSED = """
+SELECT partition_key, outgoing, processed_at FROM eo_processed_message
+ WHERE endpoint = $1 AND message_id = $2"""
+
+SELECT_REPLY = "SELECT status, body FROM eo_stored_reply WHERE endpoint = $1 AND message_id = $2"
+DELETE_REPLY = "DELETE FROM eo_stored_reply WHERE endpoint = $1 AND message_id = $2"
+
+COMMITTED_BEFORE = """
+SELECT partition_key, message_id, attempt_id, version, committed_at FROM eo_transaction_record
+ WHERE endpoint = $1 AND committed_at < $2"""
+
+DUE_CLEANUPS = """
+SELECT cleanup_id, kind, key, payload, due FROM eo_deferred_cleanup
+ WHERE endpoint = $1 AND due <= $2 ORDER BY cleanup_id LIMIT 1000"""
+
+DROP_CLEANUPS = "DELETE FROM eo_deferred_cleanup WHERE endpoint = $1 AND cleanup_id = ANY($2)"
+
+ABANDONED = f"""
+SELECT t.partition_key, t.version, {_RECORDS_OF.format(extra="AND r.registered_at < $2")}
+       AS records
+  FROM eo_transaction_record t
+ WHERE t.endpoint = $1 AND t.message_id IS NULL AND EXISTS (
+   SELECT 1 FROM eo_side_effect_record r
+    WHERE r.endpoint = t.endpoint AND r.partition_key = t.partition_key
+      AND r.registered_at < $2)
+ LIMIT 1000"""
+
+TAKE_OVER = """
+WITH tr AS (
+  UPDATE eo_transaction_record SET version = version + 1
+   WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
+  RETURNING 1),
+del AS (
+  DELETE FROM eo_side_effect_record r USING tr
+   WHERE r.endpoint = $1 AND r.partition_key = $2
+     AND (r.kind, r.key) IN (SELECT * FROM unnest($4::text[], $5::text[]))),
+def AS (
+  INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
+  SELECT $1, k, ky, p, $7 FROM tr, unnest($4::text[], $5::text[], $6::jsonb[]) AS x(k, ky, p))
+SELECT count(*) FROM tr"""
+
+PURGE_PROCESSED = """
+WITH gone AS (DELETE FROM eo_processed_message WHERE endpoint = $1 AND processed_at < $2
+              RETURNING 1)
+SELECT count(*) FROM gone"""
+
+UNFINISHED = """
+SELECT count(*) FROM eo_transaction_record WHERE endpoint = $1 AND message_id IS NOT NULL"""
+
+CLEANUP_COUNT = "SELECT count(*) FROM eo_deferred_cleanup WHERE endpoint = $1"

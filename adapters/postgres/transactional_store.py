@@ -1,0 +1,194 @@
+"""The transactional store in PostgreSQL: state, transaction records, side-effect records,
+deferred clean-ups, inbox rows and stored replies of one endpoint."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from adapters.postgres import sql
+from adapters.postgres.pool import translated
+from application.codec import from_jsonable, to_jsonable
+from application.errors import Conflict
+from application.ports import Clock, TransactionalStore
+from application.records import (
+    Abandoned,
+    DeferredCleanup,
+    Kind,
+    ProcessedMessage,
+    SideEffectRecord,
+    TransactionRecord,
+)
+from domain.decisions import Reply
+
+
+def _tr(partition: str, row: Any) -> TransactionRecord:
+    return TransactionRecord(partition, row["message_id"], row["attempt_id"], row["version"],
+                             row["committed_at"])
+
+
+def _record(partition: str, r: dict[str, Any]) -> SideEffectRecord:
+    return SideEffectRecord(partition, Kind(r["kind"]), r["key"], uuid.UUID(r["incoming_id"]),
+                            uuid.UUID(r["attempt_id"]), r["seq"], r["payload"],
+                            datetime.fromisoformat(r["registered_at"]))
+
+
+class PostgresTransactionalStore(TransactionalStore):
+    """Rows of endpoint `endpoint` in the `eo_*` tables (several endpoints may share one
+    database). The business state is JSONB in the transaction record's row, so a state and
+    the version it belongs to are read together, and every optimistic check is a single
+    statement (`WHERE version = $n AND message_id IS NULL`). `state_type` is the dataclass the
+    JSON decodes to. Times come from `clock`, so tests control them."""
+
+    def __init__(self, pool: asyncpg.Pool, endpoint: str, state_type: type, clock: Clock) -> None:
+        self.pool, self.endpoint, self.state_type, self.clock = pool, endpoint, state_type, clock
+
+    async def load_tr(self, partition: str) -> TransactionRecord:
+        async with translated():
+            row = await self.pool.fetchrow(sql.SELECT_TR, self.endpoint, partition)
+            if row is None:  # first message of the partition
+                row = await self.pool.fetchrow(sql.INSERT_TR, self.endpoint, partition)
+        return _tr(partition, row)
+
+    async def load_tr_with_records(
+        self, partition: str
+    ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
+        async with translated():
+            row = await self.pool.fetchrow(sql.SELECT_TR_WITH_RECORDS, self.endpoint, partition)
+        if row is None:
+            return TransactionRecord(partition, None, None, 0), ()
+        return _tr(partition, row), tuple(_record(partition, r) for r in row["records"])
+
+    async def load_state(self, partition: str) -> tuple[Any, int]:
+        async with translated():
+            row = await self.pool.fetchrow(sql.SELECT_STATE, self.endpoint, partition)
+        if row is None:
+            return None, 0
+        return from_jsonable(self.state_type, row["state"]), row["version"]
+
+    async def register(self, record: SideEffectRecord, expected_version: int) -> int:
+        async with translated():
+            version = await self.pool.fetchval(
+                sql.REGISTER, self.endpoint, record.partition, expected_version,
+                str(record.kind), record.key, record.incoming_id, record.attempt_id, record.seq,
+                dict(record.payload), record.registered_at or self.clock.now())
+        if version is None:
+            raise Conflict(f"partition {record.partition}: register at v{expected_version}")
+        return int(version)
+
+    async def registration_valid(self, record: SideEffectRecord) -> bool:
+        async with translated():
+            return bool(await self.pool.fetchval(
+                sql.REGISTRATION_VALID, self.endpoint, record.partition, str(record.kind),
+                record.key, record.attempt_id))
+
+    async def commit(
+        self,
+        partition: str,
+        expected_version: int,
+        state: Any,
+        message_id: uuid.UUID,
+        attempt_id: uuid.UUID,
+        records: Sequence[SideEffectRecord],
+        reply: Reply | None = None,
+        processed: ProcessedMessage | None = None,
+    ) -> None:
+        async with translated(), self.pool.acquire() as conn, conn.transaction():
+            done = await conn.fetchval(
+                sql.COMMIT_TR, self.endpoint, partition, expected_version, to_jsonable(state),
+                message_id, attempt_id, self.clock.now())
+            if done is None:
+                raise Conflict(f"partition {partition}: commit at v{expected_version}")
+            if records:
+                await conn.execute(sql.INSERT_RECORDS, self.endpoint, partition,
+                                   *sql.record_arrays(records, self.clock.now()))
+            if reply is not None:
+                await conn.execute(sql.INSERT_REPLY, self.endpoint, message_id, reply.status,
+                                   dict(reply.body))
+            if processed is not None:
+                inserted = await conn.fetchval(
+                    sql.INSERT_PROCESSED, self.endpoint, processed.message_id,
+                    processed.partition, [dict(o) for o in processed.outgoing],
+                    processed.processed_at)
+                if inserted is None:
+                    raise Conflict(f"message {processed.message_id} already has an inbox row")
+
+    async def clear(
+        self,
+        partition: str,
+        expected_version: int,
+        records: Sequence[SideEffectRecord],
+        aborted: Sequence[SideEffectRecord],
+        cleanup_due: datetime,
+    ) -> bool:
+        async with translated():
+            cleared = await self.pool.fetchval(
+                sql.CLEAR, self.endpoint, partition, expected_version,
+                [str(r.kind) for r in records], [r.key for r in records],
+                [str(r.kind) for r in aborted], [r.key for r in aborted],
+                [dict(r.payload) for r in aborted], cleanup_due)
+        return bool(cleared)
+
+    async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
+        async with translated():
+            row = await self.pool.fetchrow(sql.SELECT_PROCESSED, self.endpoint, message_id)
+        if row is None:
+            return None
+        return ProcessedMessage(message_id, row["partition_key"], tuple(row["outgoing"]),
+                                row["processed_at"])
+
+    async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
+        async with translated():
+            row = await self.pool.fetchrow(sql.SELECT_REPLY, self.endpoint, message_id)
+        return None if row is None else Reply(row["status"], row["body"])
+
+    async def delete_reply(self, message_id: uuid.UUID) -> None:
+        async with translated():
+            await self.pool.execute(sql.DELETE_REPLY, self.endpoint, message_id)
+
+    async def committed_before(self, cutoff: datetime) -> Sequence[TransactionRecord]:
+        async with translated():
+            rows = await self.pool.fetch(sql.COMMITTED_BEFORE, self.endpoint, cutoff)
+        return [_tr(r["partition_key"], r) for r in rows]
+
+    async def due_cleanups(self, now: datetime) -> Sequence[DeferredCleanup]:
+        async with translated():
+            rows = await self.pool.fetch(sql.DUE_CLEANUPS, self.endpoint, now)
+        return [DeferredCleanup(r["cleanup_id"], Kind(r["kind"]), r["key"], r["payload"],
+                                r["due"]) for r in rows]
+
+    async def drop_cleanups(self, cleanup_ids: Sequence[int]) -> None:
+        async with translated():
+            await self.pool.execute(sql.DROP_CLEANUPS, self.endpoint, list(cleanup_ids))
+
+    async def abandoned(self, cutoff: datetime) -> Sequence[Abandoned]:
+        async with translated():
+            rows = await self.pool.fetch(sql.ABANDONED, self.endpoint, cutoff)
+        return [Abandoned(r["partition_key"], r["version"],
+                          tuple(_record(r["partition_key"], x) for x in r["records"]))
+                for r in rows]
+
+    async def take_over(self, abandoned: Abandoned, cleanup_due: datetime) -> bool:
+        recs = abandoned.records
+        async with translated():
+            taken = await self.pool.fetchval(
+                sql.TAKE_OVER, self.endpoint, abandoned.partition, abandoned.version,
+                [str(r.kind) for r in recs], [r.key for r in recs],
+                [dict(r.payload) for r in recs], cleanup_due)
+        return bool(taken)
+
+    async def purge_processed(self, before: datetime) -> int:
+        async with translated():
+            return int(await self.pool.fetchval(sql.PURGE_PROCESSED, self.endpoint, before))
+
+    async def unfinished_count(self) -> int:
+        async with translated():
+            return int(await self.pool.fetchval(sql.UNFINISHED, self.endpoint))
+
+    async def cleanup_count(self) -> int:
+        async with translated():
+            return int(await self.pool.fetchval(sql.CLEANUP_COUNT, self.endpoint))
