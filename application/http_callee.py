@@ -69,21 +69,19 @@ class HttpCallee:
         """Process the request once and answer its stored response (same on every retry);
         404 unknown, 503 on a transient failure (nothing committed), 422 when rejected."""
         store = self.processor.ports.store
+        # a request still unanswered may have a committed, unfinished transaction: processing
+        # finishes it first (publication, then "answered"), then the stored reply is read
+        stored = await self.requests.get(request_id)
+        if stored is not None:
+            try:
+                await self.processor.process(stored)
+            except PermanentError as exc:
+                return CalleeResponse(422, {"error": exc.reason})
+            except TransientError as exc:
+                return CalleeResponse(503, {"error": str(exc)})
         reply = await store.stored_reply(request_id)
         if reply is None:
-            stored = await self.requests.get(request_id)
-            if stored is None and not await self.requests.known(request_id):
-                return CalleeResponse(404, {"error": f"unknown request {request_id}"})
-            if stored is not None:
-                try:
-                    await self.processor.process(stored)
-                except PermanentError as exc:
-                    return CalleeResponse(422, {"error": exc.reason})
-                except TransientError as exc:
-                    return CalleeResponse(503, {"error": str(exc)})
-            reply = await store.stored_reply(request_id)
-            if reply is None:
-                return CalleeResponse(404, {"error": f"unknown request {request_id}"})
+            return CalleeResponse(404, {"error": f"unknown request {request_id}"})
         if self._fp:
             await self._fp.hit("before_reply")
         return CalleeResponse(reply.status, reply.body, stored=True)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from application.failpoints import parse
 from application.processor import Strategy
 
 Profile = Literal["embedded", "local", "production"]
+DEFAULT_STRATEGIES = {"gateway": Strategy.OUTBOX, "orders": Strategy.TOKEN,
+                      "ledger": Strategy.TOKEN}
 
 
 class SettingsError(Exception):
@@ -30,9 +34,7 @@ class Settings(BaseSettings):
 
     profile: Profile = "embedded"
     failpoints: str = Field("", description="protocol 10 rules, e.g. after_commit=crash@3")
-    strategies: dict[str, Strategy] = Field(
-        default_factory=lambda: {"gateway": Strategy.OUTBOX, "orders": Strategy.TOKEN,
-                                 "ledger": Strategy.TOKEN})
+    strategies: dict[str, Strategy] = Field(default_factory=lambda: dict(DEFAULT_STRATEGIES))
     conflict_retries: int = Field(3, ge=0, description="immediate retries after a conflict")
     max_attempts: int = Field(5, ge=1, description="deliveries before dead-lettering")
     retry_delays_s: tuple[float, ...] = (0.05, 0.2, 1.0, 5.0)
@@ -50,6 +52,11 @@ class Settings(BaseSettings):
     def _valid_failpoints(cls, value: str) -> str:
         parse(value)
         return value
+
+    @field_validator("strategies")
+    @classmethod
+    def _over_defaults(cls, value: dict[str, Strategy]) -> dict[str, Strategy]:
+        return {**DEFAULT_STRATEGIES, **value}  # naming one endpoint keeps the others
 
     @field_validator("retry_delays_s")
     @classmethod
@@ -79,3 +86,7 @@ def load_settings(**overrides: object) -> Settings:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "strategies"
         raise SettingsError(f"invalid setting EO_{field.upper()}: {first['msg']}") from exc
+    except PydanticSettingsError as exc:  # a JSON-valued variable that is not JSON
+        match = re.search(r'field "(\w+)"', str(exc))
+        name = f"EO_{match.group(1).upper()}" if match else "an EO_ variable"
+        raise SettingsError(f"invalid setting {name}: not valid JSON") from exc

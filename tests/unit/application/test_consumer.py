@@ -1,0 +1,367 @@
+"""Settlement of deliveries (protocol 7) on the memory broker: ack, retry, dead-letter."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from types import MappingProxyType
+from typing import NoReturn
+
+import pytest
+
+from adapters.memory.broker import MemoryBroker, MemoryDelivery
+from application.codec import encode
+from application.consumer import Consumer, Settlement
+from application.envelope import (
+    ATTEMPTS_HEADER,
+    ENDPOINT_HEADER,
+    REASON_HEADER,
+    TOKEN_HEADER,
+    Envelope,
+)
+from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, CountingSink
+from application.processor import Outcome
+from domain.errors import Rejected
+from tests.support.counter import COUNTER, Add
+from tests.support.invariants import check
+from tests.support.world import World
+
+QUEUE = "counter"
+M1, M2 = uuid.UUID(int=1), uuid.UUID(int=2)
+FAST = (0.001, 0.002)
+
+
+async def _take(broker: MemoryBroker, consumer: str = "c1") -> MemoryDelivery:
+    """The next delivery of the counter queue for `consumer`, left unsettled."""
+    deliveries = broker.consume(QUEUE, consumer)
+    try:
+        return await asyncio.wait_for(anext(deliveries), 2.0)
+    finally:
+        await deliveries.aclose()
+
+
+async def _deliver(broker: MemoryBroker, envelope: Envelope) -> None:
+    await broker.dispatch(QUEUE, envelope)
+
+
+def _consumer(world: World, failpoints: str | None = None, max_attempts: int = 5) -> Consumer:
+    return Consumer(world.processor(failpoints), max_attempts=max_attempts, retry_delays=FAST)
+
+
+async def _settle_until_done(consumer: Consumer, broker: MemoryBroker) -> list[Settlement]:
+    """Take and settle deliveries until one is not retried (what a live consumer does)."""
+    settlements = []
+    while True:
+        settlement = await consumer.settle(await _take(broker))
+        settlements.append(settlement)
+        if settlement is not Settlement.RETRIED:
+            return settlements
+
+
+async def test_processed_delivery_is_acked() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    consumer = _consumer(world)
+    assert not broker.idle()
+    assert await consumer.settle(await _take(broker)) is Settlement.PROCESSED
+    assert broker.idle()
+    assert broker.depth(QUEUE) == 0
+    assert not broker.dead_letters[QUEUE]
+    assert consumer.counts == {Settlement.PROCESSED: 1}
+
+
+async def test_duplicate_delivery_is_acked() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    envelope = await world.send(Add("p", 1), M1)
+    await _deliver(broker, envelope)
+    await _deliver(broker, envelope)
+    consumer = _consumer(world)
+    assert await consumer.settle(await _take(broker)) is Settlement.PROCESSED
+    assert await consumer.settle(await _take(broker)) is Settlement.DUPLICATE
+    assert broker.idle()
+    assert consumer.counts == {Settlement.PROCESSED: 1, Settlement.DUPLICATE: 1}
+    assert check(world, {M1}) == []
+
+
+def _bad(kind: str) -> Envelope:
+    token = MappingProxyType({TOKEN_HEADER: "1"})
+    if kind == "malformed body":
+        return Envelope(M1, "Add", b'{"partition": "p", "amount": "many"}', token)
+    if kind == "not json":
+        return Envelope(M1, "Add", b"\xff not json", token)
+    if kind == "unknown type":
+        return Envelope(M1, "Subtract", encode(Add("p", 1)), token)
+    return Envelope(M1, "Add", encode(Add("p", 1)), MappingProxyType({}))  # no token header
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("malformed body", "malformed Add: amount"),
+        ("not json", "malformed Add"),
+        ("unknown type", "unknown message type 'Subtract'"),
+        ("missing token header", "no token header"),
+    ],
+)
+async def test_permanent_errors_are_dead_lettered_with_reason_endpoint_and_attempts(
+    kind: str, reason: str
+) -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    envelope = _bad(kind)
+    await world.tokens.create([envelope])  # the sender created the token (claim check)
+    await _deliver(broker, envelope)
+    consumer = _consumer(world)
+    assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    (dead,) = broker.dead_letters[QUEUE]
+    assert dead.message_id == envelope.message_id
+    assert dead.body == envelope.body
+    assert reason in dead.headers[REASON_HEADER]
+    assert dead.headers[ENDPOINT_HEADER] == "counter"
+    assert dead.headers[ATTEMPTS_HEADER] == "1"
+    assert await world.tokens.exists(M1)  # the token stays: a replay is processed normally
+    assert broker.idle()
+    assert consumer.counts == {Settlement.DEAD_LETTERED: 1}
+    assert world.events.total(MESSAGE_DEAD_LETTERED) == 1
+
+
+async def test_a_replayed_dead_letter_is_processed_normally() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    envelope = await world.send(Add("p", 1), M1)
+    await _deliver(broker, envelope)
+    assert (
+        await _consumer(world, "after_handler=raise", max_attempts=1).settle(await _take(broker))
+        is Settlement.DEAD_LETTERED
+    )
+    (dead,) = broker.dead_letters[QUEUE]
+    await _deliver(broker, dead)  # replay from the dead-letter queue
+    assert await _consumer(world).settle(await _take(broker)) is Settlement.PROCESSED
+    assert world.store.partitions["p"].state.total == 1
+
+
+def _refuse(state: object, message: object, context: object) -> NoReturn:
+    raise Rejected("the counter is closed")
+
+
+def _explode(state: object, message: object, context: object) -> NoReturn:
+    raise ZeroDivisionError("division by zero")
+
+
+@pytest.mark.parametrize(
+    ("handle", "reason"),
+    [
+        (_refuse, "rejected by handler: the counter is closed"),
+        (_explode, "handler failed: ZeroDivisionError: division by zero"),
+    ],
+)
+async def test_a_handler_rejection_or_failure_is_dead_lettered_at_once(
+    handle: Callable[..., NoReturn], reason: str
+) -> None:
+    world = World(replace(COUNTER, handle=handle))
+    broker = MemoryBroker()
+    envelope = await world.send(Add("p", 1), M1)
+    await _deliver(broker, envelope)
+    consumer = _consumer(world)
+    assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    (dead,) = broker.dead_letters[QUEUE]
+    assert dead.headers[REASON_HEADER] == reason
+    assert dead.headers[ATTEMPTS_HEADER] == "1"
+    assert await world.tokens.exists(M1)
+    assert world.store.record_count() == 0
+
+
+async def test_transient_error_is_retried_later_then_processed() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    consumer = _consumer(world, "before_commit=raise@1")
+    first = await _take(broker)
+    assert first.attempt == 1
+    assert await consumer.settle(first) is Settlement.RETRIED
+    assert broker.depth(QUEUE) == 0  # not at once: through the delayed-retry queue
+    assert not broker.idle()  # a delayed retry is pending
+    second = await _take(broker)
+    assert (second.envelope, second.attempt) == (first.envelope, 2)
+    assert await consumer.settle(second) is Settlement.PROCESSED
+    assert broker.idle()
+    assert consumer.counts == {Settlement.RETRIED: 1, Settlement.PROCESSED: 1}
+    assert world.events.total(MESSAGE_RETRIED) == 1
+    await world.quiesce()
+    assert check(world, {M1}) == []
+
+
+class _Recorder:
+    """An inner event sink keeping every event with its fields."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def emit(self, event: str, **fields: object) -> None:
+        self.events.append((event, fields))
+
+
+async def test_retry_delays_follow_the_attempt_and_the_last_one_repeats() -> None:
+    recorder = _Recorder()
+    world, broker = World(COUNTER, events=CountingSink(recorder)), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    consumer = Consumer(world.processor("before_commit=raise"), 4, retry_delays=(0.001, 0.002))
+    settlements = await _settle_until_done(consumer, broker)
+    assert settlements[-1] is Settlement.DEAD_LETTERED
+    retried = [fields for event, fields in recorder.events if event == MESSAGE_RETRIED]
+    assert [(f["attempt"], f["delay_s"]) for f in retried] == [(1, 0.001), (2, 0.002), (3, 0.002)]
+    assert all(str(f["reason"]).startswith("TransientError") for f in retried)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+async def test_transient_on_every_attempt_is_dead_lettered_after_max_attempts(
+    max_attempts: int,
+) -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    consumer = _consumer(world, "before_commit=raise", max_attempts=max_attempts)
+    settlements = await _settle_until_done(consumer, broker)
+    assert settlements == [Settlement.RETRIED] * (max_attempts - 1) + [Settlement.DEAD_LETTERED]
+    (dead,) = broker.dead_letters[QUEUE]
+    assert dead.headers[REASON_HEADER].startswith("retries exhausted")
+    assert "TransientError: failpoint before_commit" in dead.headers[REASON_HEADER]
+    assert dead.headers[ATTEMPTS_HEADER] == str(max_attempts)
+    assert await world.tokens.exists(M1)
+    assert broker.idle()
+    assert sum(consumer.counts.values()) == max_attempts
+    assert world.store.partitions["p"].state is None
+
+
+async def test_an_unexpected_adapter_error_is_retried_not_lost() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    consumer = _consumer(world)
+    real_get = world.tokens.get
+    calls = 0
+
+    async def flaky_get(message_id: uuid.UUID) -> Envelope | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError("connection reset by peer")
+        return await real_get(message_id)
+
+    world.tokens.get = flaky_get  # type: ignore[method-assign]
+    assert await _settle_until_done(consumer, broker) == [
+        Settlement.RETRIED,
+        Settlement.PROCESSED,
+    ]
+
+
+async def test_counts_add_up_to_the_deliveries() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    good = [await world.send(Add(f"p{i % 2}", i), uuid.UUID(int=10 + i)) for i in range(4)]
+    deliveries = [*good, good[0], good[3], _bad("unknown type")]
+    await world.tokens.create([deliveries[-1]])
+    for envelope in deliveries:
+        await _deliver(broker, envelope)
+    consumer = _consumer(world, "before_commit=raise@2")
+    settled = 0
+    while not broker.idle():
+        await consumer.settle(await _take(broker))
+        settled += 1
+    assert settled == len(deliveries) + 1  # one retry
+    assert sum(consumer.counts.values()) == settled
+    assert consumer.counts == {
+        Settlement.PROCESSED: 4,
+        Settlement.DUPLICATE: 2,
+        Settlement.RETRIED: 1,
+        Settlement.DEAD_LETTERED: 1,
+    }
+
+
+async def _first(
+    n: int, deliveries: AsyncIterator[MemoryDelivery]
+) -> AsyncIterator[MemoryDelivery]:
+    """The first `n` deliveries of an endless consume iterator, then the end of the stream."""
+    try:
+        for _ in range(n):
+            yield await anext(deliveries)
+    finally:
+        await deliveries.aclose()
+
+
+async def test_serve_with_prefetch_settles_everything_and_bounds_concurrency() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    envelopes = [await world.send(Add(f"p{i % 3}", i), uuid.UUID(int=100 + i)) for i in range(12)]
+    deliveries = [*envelopes, *envelopes[:4]]  # four duplicates
+    for envelope in deliveries:
+        await _deliver(broker, envelope)
+    consumer = _consumer(world)
+    real_process = consumer.processor.process
+    in_flight, peak = 0, 0
+
+    async def process(envelope: Envelope) -> Outcome:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await asyncio.sleep(0.002)
+            return await real_process(envelope)
+        finally:
+            in_flight -= 1
+
+    consumer.processor.process = process  # type: ignore[method-assign]
+    stream = _first(len(deliveries), broker.consume(QUEUE, "server"))
+    await asyncio.wait_for(consumer.serve(stream, prefetch=3), 5.0)
+    assert broker.idle()  # serve waited for the deliveries in flight before returning
+    assert consumer.counts == {Settlement.PROCESSED: 12, Settlement.DUPLICATE: 4}
+    assert 1 < peak <= 3
+    await world.quiesce()
+    assert check(world, {e.message_id for e in envelopes}) == []
+
+
+# --- the memory broker's own semantics -----------------------------------------------------
+
+
+async def test_unsettled_deliveries_of_a_dropped_consumer_are_redelivered() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    e1, e2 = await world.send(Add("p", 1), M1), await world.send(Add("p", 2), M2)
+    await _deliver(broker, e1)
+    await _deliver(broker, e2)
+    lost = await _take(broker, "a")
+    kept = await _take(broker, "b")
+    assert broker.depth(QUEUE) == 0
+    assert broker.drop_consumer("a") == 1
+    assert broker.depth(QUEUE) == 1
+    again = await _take(broker, "b")
+    assert (again.envelope, again.attempt) == (lost.envelope, 1)
+    await lost.ack()  # the dropped consumer's late settlement is ignored
+    assert not broker.idle()
+    await again.ack()
+    await kept.ack()
+    assert broker.idle()
+    assert broker.drop_consumer("a") == 0
+
+
+async def test_broker_is_not_idle_while_a_delayed_retry_is_pending() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    delivery = await _take(broker)
+    await delivery.retry(0.02, "test")
+    assert broker.depth(QUEUE) == 0
+    assert not broker.idle()
+    await asyncio.sleep(0.05)
+    assert broker.depth(QUEUE) == 1
+    assert not broker.idle()
+    redelivered = await _take(broker)
+    assert redelivered.attempt == 2
+    await redelivered.ack()
+    assert broker.idle()
+
+
+async def test_a_delivery_is_settled_only_once() -> None:
+    world, broker = World(COUNTER), MemoryBroker()
+    await _deliver(broker, await world.send(Add("p", 1), M1))
+    delivery = await _take(broker)
+    await delivery.dead_letter("first", "counter")
+    await delivery.retry(0.0, "second")
+    await delivery.dead_letter("third", "counter")
+    await asyncio.sleep(0.01)
+    assert [d.headers[REASON_HEADER] for d in broker.dead_letters[QUEUE]] == ["first"]
+    assert broker.depth(QUEUE) == 0
+    assert broker.idle()
