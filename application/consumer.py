@@ -9,18 +9,25 @@ from collections.abc import AsyncIterator, Sequence
 
 from application.errors import Conflict, PermanentError, TransientError
 from application.failpoints import Failpoints
-from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED
+from application.observability import (
+    MESSAGE_DEAD_LETTERED,
+    MESSAGE_RETRIED,
+    SETTLEMENT_FAILED,
+)
 from application.ports import Delivery
 from application.processor import Outcome, Processor
 
 
 class Settlement(enum.StrEnum):
-    """How a delivery was settled; every delivery ends as exactly one of these."""
+    """How a delivery was settled; every delivery ends as exactly one of these (an
+    `UNSETTLED` one comes back as a new delivery)."""
 
     PROCESSED = "processed"
     DUPLICATE = "duplicate"
     RETRIED = "retried"
     DEAD_LETTERED = "dead_lettered"
+    #: settling itself failed (connection lost): the broker redelivers the message
+    UNSETTLED = "unsettled"
 
 
 class Consumer:
@@ -88,11 +95,19 @@ class Consumer:
         """Settle deliveries as they come, at most `prefetch` at a time, until the iterator
         ends; then wait for those in flight (graceful shutdown)."""
         slots = asyncio.Semaphore(prefetch)
-        tasks: set[asyncio.Task[Settlement]] = set()
+        tasks: set[asyncio.Task[Settlement | None]] = set()
 
-        async def one(delivery: Delivery) -> Settlement:
+        async def one(delivery: Delivery) -> Settlement | None:
             try:
                 return await self.settle(delivery)
+            except TransientError as exc:
+                # settling failed (the connection went away): the broker redelivers the
+                # message, and the protocol makes the second processing a no-op
+                self.processor.ports.events.emit(
+                    SETTLEMENT_FAILED, endpoint=self.processor.endpoint.name,
+                    message_id=str(delivery.envelope.message_id), reason=str(exc))
+                self.counts[Settlement.UNSETTLED] += 1
+                return None
             finally:
                 slots.release()
 

@@ -15,6 +15,8 @@ REQUEST_URL_HEADER = "eo-request-url"
 REASON_HEADER = "eo-reason"
 ENDPOINT_HEADER = "eo-endpoint"
 ATTEMPTS_HEADER = "eo-attempts"
+#: Header of a delayed-retry copy: why the previous attempt failed.
+RETRY_REASON_HEADER = "eo-retry-reason"
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 

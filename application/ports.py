@@ -248,3 +248,6 @@ class RequestStore(TokenStore, Protocol):
 
     async def purge_tombstones(self, before: datetime) -> int:
         """Drop tombstones made before `before`; returns how many."""
+
+    async def count(self) -> int:
+        """Requests stored, answered or not (what the caller has yet to DELETE)."""

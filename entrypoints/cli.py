@@ -5,20 +5,27 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import aio_pika
+import asyncpg
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from application.errors import TransientError
 from application.failpoints import NAMES, PREFIXES, parse
 from application.observability import CountingSink
 from entrypoints.container import EmbeddedContainer
 from entrypoints.demo.run import DemoReport, DuplicatingDispatcher, run_demo
 from entrypoints.demo.tpch import generate
+from entrypoints.embedded import ENDPOINTS
 from entrypoints.logging import StructlogEventSink, configure_logging
+from entrypoints.operations import inspect, migrate_all
+from entrypoints.service import run_consumer
 from entrypoints.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(help="Exactly-once service template: run the demo, inspect the protocol.",
@@ -115,6 +122,83 @@ def _print_report(report: DemoReport, sf: float, consumers: int,
     console.print(table)
     for violation in report.oracle.violations:
         console.print(f"[red]violation:[/red] {violation}")
+
+
+def _service_settings(profile: str | None) -> Settings:
+    overrides: dict[str, object] = {}
+    if profile is not None:
+        overrides["profile"] = profile
+    settings = _settings(**overrides)
+    if settings.profile == "embedded":
+        settings = _settings(**{**overrides, "profile": "local"})
+    return settings
+
+
+def _run_service(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        asyncio.run(coro)
+    except TransientError as exc:
+        Console(stderr=True).print(f"[red]cannot start: {exc}[/red]")
+        raise typer.Exit(3) from exc
+
+
+@app.command()
+def consume(
+    endpoint: Annotated[str, typer.Option(help="the endpoint whose queue to consume")],
+    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
+) -> None:
+    """Run one endpoint's consumer on RabbitMQ and PostgreSQL (the service's main process),
+    with its sweeper and its status port (/metrics, /ready). SIGTERM stops it gracefully."""
+    if endpoint not in ENDPOINTS:
+        raise typer.BadParameter(f"one of {sorted(ENDPOINTS)}", param_hint="--endpoint")
+    _run_service(run_consumer(_service_settings(profile), endpoint))
+
+
+@app.command()
+def gateway(
+    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
+) -> None:
+    """Run the boundary gateway: outside commands (natural message IDs, no tokens) in,
+    token-protected messages out (the inbox/outbox path)."""
+    _run_service(run_consumer(_service_settings(profile), "gateway"))
+
+
+@app.command()
+def migrate(
+    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
+) -> None:
+    """Create the databases if missing and apply the schema migrations (alembic)."""
+    settings = _service_settings(profile)
+    try:
+        created = asyncio.run(migrate_all(settings))
+    except (OSError, asyncpg.PostgresError) as exc:
+        Console(stderr=True).print(f"[red]migration failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
+    for name in created:
+        console.print(f"created database {name}")
+    console.print("schema is up to date")
+
+
+@app.command(name="inspect")
+def inspect_command(
+    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
+) -> None:
+    """Tokens in flight, unfinished transaction records, deferred clean-ups, dead letters."""
+    settings = _service_settings(profile)
+    try:
+        found = asyncio.run(inspect(settings, [*ENDPOINTS]))
+    except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
+        Console(stderr=True).print(f"[red]inspection failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
+    table = Table("endpoint", "unfinished TRs", "oldest (s)", "deferred clean-ups",
+                  "dead letters", title=f"tokens in flight: {found.tokens}")
+    for name in ENDPOINTS:
+        dlq = found.dead_letters.get(name)
+        table.add_row(name, str(found.unfinished.get(name, 0)),
+                      f"{found.oldest_unfinished_s.get(name, 0.0):.1f}",
+                      str(found.deferred_cleanups.get(name, 0)),
+                      "no queue" if dlq is None else str(dlq))
+    console.print(table)
 
 
 @app.command()

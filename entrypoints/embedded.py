@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from adapters.memory.broker import MemoryBroker
 from adapters.memory.http import InProcessHttp
-from adapters.memory.request_store import MemoryRequestStore
-from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from application.consumer import Consumer
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
-from application.ports import BlobStore, Clock, EventSink, IdGenerator, MessageDispatcher
+from application.ports import (
+    BlobStore,
+    Clock,
+    EventSink,
+    IdGenerator,
+    MessageDispatcher,
+    RequestStore,
+    TokenStore,
+    TransactionalStore,
+)
 from application.processor import Ports, Processor, Strategy
 from application.sweeper import Sweeper
 from domain.decisions import Endpoint
@@ -27,7 +35,10 @@ PAYMENT_REQUEST = "PaymentRequest"
 
 
 class SampleSystem:
-    """Stores shared by every "process" of the embedded service, and factories for them.
+    """Stores shared by every worker of the sample service, and factories for workers.
+
+    Memory stores by default (embedded profile); the local and production profiles pass
+    `stores` (PostgreSQL), their token and request stores, and the RabbitMQ dispatcher.
 
     Each call of `processor(name)` or `consumer(name)` is a separate worker with its own
     partition locks, as a separate process would be: competing workers on one queue meet
@@ -41,18 +52,22 @@ class SampleSystem:
         clock: Clock,
         ids: IdGenerator,
         events: EventSink,
-        broker: MemoryBroker,
-        tokens: MemoryTokenStore,
+        broker: MemoryBroker | None,
+        tokens: TokenStore,
         blobs: BlobStore,
-        requests: MemoryRequestStore,
+        requests: RequestStore,
         failpoints: Failpoints | None,
         dispatcher: MessageDispatcher | None = None,
+        stores: Mapping[str, TransactionalStore] | None = None,
     ) -> None:
         self.settings, self.clock, self.ids, self.events = settings, clock, ids, events
         self.broker, self.tokens, self.blobs, self.requests = broker, tokens, blobs, requests
         self.failpoints = failpoints
-        self.dispatcher: MessageDispatcher = dispatcher or broker
-        self.stores = {name: MemoryTransactionalStore(clock) for name in [*ENDPOINTS, "payments"]}
+        if dispatcher is None and broker is None:
+            raise ValueError("SampleSystem needs a broker or a dispatcher")
+        self.dispatcher: MessageDispatcher = dispatcher or broker  # type: ignore[assignment]
+        self.stores: dict[str, Any] = dict(stores) if stores is not None else {
+            name: MemoryTransactionalStore(clock) for name in [*ENDPOINTS, "payments"]}
         callee_fp = failpoints.scoped("callee.") if failpoints else None
         payments = Processor(PAYMENTS, self._ports("payments", tokens=requests), Strategy.TOKEN,
                              callee_fp, settings.conflict_retries, self._grace)

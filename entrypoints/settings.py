@@ -7,7 +7,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
@@ -15,6 +15,8 @@ from application.failpoints import parse
 from application.processor import Strategy
 
 Profile = Literal["embedded", "local", "production"]
+LOCAL_DATABASE = "postgresql://postgres@127.0.0.1:5432/eo"
+LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_STRATEGIES = {"gateway": Strategy.OUTBOX, "orders": Strategy.TOKEN,
                       "ledger": Strategy.TOKEN}
 
@@ -46,6 +48,17 @@ class Settings(BaseSettings):
     credit_limit: Decimal = Field(Decimal("1000000"), ge=0, description="payments accounts")
     blob_dir: Path = Path("var/blobs")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    database_dsn: SecretStr | None = Field(None, description="the endpoint's PostgreSQL")
+    token_dsn: SecretStr | None = Field(None, description="token store; default: database")
+    amqp_url: SecretStr | None = Field(None, description="RabbitMQ")
+    pool_size: int = Field(8, ge=1, description="PostgreSQL connections per pool")
+    migrate_on_start: bool = False
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535, description="0 turns the server off")
+    delivery_limit: int = Field(20, ge=1, description="x-delivery-limit of work queues")
+    max_body_bytes: int = Field(1_048_576, ge=1, description="larger bodies are dead-lettered")
+    duplicate_rate: float = Field(0.0, ge=0, le=1,
+                                  description="fault injection: share of dispatches re-published")
 
     @field_validator("failpoints")
     @classmethod
@@ -72,6 +85,28 @@ class Settings(BaseSettings):
                              "create no tokens)")
         return self
 
+    @model_validator(mode="after")
+    def _production_needs_services(self) -> Settings:
+        if self.profile == "production":
+            for name in ("database_dsn", "amqp_url"):
+                if getattr(self, name) is None:
+                    raise ValueError(f"{name}: required by the production profile")
+        return self
+
+    def database(self) -> str:
+        """The endpoint database DSN (the local profile defaults to the local server)."""
+        if self.database_dsn is not None:
+            return self.database_dsn.get_secret_value()
+        return LOCAL_DATABASE
+
+    def tokens_database(self) -> str:
+        """The token store's DSN: `EO_TOKEN_DSN`, else the endpoint database."""
+        return self.token_dsn.get_secret_value() if self.token_dsn else self.database()
+
+    def amqp(self) -> str:
+        """The RabbitMQ URL (the local profile defaults to guest on localhost)."""
+        return self.amqp_url.get_secret_value() if self.amqp_url else LOCAL_AMQP
+
     def strategy(self, endpoint: str) -> Strategy:
         """The configured strategy of `endpoint` (token by default)."""
         return self.strategies.get(endpoint, Strategy.TOKEN)
@@ -84,8 +119,12 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "strategies"
-        raise SettingsError(f"invalid setting EO_{field.upper()}: {first['msg']}") from exc
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["loc"]:
+            field = str(first["loc"][0])
+        else:  # a model validator: its message starts with "<field>: "
+            field, _, message = message.partition(": ")
+        raise SettingsError(f"invalid setting EO_{field.upper()}: {message}") from exc
     except PydanticSettingsError as exc:  # a JSON-valued variable that is not JSON
         match = re.search(r'field "(\w+)"', str(exc))
         name = f"EO_{match.group(1).upper()}" if match else "an EO_ variable"

@@ -10,7 +10,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from application.envelope import ATTEMPTS_HEADER, ENDPOINT_HEADER, REASON_HEADER, Envelope
+from application.envelope import (
+    ATTEMPTS_HEADER,
+    ENDPOINT_HEADER,
+    REASON_HEADER,
+    RETRY_REASON_HEADER,
+    Envelope,
+)
 from application.ports import Delivery, MessageDispatcher
 
 
@@ -35,7 +41,10 @@ class MemoryDelivery(Delivery):
 
     async def retry(self, delay_s: float, reason: str) -> None:
         if self._broker._settle(self):
-            self._broker._later(self._queue, self.envelope, self.attempt + 1, delay_s)
+            headers = {**self.envelope.headers, ATTEMPTS_HEADER: str(self.attempt),
+                       RETRY_REASON_HEADER: reason}
+            copy = replace(self.envelope, headers=MappingProxyType(headers))
+            self._broker._later(self._queue, copy, self.attempt + 1, delay_s)
 
     async def dead_letter(self, reason: str, endpoint: str) -> None:
         if self._broker._settle(self):

@@ -65,4 +65,5 @@ class MemoryRequestStore(RequestStore):
             self.requests[message_id] = (row[0], True)
 
     async def count(self) -> int:
-        return sum(not answered for _, answered in self.requests.values())
+        """Requests stored, answered or not (deleted ones are gone)."""
+        return len(self.requests)

@@ -17,7 +17,7 @@ from application.ports import PutResult, RequestStore
 
 # PUT and DELETE of one request serialise on a transaction-scoped advisory lock, so a late PUT
 # can never slip in between a DELETE's tombstone and its removal (protocol 6: 410 after DELETE).
-_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2::text, 0))"
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))"
 
 
 class PostgresRequestStore(RequestStore):
@@ -29,7 +29,7 @@ class PostgresRequestStore(RequestStore):
 
     async def put(self, request_id: uuid.UUID, envelope: Envelope) -> PutResult:
         async with translated(), self.pool.acquire() as conn, conn.transaction():
-            await conn.execute(_LOCK, self.endpoint, request_id)
+            await conn.execute(_LOCK, self.endpoint, str(request_id))
             if await conn.fetchval("SELECT 1 FROM eo_http_tombstone WHERE endpoint = $1 AND "
                                    "request_id = $2", self.endpoint, request_id):
                 return PutResult.GONE
@@ -52,7 +52,7 @@ class PostgresRequestStore(RequestStore):
 
     async def remove(self, request_id: uuid.UUID, now: datetime) -> None:
         async with translated(), self.pool.acquire() as conn, conn.transaction():
-            await conn.execute(_LOCK, self.endpoint, request_id)
+            await conn.execute(_LOCK, self.endpoint, str(request_id))
             await conn.execute(
                 "INSERT INTO eo_http_tombstone (endpoint, request_id, deleted_at) "
                 "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", self.endpoint, request_id, now)

@@ -97,7 +97,7 @@ async def run_demo(
     endpoint until quiescence, sweep, and check the oracle. Raises TimeoutError when the
     system does not quiesce within `timeout_s`."""
     started = time.monotonic()
-    broker, settings = system.broker, system.settings
+    broker, settings = duplicates.broker, system.settings
     for customer, balance in sample.customers:
         system.stores["payments"].seed_state(
             str(customer), open_account(customer, balance, settings.credit_limit))
@@ -147,7 +147,7 @@ async def _report(system: SampleSystem, sample: TpchSample, duplicates: Duplicat
         "side-effect records": sum(s.record_count() for s in stores.values()),
         "aborted artifacts (deferred clean-ups)": sum([await s.cleanup_count()
                                                        for s in stores.values()]),
-        "requests on payments": len(system.requests.requests),
+        "requests on payments": await system.requests.count(),
     }
     settlements: Counter[str] = Counter()
     for worker in workers:
@@ -159,6 +159,6 @@ async def _report(system: SampleSystem, sample: TpchSample, duplicates: Duplicat
         conflicts=events.total(TRANSACTION_CONFLICT),  # type: ignore[attr-defined]
         handler_runs=events.total(HANDLER_INVOKED),  # type: ignore[attr-defined]
         oracle=oracle, leftovers=leftovers,
-        dead_letters=sum(len(v) for v in system.broker.dead_letters.values()),
+        dead_letters=sum(len(v) for v in duplicates.broker.dead_letters.values()),
         seconds=seconds)
 

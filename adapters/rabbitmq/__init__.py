@@ -1,0 +1,1 @@
+"""RabbitMQ adapters (aio-pika): topology, publisher-confirmed dispatch, manual-ack consumption."""

@@ -1,0 +1,83 @@
+"""An endpoint's queues: quorum work queue, TTL retry queues, dead-letter queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aio_pika.abc import AbstractChannel
+
+from adapters.rabbitmq.connection import translated
+
+
+@dataclass(frozen=True)
+class QueueNames:
+    """The queues of one endpoint. Messages go through the default exchange with the queue
+    name as routing key, so no exchange or binding is declared."""
+
+    work: str
+    retries: tuple[str, ...]
+    dead_letter: str
+
+
+def queue_names(endpoint: str, n_delays: int) -> QueueNames:
+    """`<endpoint>`, `<endpoint>.retry.<i>` for i in 0..n_delays-1, `<endpoint>.dlq`."""
+    return QueueNames(endpoint, tuple(f"{endpoint}.retry.{i}" for i in range(n_delays)),
+                      f"{endpoint}.dlq")
+
+
+def delay_ms(delay_s: float) -> int:
+    """A retry delay in whole milliseconds, the unit of `x-message-ttl`."""
+    return round(delay_s * 1000)
+
+
+def retry_index(retry_delays_s: Sequence[float], delay_s: float) -> int:
+    """Index of the retry queue to use for `delay_s`: the one with the smallest delay that is
+    at least `delay_s`, else the longest. Compared in milliseconds, as the broker applies
+    them. Raises ValueError when there is no retry queue."""
+    if not retry_delays_s:
+        raise ValueError("no retry delays configured")
+    wanted = delay_ms(delay_s)
+    fitting = [(delay_ms(d), i) for i, d in enumerate(retry_delays_s) if delay_ms(d) >= wanted]
+    if fitting:
+        return min(fitting)[1]
+    return max((delay_ms(d), i) for i, d in enumerate(retry_delays_s))[1]
+
+
+async def declare(channel: AbstractChannel, endpoint: str, retry_delays_s: Sequence[float],
+                  delivery_limit: int) -> QueueNames:
+    """Declare `endpoint`'s queues idempotently and return their names.
+
+    - work queue `<endpoint>`: durable quorum queue; after `delivery_limit` redeliveries (a
+      message whose processing keeps killing consumers) the broker dead-letters it to the
+      dead-letter queue instead of redelivering it forever;
+    - `<endpoint>.retry.<i>`: durable classic queues holding a message for
+      `retry_delays_s[i]` seconds (`x-message-ttl`), then dead-lettering it back to the work
+      queue: delayed redelivery without a plugin;
+    - `<endpoint>.dlq`: durable quorum queue.
+
+    Raises ValueError on a negative delay or a `delivery_limit` < 1, `TransientError` when the
+    broker fails or a queue already exists with other arguments (the channel is closed then).
+    """
+    if delivery_limit < 1:
+        raise ValueError(f"delivery_limit must be >= 1, got {delivery_limit}")
+    if any(d < 0 for d in retry_delays_s):
+        raise ValueError(f"retry delays must be >= 0 s, got {list(retry_delays_s)}")
+    names = queue_names(endpoint, len(retry_delays_s))
+    with translated(f"declaring the queues of {endpoint!r}"):
+        await channel.declare_queue(names.dead_letter, durable=True,
+                                    arguments={"x-queue-type": "quorum"})
+        await channel.declare_queue(names.work, durable=True, arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": names.dead_letter,
+        })
+        for name, delay_s in zip(names.retries, retry_delays_s, strict=True):
+            await channel.declare_queue(name, durable=True, arguments={
+                "x-queue-type": "classic",
+                "x-message-ttl": delay_ms(delay_s),
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": names.work,
+            })
+    return names

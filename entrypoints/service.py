@@ -1,0 +1,100 @@
+"""The service's main process: one endpoint's consumer on RabbitMQ and PostgreSQL, its
+sweeper, its status port, and a graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from datetime import UTC, datetime
+
+import structlog
+
+from adapters.postgres.migrate import upgrade_async
+from adapters.rabbitmq import topology
+from adapters.rabbitmq.consumer import RabbitSource
+from application.sweeper import Sweeper
+from entrypoints.embedded import ENDPOINTS, SampleSystem
+from entrypoints.http_status import Metrics, StatusServer, status_app
+from entrypoints.local import LocalContainer
+from entrypoints.logging import configure_logging
+from entrypoints.settings import Settings
+
+log = structlog.get_logger("eo.service")
+
+
+async def migrate(settings: Settings) -> None:
+    """Apply the schema migrations to the endpoint database and, if separate, the token store."""
+    for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
+        await upgrade_async(dsn)
+
+
+async def _sweep_forever(sweeper: Sweeper, system: SampleSystem, metrics: Metrics,
+                         interval_s: float) -> None:
+    while True:
+        try:
+            report = await sweeper.sweep()
+            if any(vars(report).values()):
+                log.info("sweeper.swept", endpoint=sweeper.endpoint, **vars(report))
+            metrics.tokens.set(await system.tokens.count())
+            stale = await sweeper.store.committed_before(datetime.now(UTC))
+            oldest = min((t.committed_at for t in stale if t.committed_at), default=None)
+            age = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
+            metrics.oldest.labels(sweeper.endpoint).set(age)
+        except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a bad round
+            log.warning("sweeper.failed", endpoint=sweeper.endpoint, error=str(exc))
+        await asyncio.sleep(interval_s)
+
+
+async def run_consumer(settings: Settings, endpoint: str) -> None:
+    """Consume `endpoint`'s work queue until SIGTERM or SIGINT: then stop consuming, let the
+    deliveries in flight finish, and close. Raises `TransientError` when PostgreSQL or
+    RabbitMQ cannot be reached at start."""
+    configure_logging(settings.log_level)
+    if settings.migrate_on_start:
+        await migrate(settings)
+    container = LocalContainer(settings=settings)
+    await container.init_resources()  # type: ignore[misc]
+    try:
+        rabbit = await container.rabbit()  # type: ignore[misc]
+        for name in dict.fromkeys([endpoint, *ENDPOINTS[endpoint].outputs]):
+            await topology.declare(rabbit.channel, name, settings.retry_delays_s,
+                                   settings.delivery_limit)
+        system: SampleSystem = await container.system()  # type: ignore[misc]
+        metrics: Metrics = container.metrics()
+        source = RabbitSource(rabbit, endpoint, settings.retry_delays_s,
+                              settings.max_body_bytes)
+        consumer = system.consumer(endpoint)
+        started = asyncio.Event()
+
+        async def ready() -> dict[str, bool]:
+            checks = {"consuming": started.is_set()}
+            try:
+                await system.stores[endpoint].load_tr("__ready__")
+                checks["postgres"] = True
+            except Exception:  # noqa: BLE001 - any failure means "not ready"
+                checks["postgres"] = False
+            return checks
+
+        server = None
+        if settings.metrics_port:
+            server = StatusServer(status_app(metrics, ready), settings.metrics_host,
+                                  settings.metrics_port)
+            server.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(source.stop()))
+        sweeper = asyncio.create_task(_sweep_forever(
+            system.sweeper(endpoint), system, metrics, settings.sweep_interval_s))
+        log.info("consumer.started", endpoint=endpoint, prefetch=settings.prefetch)
+        started.set()
+        await consumer.serve(source.deliveries(settings.prefetch), settings.prefetch)
+        log.info("consumer.stopped", endpoint=endpoint,
+                 **{str(k): v for k, v in consumer.counts.items()}, rejected=source.rejected)
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        if server is not None:
+            await server.stop()
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]

@@ -1,0 +1,258 @@
+"""RabbitMQ adapters against a real broker: invalid input dead-lettered by the source, publisher
+confirms, graceful stop, settlement edge cases, the work queue's delivery limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+import pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.consumer import RabbitDelivery, RabbitSource
+from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.rabbitmq.topology import QueueNames, declare, retry_index
+from application.envelope import ATTEMPTS_HEADER, ENDPOINT_HEADER, REASON_HEADER, Envelope
+from application.errors import TransientError
+from tests.support.services import discover
+
+DELAYS = (0.05, 0.2)
+
+
+@dataclass
+class Rabbit:
+    """Two connections (publisher, consumer) and a fresh endpoint's declared queues."""
+
+    publisher: RabbitConnection
+    consumer: RabbitConnection
+    names: QueueNames
+
+    async def depth(self, queue: str) -> int:
+        # a robust channel answers a passive declare from its cache: ask the broker itself
+        channel = await self.publisher.channel.get_underlay_channel()
+        declared = await channel.queue_declare(queue, passive=True)
+        return declared.message_count or 0
+
+    async def drain(self, queue: str, count: int = 1,
+                    wait_s: float = 3.0) -> list[AbstractIncomingMessage]:
+        """Take up to `count` messages off `queue`, waiting up to `wait_s` for them."""
+        found: list[AbstractIncomingMessage] = []
+        declared = await self.publisher.channel.declare_queue(queue, passive=True)
+        for _ in range(int(wait_s / 0.02)):
+            if len(found) >= count:
+                break
+            message = await declared.get(no_ack=True, fail=False)
+            if message is None:
+                await asyncio.sleep(0.02)
+            else:
+                found.append(message)
+        return found
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    services = discover(postgres=False)
+    yield services.amqp_url
+    services.close()
+
+
+async def open_rabbit(url: str, delivery_limit: int = 5) -> Rabbit:
+    publisher = RabbitConnection(url, reconnect_interval_s=0.1)
+    consumer = RabbitConnection(url, reconnect_interval_s=0.1)
+    await publisher.start()
+    await consumer.start()
+    endpoint = f"it-{uuid.uuid4().hex[:12]}"
+    names = await declare(publisher.channel, endpoint, DELAYS, delivery_limit)
+    return Rabbit(publisher, consumer, names)
+
+
+async def close_rabbit(rabbit: Rabbit) -> None:
+    names = rabbit.names
+    for name in (names.work, *names.retries, names.dead_letter):
+        await rabbit.publisher.channel.queue_delete(name)
+    await rabbit.consumer.close()
+    await rabbit.publisher.close()
+
+
+@pytest.fixture
+async def rabbit(amqp_url: str) -> AsyncIterator[Rabbit]:
+    opened = await open_rabbit(amqp_url)
+    try:
+        yield opened
+    finally:
+        await close_rabbit(opened)
+
+
+@contextlib.asynccontextmanager
+async def pumped(source: RabbitSource) -> AsyncIterator[asyncio.Queue[RabbitDelivery]]:
+    """Deliveries of `source` collected by a task, so waiting with a timeout is safe."""
+    received: asyncio.Queue[RabbitDelivery] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for delivery in source.deliveries(prefetch=4):
+            received.put_nowait(delivery)
+
+    task = asyncio.create_task(pump())
+    try:
+        yield received
+    finally:
+        await source.stop()
+        await asyncio.wait_for(task, 2.0)
+
+
+def valid(**headers: str) -> Envelope:
+    return Envelope(uuid.uuid4(), "OrderPlaced", b'{"order": "o-1"}', headers)
+
+
+def publish_without_message_id(url: str, queue: str) -> None:
+    """aiormq gives every message a random ID, so a message without one needs another client
+    (pika, installed with testcontainers[rabbitmq])."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        connection.channel().basic_publish("", queue, b"{}", pika.BasicProperties(
+            type="OrderPlaced", delivery_mode=2))
+    finally:
+        connection.close()
+
+
+def raw(body: bytes = b"{}", message_id: str | None = None, type: str | None = None,
+        headers: dict[str, Any] | None = None) -> aio_pika.Message:
+    return aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                            message_id=message_id, type=type, headers=headers)
+
+
+async def test_invalid_messages_are_dead_lettered_and_consumption_goes_on(
+    rabbit: Rabbit, amqp_url: str,
+) -> None:
+    work = rabbit.names.work
+    await asyncio.to_thread(publish_without_message_id, amqp_url, work)
+    await rabbit.publisher.publish(work, raw(message_id="not-a-uuid", type="OrderPlaced"))
+    await rabbit.publisher.publish(work, raw(message_id=str(uuid.uuid4())))
+    await rabbit.publisher.publish(work, raw(b"x" * 65, message_id=str(uuid.uuid4()),
+                                             type="OrderPlaced"))
+    good = valid()
+    await RabbitDispatcher(rabbit.publisher).dispatch(work, good)
+    source = RabbitSource(rabbit.consumer, work, DELAYS, max_body_bytes=64)
+    async with pumped(source) as received:
+        delivery = await asyncio.wait_for(received.get(), 3.0)
+        assert delivery.envelope.message_id == good.message_id
+        await delivery.ack()
+    assert source.rejected == 4
+    dead = await rabbit.drain(rabbit.names.dead_letter, count=4)
+    reasons = [str(m.headers[REASON_HEADER]) for m in dead]
+    assert reasons[0] == "no message_id"
+    assert "is not a UUID" in reasons[1]
+    assert reasons[2] == "no type"
+    assert "65 bytes exceeds the limit of 64" in reasons[3]
+    assert all(m.headers[ENDPOINT_HEADER] == work for m in dead)
+    assert all(m.headers[ATTEMPTS_HEADER] == "1" for m in dead)
+    assert dead[1].message_id == "not-a-uuid"  # the copy keeps what it had, for inspection
+
+
+async def test_header_values_become_strings(rabbit: Rabbit) -> None:
+    message_id = uuid.uuid4()
+    await rabbit.publisher.publish(rabbit.names.work, raw(
+        message_id=str(message_id), type="OrderPlaced",
+        headers={"b": bytearray(b"bytes"), "n": 5, "s": "text"}))
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    async with pumped(source) as received:
+        delivery = await asyncio.wait_for(received.get(), 3.0)
+        await delivery.ack()
+    assert dict(delivery.envelope.headers) == {"b": "bytes", "n": "5", "s": "text"}
+
+
+async def test_dispatch_returns_once_the_broker_confirmed(rabbit: Rabbit) -> None:
+    dispatcher = RabbitDispatcher(rabbit.publisher)
+    await dispatcher.dispatch(rabbit.names.work, valid())
+    assert await rabbit.depth(rabbit.names.work) == 1
+    assert dispatcher.published == 1
+    with pytest.raises(TransientError, match="unroutable"):
+        await dispatcher.dispatch(f"{rabbit.names.work}-missing", valid())
+    assert dispatcher.published == 1
+
+
+async def test_stop_ends_the_iterator_and_in_flight_deliveries_stay_settleable(
+    rabbit: Rabbit,
+) -> None:
+    await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, valid())
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    deliveries = source.deliveries(prefetch=4)
+    delivery = await asyncio.wait_for(anext(deliveries), 3.0)
+    rest = asyncio.create_task(anext(deliveries, None))
+    await source.stop()
+    assert await asyncio.wait_for(rest, 2.0) is None
+    await delivery.ack()
+    await asyncio.sleep(0.1)  # an ack has no reply: give the broker a moment
+    assert await rabbit.depth(rabbit.names.work) == 0
+
+
+async def test_settling_twice_is_a_no_op(rabbit: Rabbit) -> None:
+    await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, valid())
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    async with pumped(source) as received:
+        delivery = await asyncio.wait_for(received.get(), 3.0)
+        await delivery.ack()
+        await delivery.ack()
+        await delivery.retry(0.0, "again")
+        await delivery.dead_letter("again", rabbit.names.work)
+    assert [await rabbit.depth(q) for q in rabbit.names.retries] == [0, 0]
+    assert await rabbit.depth(rabbit.names.dead_letter) == 0
+
+
+async def test_settling_on_a_lost_channel_raises_transient_and_the_broker_redelivers(
+    rabbit: Rabbit,
+) -> None:
+    sent = valid()
+    await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, sent)
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    async with pumped(source) as received:
+        lost = await asyncio.wait_for(received.get(), 3.0)
+        await rabbit.consumer.drop()
+        with pytest.raises(TransientError):
+            await lost.ack()
+        again = await asyncio.wait_for(received.get(), 5.0)
+        assert (again.envelope.message_id, again.attempt) == (sent.message_id, 1)
+        await again.ack()
+
+
+async def test_consuming_a_missing_queue_raises_transient(rabbit: Rabbit) -> None:
+    source = RabbitSource(rabbit.consumer, f"{rabbit.names.work}-missing", DELAYS)
+    with pytest.raises(TransientError, match="consuming"):
+        await anext(source.deliveries())
+    await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, valid())  # still usable
+
+
+def test_retry_uses_the_shortest_queue_that_is_long_enough() -> None:
+    assert [retry_index((0.05, 0.2, 1.0), d) for d in (0.0, 0.05, 0.1, 0.2, 0.5, 7.0)] == [
+        0, 0, 1, 1, 2, 2]
+    assert retry_index((1.0, 0.05), 0.5) == 0
+    with pytest.raises(ValueError, match="no retry delays"):
+        retry_index((), 1.0)
+
+
+async def test_a_message_that_keeps_killing_consumers_is_dead_lettered_by_the_broker(
+    amqp_url: str,
+) -> None:
+    rabbit = await open_rabbit(amqp_url, delivery_limit=1)
+    try:
+        sent = valid()
+        await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, sent)
+        source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+        async with pumped(source) as received:
+            for _ in range(4):  # delivered, lost; redelivered, lost; then over the limit
+                try:
+                    await asyncio.wait_for(received.get(), 1.0)
+                except TimeoutError:
+                    break
+                await rabbit.consumer.drop()
+        [dead] = await rabbit.drain(rabbit.names.dead_letter)
+        assert dead.message_id == str(sent.message_id)
+    finally:
+        await close_rabbit(rabbit)
