@@ -20,7 +20,8 @@ COPY --from=build /app/.venv /app/.venv
 ENV PATH=/app/.venv/bin:$PATH PYTHONUNBUFFERED=1 EO_BLOB_DIR=/home/eo/blobs
 USER eo
 WORKDIR /home/eo
+EXPOSE 9464
 ENTRYPOINT ["eo"]
-# The embedded profile runs the whole sample in one process; with the local and production
-# profiles (RabbitMQ, PostgreSQL) the command becomes `consume --endpoint orders`.
-CMD ["demo"]
+# The service's main process: the orders consumer (EO_PROFILE=production with EO_DATABASE_DSN
+# and EO_AMQP_URL). `docker run <image> demo` runs the self-contained embedded demo instead.
+CMD ["consume", "--endpoint", "orders"]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from application.failpoints import Failpoints
 from application.observability import SIDE_EFFECT_CLEANED, SIDE_EFFECT_PUBLISHED, TOKEN_CONSUMED
+from application.ports import Committed
 from application.records import Kind, SideEffectRecord
 from application.side_effects import SideEffects
 
@@ -41,18 +42,27 @@ class Finisher:
         self._fp = failpoints
         self._grace = cleanup_grace
 
-    async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID) -> bool:
-        """Finish (M, A) on `partition`. Returns False when someone else already finished it."""
+    async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
+                     committed: Committed | None = None) -> bool:
+        """Finish (M, A) on `partition`. Returns False when someone else already finished it.
+
+        `committed`: what the committer's own commit returned (version and records), which
+        stands for the fenced read: the committer may skip it.
+        """
         ports, fp, ev = self._ports, self._fp, self._ports.events
-        tr, records = await ports.store.load_tr_with_records(partition)
-        if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
-            return False
+        if committed is not None:
+            version, records = committed.version, committed.records
+        else:
+            tr, records = await ports.store.load_tr_with_records(partition)
+            if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
+                return False
+            version = tr.version
         fields = {"endpoint": self._endpoint, "message_id": str(message_id),
                   "attempt_id": str(attempt_id), "partition": partition}
-        committed = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)
+        winners = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)
         aborted = sorted((r for r in records if r.attempt_id != attempt_id), key=_order)
         published = 0
-        for rec in committed:
+        for rec in winners:
             if await self.effects.publish(rec.kind, rec.key, rec.payload):
                 published += 1
                 ev.emit(SIDE_EFFECT_PUBLISHED, kind=str(rec.kind), key=rec.key, **fields)
@@ -66,12 +76,18 @@ class Finisher:
                     loser_attempt_id=str(rec.attempt_id), **fields)
         if fp:
             await fp.hit("after_cleanup_aborted")
-        await ports.tokens.delete(message_id)  # consume: the last publication step
-        ev.emit(TOKEN_CONSUMED, **fields)
-        if fp:
-            await fp.hit("after_consume_token")
-        await ports.store.clear(partition, tr.version, records, aborted,
-                                ports.clock.now() + self._grace)
+        due = ports.clock.now() + self._grace
+        if ports.colocated_tokens:  # consume and clear in one transaction (3.2 fast path)
+            await ports.store.clear(partition, version, records, aborted, due, message_id)
+            ev.emit(TOKEN_CONSUMED, **fields)
+            if fp:
+                await fp.hit("after_consume_token")
+        else:
+            await ports.tokens.delete(message_id)  # consume: the last publication step
+            ev.emit(TOKEN_CONSUMED, **fields)
+            if fp:
+                await fp.hit("after_consume_token")
+            await ports.store.clear(partition, version, records, aborted, due)
         if fp:
             await fp.hit("after_tr_clear")
         return True

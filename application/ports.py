@@ -20,6 +20,24 @@ from application.records import (
 from domain.decisions import Reply
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """One read of a partition: its transaction record, its business state (None when never
+    written) and, when asked and co-located, whether a token exists (None: not checked)."""
+
+    tr: TransactionRecord
+    state: Any
+    token_exists: bool | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A successful commit: the TR's new version and the partition's side-effect records."""
+
+    version: int
+    records: tuple[SideEffectRecord, ...]
+
+
 class TokenStore(Protocol):
     """Tokens: a row per in-flight message whose existence authorises processing it.
 
@@ -60,6 +78,17 @@ class TransactionalStore(Protocol):
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
         """The transaction record and all side-effect records of the partition, in one read."""
 
+    #: Whether tokens live in this store's database (protocol 3.2's co-located fast path):
+    #: then `load` can check a token, `commit` can insert tokens and `clear` can consume one,
+    #: each inside the same statement.
+    holds_tokens: bool
+
+    async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
+        """The transaction record (created idle when missing) and the business state, in one
+        read; with `token` and `holds_tokens`, also whether that token exists (same snapshot:
+        `finish` consumes a token before it clears the TR, so a reader never sees an idle TR
+        beside the token of a finished message)."""
+
     async def load_state(self, partition: str) -> tuple[Any, int]:
         """The partition's business state (None when never written) and the transaction
         record's version it belongs to, read together (one consistent snapshot)."""
@@ -81,11 +110,14 @@ class TransactionalStore(Protocol):
         records: Sequence[SideEffectRecord],
         reply: Reply | None = None,
         processed: ProcessedMessage | None = None,
-    ) -> None:
+        tokens: Sequence[Envelope] = (),
+    ) -> Committed:
         """One transaction: write `state`, mark the TR committed to (message, attempt), bump
-        the version, insert `records` (those needing no artifact), store `reply` (HTTP callee)
-        and insert `processed` (inbox row; `Conflict` when the message ID already has one).
-        Raises `Conflict` unless the TR is idle at `expected_version`."""
+        the version, insert `records` (those needing no artifact), store `reply` (HTTP callee),
+        insert `processed` (inbox row; `Conflict` when the message ID already has one) and,
+        with `holds_tokens`, insert `tokens`. Raises `Conflict` unless the TR is idle at
+        `expected_version`. Returns the committed TR's version and every side-effect record
+        of the partition (the transaction's and its losers'): what `finish` would read."""
 
     async def clear(
         self,
@@ -94,10 +126,12 @@ class TransactionalStore(Protocol):
         records: Sequence[SideEffectRecord],
         aborted: Sequence[SideEffectRecord],
         cleanup_due: datetime,
+        consume: uuid.UUID | None = None,
     ) -> bool:
         """Compare-and-clear (protocol 3.1): only if the TR is still at `expected_version`,
         make it idle, bump the version, delete exactly `records` and list `aborted` for
-        deferred clean-up at `cleanup_due`. Returns whether it cleared."""
+        deferred clean-up at `cleanup_due`; with `consume` (and `holds_tokens`) delete that
+        token in the same transaction. Returns whether it cleared."""
 
     async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
         """The inbox row of `message_id` (positive-proof path), or None."""

@@ -31,6 +31,8 @@ class Prepared:
     version: int
     records: tuple[SideEffectRecord, ...]
     outgoing: tuple[Mapping[str, str], ...]
+    #: tokens the commit inserts itself (co-located fast path), else empty
+    tokens: tuple[Envelope, ...] = ()
 
 
 class Preparation:
@@ -80,6 +82,8 @@ class Preparation:
             outgoing.append(Outgoing(self._endpoint, decision.http_call.follow_up))
             follow_up_headers[REQUEST_URL_HEADER] = url
         payloads: list[Mapping[str, str]] = []
+        extra: list[SideEffectRecord] = []
+        tokens: list[Envelope] = []
         for index, out in enumerate(outgoing):
             headers = {TOKEN_HEADER: "1"}
             if follow_up_headers and index == len(outgoing) - 1:
@@ -88,15 +92,19 @@ class Preparation:
                                 MappingProxyType(headers))
             payload = message_payload(out.destination, envelope)
             payloads.append(MappingProxyType({**payload, "message_id": str(envelope.message_id)}))
+            message_record = record(Kind.MESSAGE, str(envelope.message_id), payload)
+            if ports.colocated_tokens:  # the token exists exactly when the commit does (3.2)
+                extra.append(message_record)
+                tokens.append(envelope)
+                continue
             version = await self._artifact(
-                record(Kind.MESSAGE, str(envelope.message_id), payload), version,
+                message_record, version,
                 create=partial(ports.tokens.create, [envelope]),
                 delete=partial(ports.tokens.delete, envelope.message_id))
-        extra: list[SideEffectRecord] = []
         request_url = incoming.header(REQUEST_URL_HEADER)
         if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)
             extra.append(record(Kind.HTTP_DELETE, request_url))
-        return Prepared(version, tuple(extra), tuple(payloads))
+        return Prepared(version, tuple(extra), tuple(payloads), tuple(tokens))
 
     async def _http_request(
         self,

@@ -35,12 +35,13 @@ from application.ports import (
     EventSink,
     HttpRequests,
     IdGenerator,
+    Loaded,
     MessageDispatcher,
     TokenStore,
     TransactionalStore,
 )
 from application.preparation import Preparation
-from application.records import ProcessedMessage, TransactionRecord
+from application.records import ProcessedMessage
 from application.side_effects import SideEffects, envelope_of
 from domain.context import Context, HttpResponse
 from domain.decisions import Decision, Endpoint
@@ -75,6 +76,10 @@ class Ports:
     http: HttpRequests | None = None
     #: service name -> base URL of its HTTP callee (protocol 6), e.g. {"payments": "http://..."}
     services: dict[str, str] = field(default_factory=dict)
+    #: `tokens` is the token table of `store`'s database (`store.holds_tokens`): the
+    #: co-located fast path of protocol 3.2 (tokens checked, created and consumed inside the
+    #: store's own statements). False keeps the general path.
+    colocated_tokens: bool = False
 
 
 class _Duplicate(Exception):
@@ -100,6 +105,8 @@ class Processor:
         cleanup_grace: timedelta = timedelta(minutes=30),
     ) -> None:
         self.endpoint = endpoint
+        if ports.colocated_tokens and not ports.store.holds_tokens:
+            raise ValueError("colocated_tokens needs a transactional store that holds tokens")
         self.ports = ports
         self.strategy = strategy
         self.conflict_retries = conflict_retries
@@ -141,10 +148,13 @@ class Processor:
             raise _Duplicate
         return stored
 
-    async def _still_pending(self, m: uuid.UUID) -> None:
+    async def _still_pending(self, m: uuid.UUID, loaded: Loaded) -> None:
         """The check after the TR load: token exists (token path) or no inbox row (outbox)."""
         if self.strategy is Strategy.TOKEN:
-            if not await self.ports.tokens.exists(m):
+            exists = loaded.token_exists  # read with the TR when tokens are co-located
+            if exists is None:
+                exists = await self.ports.tokens.exists(m)
+            if not exists:
                 raise _Duplicate
             return
         row = await self.ports.store.processed(m)
@@ -168,37 +178,35 @@ class Processor:
         message = self.decode(stored)
         partition = self.endpoint.partition_of(message)
         async with self._locks.hold(partition):
-            tr = await self._settle_committed(partition, m)
-            await self._still_pending(m)
+            loaded = await self._settle_committed(partition, m)
+            await self._still_pending(m, loaded)
             await self._hit("after_token_check")
-            return await self._run(stored, message, partition, tr)
+            return await self._run(stored, message, partition, loaded)
 
-    async def _settle_committed(self, partition: str, m: uuid.UUID) -> TransactionRecord:
-        """Load the TR and finish whatever transaction is committed on it (3.1)."""
-        tr = await self.ports.store.load_tr(partition)
+    async def _settle_committed(self, partition: str, m: uuid.UUID) -> Loaded:
+        """Load the TR (with the state, and the token when co-located) and finish whatever
+        transaction is committed on it (3.1)."""
+        check = m if self.strategy is Strategy.TOKEN and self.ports.colocated_tokens else None
+        loaded = await self.ports.store.load(partition, check)
         await self._hit("after_tr_load")
-        while tr.message_id is not None and tr.attempt_id is not None:
+        while (tr := loaded.tr).message_id is not None and tr.attempt_id is not None:
             await self.finisher.finish(partition, tr.message_id, tr.attempt_id)
             if tr.message_id == m:
                 raise _Duplicate  # it was ours: committed earlier, now finished
-            tr = await self.ports.store.load_tr(partition)
-        return tr
+            loaded = await self.ports.store.load(partition, check)
+        return loaded
 
-    async def _run(
-        self, stored: Envelope, message: Any, partition: str, tr: TransactionRecord
-    ) -> Outcome:
-        ports, name, m = self.ports, self.endpoint.name, stored.message_id
+    async def _run(self, stored: Envelope, message: Any, partition: str, loaded: Loaded
+                   ) -> Outcome:
+        ports, name, m, tr = self.ports, self.endpoint.name, stored.message_id, loaded.tr
         attempt = ports.ids()
-        response = await self._follow_up_response(stored)
-        state, version = await ports.store.load_state(partition)
-        if version != tr.version:  # the state moved since the TR load: not ours to judge
-            raise Conflict(f"partition {partition} changed before the handler ran")
+        response = await self._follow_up_response(stored, partition)
         context = Context(message_id=m, attempt_id=attempt, now=ports.clock.now(),
                           http_response=response)
         ports.events.emit(HANDLER_INVOKED, endpoint=name, message_id=str(m),
                           attempt_id=str(attempt), partition=partition)
         try:
-            decision = self._handle(state, message, context)
+            decision = self._handle(loaded.state, message, context)
         except PermanentError:
             # a rejection judged on a state another attempt has since replaced (maybe by
             # committing this very message) is a conflict, not a verdict
@@ -211,12 +219,15 @@ class Processor:
         if self.strategy is Strategy.OUTBOX:
             processed = ProcessedMessage(m, partition, prepared.outgoing, ports.clock.now())
         await self._hit("before_commit")
-        await ports.store.commit(partition, prepared.version, decision.state, m, attempt,
-                                 prepared.records, decision.reply, processed)
+        committed = await ports.store.commit(
+            partition, prepared.version, decision.state, m, attempt, prepared.records,
+            decision.reply, processed, prepared.tokens)
         ports.events.emit(TRANSACTION_COMMITTED, endpoint=name, message_id=str(m),
                           attempt_id=str(attempt), partition=partition)
         await self._hit("after_commit")
-        await self.finisher.finish(partition, m, attempt)
+        # the commit returned what finish would read: nothing can add records while the TR
+        # is committed, so the committer skips that read (a stale copy is fenced as usual)
+        await self.finisher.finish(partition, m, attempt, committed)
         return Outcome.PROCESSED
 
     def _handle(self, state: Any, message: Any, context: Context) -> Decision[Any]:
@@ -227,14 +238,23 @@ class Processor:
         except Exception as exc:  # a pure handler's failure is deterministic: retrying won't help
             raise PermanentError(f"handler failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _follow_up_response(self, stored: Envelope) -> HttpResponse | None:
+    async def _follow_up_response(
+        self, stored: Envelope, partition: str
+    ) -> HttpResponse | None:
         url = stored.header(REQUEST_URL_HEADER)
         if url is None:
             return None
         if self.ports.http is None:
             raise PermanentError("HTTP follow-up received but no HTTP client is configured")
         result = await collect_response(self.ports.http, url, self._fp)
-        if result is None:  # 404 without a stored response: duplicate if our token is gone
+        if result is None:  # 404 without a stored response
+            # Another copy may have committed this follow-up and be between the DELETE and
+            # the token delete of its finish: a duplicate, which the conflict retry finds.
+            # The TR is read BEFORE the token: finish consumes the token before it clears the
+            # TR, so an idle TR with the token still there means the request is really
+            # unknown. (Protocol 6 checks the token alone, which races with finish.)
+            if (await self.ports.store.load_tr(partition)).is_committed:
+                raise Conflict(f"request {url} deleted by a committed copy")
             if not await self.ports.tokens.exists(stored.message_id):
                 raise _Duplicate
             raise PermanentError(f"request {url} unknown on the callee")

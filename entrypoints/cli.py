@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,8 +20,9 @@ from application.errors import TransientError
 from application.failpoints import NAMES, PREFIXES, parse
 from application.observability import CountingSink
 from entrypoints.container import EmbeddedContainer
+from entrypoints.demo.local import demo_settings, run_local_demo
 from entrypoints.demo.run import DemoReport, DuplicatingDispatcher, run_demo
-from entrypoints.demo.tpch import generate
+from entrypoints.demo.tpch import TpchSample, generate
 from entrypoints.embedded import ENDPOINTS
 from entrypoints.logging import StructlogEventSink, configure_logging
 from entrypoints.operations import inspect, migrate_all
@@ -54,25 +55,49 @@ def _strategies(values: list[str]) -> dict[str, str]:
 @app.command()
 def demo(
     sf: Annotated[float, typer.Option(help="TPC-H scale factor (0.001: 1,500 orders)")] = 0.001,
-    consumers: Annotated[int, typer.Option(help="competing consumers per endpoint")] = 3,
+    consumers: Annotated[int, typer.Option(
+        help="competing consumers per endpoint (local: orders processes, at least 2)")] = 3,
     duplicates: Annotated[float, typer.Option(help="share of messages re-published")] = 0.15,
     seed: Annotated[int, typer.Option(help="seed of shuffling and duplicate injection")] = 1,
     strategy: Annotated[list[str], typer.Option(
         help="ENDPOINT=token|outbox, repeatable (e.g. ledger=outbox)")] = [],  # noqa: B006
     log_file: Annotated[Path | None, typer.Option(
         help="write protocol events as JSON lines here")] = None,
-    profile: Annotated[str, typer.Option(help="adapter profile")] = "embedded",
+    profile: Annotated[str, typer.Option(
+        help="embedded (in-process) or local (RabbitMQ, PostgreSQL, processes)")] = "embedded",
 ) -> None:
     """Run the sample end to end with duplicates and out-of-order delivery, check the oracle.
 
     Exits 1 when the oracle fails or anything is left behind.
     """
-    if profile != "embedded":
-        raise typer.BadParameter("only the embedded profile exists so far", param_hint="--profile")
+    if profile not in ("embedded", "local"):
+        raise typer.BadParameter("embedded or local", param_hint="--profile")
     strategies = {name: str(value) for name, value in _settings().strategies.items()}
     strategies.update(_strategies(strategy))
     blob_dir = Path(tempfile.mkdtemp(prefix="eo-demo-blobs-"))
     settings = _settings(strategies=strategies, blob_dir=blob_dir)
+    with console.status(f"generating TPC-H sf={sf} with DuckDB"):
+        sample = generate(sf)
+    with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        bar = progress.add_task("orders", total=len(sample.expected))
+
+        def advance(done: int) -> None:
+            progress.update(bar, completed=done)
+
+        if profile == "local":
+            report = _local_demo(settings, sample, consumers, duplicates, seed, advance)
+        else:
+            report = _embedded_demo(settings, sample, consumers, duplicates, seed, log_file,
+                                    advance)
+    _print_report(report, sf, consumers, strategies)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _embedded_demo(settings: Settings, sample: TpchSample, consumers: int, duplicates: float,
+                   seed: int, log_file: Path | None,
+                   advance: Callable[[int], None]) -> DemoReport:
     if log_file is not None:
         configure_logging(settings.log_level, log_file.open("w"))
     rng = random.Random(seed)
@@ -81,17 +106,22 @@ def demo(
     container.events.override(CountingSink(StructlogEventSink() if log_file else None))
     duplicating = DuplicatingDispatcher(container.broker(), duplicates, rng)
     container.dispatcher.override(duplicating)
-    with console.status(f"generating TPC-H sf={sf} with DuckDB"):
-        sample = generate(sf)
-    system = container.system()
-    with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        bar = progress.add_task("orders", total=len(sample.expected))
-        report = asyncio.run(run_demo(system, sample, duplicating, consumers, rng,
-                                      lambda done: progress.update(bar, completed=done)))
-    _print_report(report, sf, consumers, strategies)
-    if not report.ok:
-        raise typer.Exit(1)
+    return asyncio.run(run_demo(container.system(), sample, duplicating, consumers, rng,
+                                advance))
+
+
+def _local_demo(settings: Settings, sample: TpchSample, consumers: int, duplicates: float,
+                seed: int, advance: Callable[[int], None]) -> DemoReport:
+    local = demo_settings(_service_settings("local"), settings.blob_dir)
+    local = local.model_copy(update={"strategies": settings.strategies})
+    log_dir = Path(tempfile.mkdtemp(prefix="eo-demo-logs-"))
+    console.print(f"consumer logs: {log_dir}")
+    try:
+        return asyncio.run(run_local_demo(local, sample, max(consumers, 2), duplicates, seed,
+                                          log_dir, advance))
+    except (OSError, asyncpg.PostgresError, TransientError) as exc:
+        Console(stderr=True).print(f"[red]local demo failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
 
 
 def _print_report(report: DemoReport, sf: float, consumers: int,
@@ -122,6 +152,8 @@ def _print_report(report: DemoReport, sf: float, consumers: int,
     console.print(table)
     for violation in report.oracle.violations:
         console.print(f"[red]violation:[/red] {violation}")
+    for note in report.notes:
+        console.print(note)
 
 
 def _service_settings(profile: str | None) -> Settings:
@@ -220,6 +252,35 @@ def failpoints(
         console.print(name)
     for prefix in PREFIXES:
         console.print(f"{prefix}<{'k' if 'publish' in prefix else 'kind'}>")
+
+
+@app.command()
+def bench(
+    messages: Annotated[int, typer.Option(min=1, help="messages per path")] = 3_000,
+    partitions: Annotated[int, typer.Option(min=1, help="accounts (partitions)")] = 1_000,
+    in_flight: Annotated[int, typer.Option(min=1, help="deliveries in flight (prefetch)")] = 8,
+    json_path: Annotated[Path, typer.Option("--json", help="where to write the results")] = Path(
+        "var/bench.json"),
+    database_dsn: Annotated[str, typer.Option(help="a database of the bench's own")] = (
+        "postgresql://postgres@127.0.0.1:5432/eo_bench"),
+    amqp_url: Annotated[str | None, typer.Option(
+        help="RabbitMQ (default: the local profile's)")] = None,
+) -> None:
+    """At-least-once baseline, outbox path and token path side by side on PostgreSQL and
+    RabbitMQ: messages/s, end-to-end latency, DB round trips per message, dedup rows at rest."""
+    from entrypoints.bench.report import Params, print_table, write_json
+    from entrypoints.bench.run import run_bench
+
+    url = amqp_url or _settings(profile="local").amqp()
+    params = Params(messages, partitions, in_flight, database_dsn, url)
+    try:
+        result = asyncio.run(run_bench(params))
+    except (TransientError, OSError, asyncpg.PostgresError, RuntimeError) as exc:
+        Console(stderr=True).print(f"[red]bench failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
+    print_table(result, console)
+    write_json(result, json_path)
+    console.print(f"results written to {json_path}")
 
 
 @app.command()

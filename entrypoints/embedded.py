@@ -59,10 +59,12 @@ class SampleSystem:
         failpoints: Failpoints | None,
         dispatcher: MessageDispatcher | None = None,
         stores: Mapping[str, TransactionalStore] | None = None,
+        colocated_tokens: bool = False,
     ) -> None:
         self.settings, self.clock, self.ids, self.events = settings, clock, ids, events
         self.broker, self.tokens, self.blobs, self.requests = broker, tokens, blobs, requests
         self.failpoints = failpoints
+        self.colocated_tokens = colocated_tokens
         if dispatcher is None and broker is None:
             raise ValueError("SampleSystem needs a broker or a dispatcher")
         self.dispatcher: MessageDispatcher = dispatcher or broker  # type: ignore[assignment]
@@ -83,7 +85,10 @@ class SampleSystem:
         return self._ports(name, tokens)
 
     def _ports(self, name: str, tokens: Any = None) -> Ports:
+        # the callee's "tokens" are its stored requests: never the co-located token table
+        colocated = self.colocated_tokens and tokens is None
         return Ports(tokens=tokens or self.tokens, store=self.stores[name],
+                     colocated_tokens=colocated,
                      dispatcher=self.dispatcher, clock=self.clock, ids=self.ids,
                      events=self.events, blobs=self.blobs,
                      http=getattr(self, "http", None),

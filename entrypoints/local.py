@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from dependency_injector import containers, providers
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
-from adapters.postgres.pool import pool_resource
+from adapters.postgres.pool import create_pool
 from adapters.postgres.request_store import PostgresRequestStore
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
@@ -19,13 +20,40 @@ from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.observability import CountingSink
-from application.ports import Clock, MessageDispatcher
+from application.ports import Clock, EventSink, MessageDispatcher
 from domain.sample import PAYMENTS
 from entrypoints.container import crash_process
 from entrypoints.embedded import ENDPOINTS, SampleSystem
 from entrypoints.http_status import Metrics
 from entrypoints.logging import StructlogEventSink
 from entrypoints.settings import Settings
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The endpoint database's pool and the token store's (the same one when co-located)."""
+
+    endpoint: Any
+    tokens: Any
+
+    @property
+    def colocated(self) -> bool:
+        """Whether tokens live in the endpoint database (protocol 3.2's fast path)."""
+        return self.endpoint is self.tokens
+
+
+async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
+    """dependency-injector `Resource`: one pool per distinct DSN, closed on shutdown."""
+    endpoint = await create_pool(settings.database(), max_size=settings.pool_size)
+    tokens = endpoint
+    try:
+        if settings.tokens_database() != settings.database():
+            tokens = await create_pool(settings.tokens_database(), max_size=settings.pool_size)
+        yield Pools(endpoint, tokens)
+    finally:
+        if tokens is not endpoint:
+            await tokens.close()
+        await endpoint.close()
 
 
 async def rabbit_resource(url: str) -> AsyncIterator[RabbitConnection]:
@@ -38,33 +66,42 @@ async def rabbit_resource(url: str) -> AsyncIterator[RabbitConnection]:
         await connection.close()
 
 
-def postgres_stores(pool: Any, clock: Clock) -> dict[str, PostgresTransactionalStore]:
-    """One store per sample endpoint (payments included), sharing the pool."""
+def postgres_stores(pool: Any, clock: Clock, holds_tokens: bool = False
+                    ) -> dict[str, PostgresTransactionalStore]:
+    """One store per sample endpoint (payments included), sharing the pool; `holds_tokens`
+    when the token store is the same database (protocol 3.2's fast path)."""
     endpoints = {**ENDPOINTS, "payments": PAYMENTS}
-    return {name: PostgresTransactionalStore(pool, name, endpoint.state_type, clock)
+    return {name: PostgresTransactionalStore(pool, name, endpoint.state_type, clock,
+                                             holds_tokens=holds_tokens and name != "payments")
             for name, endpoint in endpoints.items()}
 
 
 class DuplicatingDispatcher:
     """Fault injection (`EO_DUPLICATE_RATE`): publishes a share of dispatches twice in a row
-    with the same message ID, so two consumers may get concurrent copies."""
+    with the same message ID, so two consumers may get concurrent copies. Each copy emits
+    `fault.duplicate_injected`."""
 
-    def __init__(self, inner: MessageDispatcher, rate: float) -> None:
-        self.inner, self.rate = inner, rate
+    def __init__(self, inner: MessageDispatcher, rate: float, events: EventSink) -> None:
+        self.inner, self.rate, self.events = inner, rate, events
         self._count = 0
 
     async def dispatch(self, destination: str, envelope: Any) -> None:
         await self.inner.dispatch(destination, envelope)
         self._count += 1
         # deterministic spacing: every 1/rate-th dispatch is doubled
-        if self.rate > 0 and int(self._count * self.rate) != int((self._count - 1) * self.rate):
+        if int(self._count * self.rate) != int((self._count - 1) * self.rate):
             await self.inner.dispatch(destination, envelope)
+            self.events.emit("fault.duplicate_injected", destination=destination,
+                             message_id=str(envelope.message_id))
 
 
-def dispatcher(rabbit: RabbitConnection, settings: Settings) -> MessageDispatcher:
+def dispatcher(rabbit: RabbitConnection, settings: Settings,
+               events: EventSink) -> MessageDispatcher:
     """The RabbitMQ dispatcher, wrapped by duplicate injection when configured."""
     real = RabbitDispatcher(rabbit)
-    return DuplicatingDispatcher(real, settings.duplicate_rate) if settings.duplicate_rate else real
+    if not settings.duplicate_rate:
+        return real
+    return DuplicatingDispatcher(real, settings.duplicate_rate, events)
 
 
 def failpoints(settings: Settings, rabbit: RabbitConnection) -> Failpoints | None:
@@ -81,19 +118,19 @@ class LocalContainer(containers.DeclarativeContainer):
     ids = providers.Object(uuid.uuid4)
     metrics = providers.Singleton(Metrics, inner=providers.Singleton(StructlogEventSink))
     events = providers.Singleton(CountingSink, inner=metrics)
-    pool = providers.Resource(pool_resource, settings.provided.database.call(),
-                              max_size=settings.provided.pool_size)
-    token_pool = providers.Resource(pool_resource, settings.provided.tokens_database.call(),
-                                    max_size=settings.provided.pool_size)
+    pools = providers.Resource(pools_resource, settings)
+    pool = providers.Callable(lambda pools: pools.endpoint, pools)
+    token_pool = providers.Callable(lambda pools: pools.tokens, pools)
     rabbit = providers.Resource(rabbit_resource, settings.provided.amqp.call())
     failpoints = providers.Singleton(failpoints, settings, rabbit)
-    dispatcher = providers.Singleton(dispatcher, rabbit, settings)
+    dispatcher = providers.Singleton(dispatcher, rabbit, settings, events)
     tokens = providers.Singleton(PostgresTokenStore, token_pool)
     requests = providers.Singleton(PostgresRequestStore, pool, "payments")
-    stores = providers.Singleton(postgres_stores, pool, clock)
+    colocated = providers.Callable(lambda pools: pools.colocated, pools)
+    stores = providers.Singleton(postgres_stores, pool, clock, colocated)
     blobs = providers.Singleton(LocalDirectoryBlobStore, root=settings.provided.blob_dir)
     system = providers.Singleton(
         SampleSystem, settings=settings, clock=clock, ids=ids, events=events, broker=None,
         tokens=tokens, blobs=blobs, requests=requests, failpoints=failpoints,
-        dispatcher=dispatcher, stores=stores,
+        dispatcher=dispatcher, stores=stores, colocated_tokens=colocated,
     )

@@ -63,7 +63,7 @@ async def run_consumer(settings: Settings, endpoint: str) -> None:
         system: SampleSystem = await container.system()  # type: ignore[misc]
         metrics: Metrics = container.metrics()
         source = RabbitSource(rabbit, endpoint, settings.retry_delays_s,
-                              settings.max_body_bytes)
+                              settings.max_body_bytes, system.events)
         consumer = system.consumer(endpoint)
         started = asyncio.Event()
 

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from adapters.memory.token_store import MemoryTokenStore
+from application.envelope import Envelope
 from application.errors import Conflict
-from application.ports import Clock, TransactionalStore
+from application.ports import Clock, Committed, Loaded, TransactionalStore
 from application.records import (
     Abandoned,
     DeferredCleanup,
@@ -38,8 +40,11 @@ class MemoryTransactionalStore(TransactionalStore):
     then checks and writes without yielding, so it is atomic among coroutines. Conflicts
     are raised exactly where PostgreSQL's single-statement version checks raise them."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, tokens: MemoryTokenStore | None = None) -> None:
+        """`tokens`: the token store to treat as co-located (protocol 3.2's fast path)."""
         self.clock = clock
+        self.tokens = tokens
+        self.holds_tokens = tokens is not None
         self.partitions: dict[str, _Partition] = {}
         self.processed_rows: dict[uuid.UUID, ProcessedMessage] = {}
         self.replies: dict[uuid.UUID, Reply] = {}
@@ -77,6 +82,14 @@ class MemoryTransactionalStore(TransactionalStore):
         p = self._partition(partition)
         return p.tr, tuple(p.records)
 
+    async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
+        await asyncio.sleep(0)
+        p = self._partition(partition)
+        exists = None
+        if token is not None and self.tokens is not None:
+            exists = token in self.tokens.rows
+        return Loaded(p.tr, p.state, exists)
+
     async def load_state(self, partition: str) -> tuple[Any, int]:
         await asyncio.sleep(0)
         p = self._partition(partition)
@@ -107,7 +120,8 @@ class MemoryTransactionalStore(TransactionalStore):
         records: Sequence[SideEffectRecord],
         reply: Reply | None = None,
         processed: ProcessedMessage | None = None,
-    ) -> None:
+        tokens: Sequence[Envelope] = (),
+    ) -> Committed:
         await asyncio.sleep(0)
         p = self._partition(partition)
         if p.tr.is_committed or p.tr.version != expected_version:
@@ -123,6 +137,12 @@ class MemoryTransactionalStore(TransactionalStore):
             self.replies[message_id] = reply
         if processed is not None:
             self.processed_rows[processed.message_id] = processed
+        if tokens:
+            if self.tokens is None:
+                raise ValueError("tokens passed to commit, but no token store is co-located")
+            for envelope in tokens:
+                self.tokens.rows.setdefault(envelope.message_id, envelope)
+        return Committed(p.tr.version, tuple(p.records))
 
     async def clear(
         self,
@@ -131,11 +151,16 @@ class MemoryTransactionalStore(TransactionalStore):
         records: Sequence[SideEffectRecord],
         aborted: Sequence[SideEffectRecord],
         cleanup_due: datetime,
+        consume: uuid.UUID | None = None,
     ) -> bool:
         await asyncio.sleep(0)
         p = self._partition(partition)
         if p.tr.version != expected_version:
             return False
+        if consume is not None:
+            if self.tokens is None:
+                raise ValueError("consume passed to clear, but no token store is co-located")
+            self.tokens.discard(consume)
         p.records = [r for r in p.records if not any(_same(r, x) for x in records)]
         self._bump(p, message_id=None, attempt_id=None, committed_at=None)
         self._defer(aborted, cleanup_due)

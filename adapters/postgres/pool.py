@@ -33,6 +33,12 @@ async def translated() -> AsyncIterator[None]:
         raise TransientError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release without asyncpg's reset query (one more round trip per use): the stores keep
+    no session state (only transaction-scoped locks), and asyncpg still rolls back an open
+    transaction before this runs."""
+
+
 async def _init(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
                               schema="pg_catalog")
@@ -43,7 +49,7 @@ async def create_pool(dsn: str, min_size: int = 1, max_size: int = 10) -> asyncp
     when the server does not answer (the DSN is never put in the message)."""
     async with translated():
         pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init,
-                                         command_timeout=30)
+                                         reset=_keep_session, command_timeout=30)
     if pool is None:  # create_pool returns None only when awaited oddly; keep mypy honest
         raise TransientError("PostgreSQL pool could not be created")
     return pool

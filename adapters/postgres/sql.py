@@ -39,6 +39,25 @@ SELECT t.message_id, t.attempt_id, t.version, t.committed_at,
        {_RECORDS_OF.format(extra="")} AS records
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
+_TOKEN_EXISTS = """CASE WHEN $3::uuid IS NULL THEN NULL
+       ELSE EXISTS (SELECT 1 FROM eo_token WHERE message_id = $3) END AS token_exists"""
+
+LOAD = f"""
+SELECT message_id, attempt_id, version, committed_at, state, {_TOKEN_EXISTS}
+  FROM eo_transaction_record WHERE endpoint = $1 AND partition_key = $2"""
+
+INSERT_LOAD = f"""
+WITH ins AS (
+  INSERT INTO eo_transaction_record (endpoint, partition_key) VALUES ($1, $2)
+  ON CONFLICT DO NOTHING
+  RETURNING message_id, attempt_id, version, committed_at, state)
+SELECT x.*, {_TOKEN_EXISTS} FROM (
+  SELECT * FROM ins
+  UNION ALL
+  SELECT message_id, attempt_id, version, committed_at, state FROM eo_transaction_record
+   WHERE endpoint = $1 AND partition_key = $2
+  LIMIT 1) AS x"""
+
 SELECT_STATE = """
 SELECT state, version FROM eo_transaction_record WHERE endpoint = $1 AND partition_key = $2"""
 
@@ -59,36 +78,47 @@ SELECT t.message_id IS NULL AND EXISTS (
    WHERE r.endpoint = $1 AND r.kind = $3 AND r.key = $4 AND r.attempt_id = $5)
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
-COMMIT_TR = """
-UPDATE eo_transaction_record
-   SET state = $4, message_id = $5, attempt_id = $6, committed_at = $7, version = version + 1
- WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
-RETURNING version"""
-
-INSERT_RECORDS = """
-INSERT INTO eo_side_effect_record
-  (endpoint, partition_key, kind, key, incoming_id, attempt_id, seq, payload, registered_at)
-SELECT $1, $2, k, ky, i, a, s, p, at
-  FROM unnest($3::text[], $4::text[], $5::uuid[], $6::uuid[], $7::int[], $8::jsonb[],
-              $9::timestamptz[]) AS x(k, ky, i, a, s, p, at)"""
-
+# $1 endpoint, $2 partition, $3 expected version, $4 state, $5 message, $6 attempt, $7 now,
+# $8 with inbox row, $9-$15 record columns, $16 reply status, $17 reply body, $18 outgoing,
+# $19-$22 token columns. One statement: the TR update guards every insert (FROM tr).
+COMMIT = f"""
+WITH tr AS (
+  UPDATE eo_transaction_record
+     SET state = $4, message_id = $5, attempt_id = $6, committed_at = $7, version = version + 1
+   WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
+     AND NOT ($8::boolean AND EXISTS (
+       SELECT 1 FROM eo_processed_message WHERE endpoint = $1 AND message_id = $5))
+  RETURNING version),
+recs AS (
+  INSERT INTO eo_side_effect_record
+    (endpoint, partition_key, kind, key, incoming_id, attempt_id, seq, payload, registered_at)
+  SELECT $1, $2, k, ky, i, a, s, p, at
+    FROM tr, unnest($9::text[], $10::text[], $11::uuid[], $12::uuid[], $13::int[],
+                    $14::jsonb[], $15::timestamptz[]) AS x(k, ky, i, a, s, p, at)),
+reply AS (
+  INSERT INTO eo_stored_reply (endpoint, message_id, status, body)
+  SELECT $1, $5, $16, $17 FROM tr WHERE $16::int IS NOT NULL
+  ON CONFLICT (endpoint, message_id) DO NOTHING),
+inbox AS (
+  INSERT INTO eo_processed_message (endpoint, message_id, partition_key, outgoing, processed_at)
+  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7 FROM tr WHERE $8
+  ON CONFLICT (endpoint, message_id) DO NOTHING),
+toks AS (
+  INSERT INTO eo_token (message_id, type, body, headers)
+  SELECT m, ty, b, h FROM tr, unnest($19::uuid[], $20::text[], $21::bytea[], $22::jsonb[])
+    AS x(m, ty, b, h)
+  ON CONFLICT (message_id) DO NOTHING)
+SELECT tr.version, {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
+                                   .replace("t.partition_key", "$2")} AS records
+  FROM tr"""
 
 def record_arrays(records: Sequence[SideEffectRecord], now: datetime) -> list[list[Any]]:
-    """The column arrays `INSERT_RECORDS` takes after endpoint and partition."""
+    """The record column arrays of `COMMIT` ($9-$15)."""
     return [[str(r.kind) for r in records], [r.key for r in records],
             [r.incoming_id for r in records], [r.attempt_id for r in records],
             [r.seq for r in records], [dict(r.payload) for r in records],
             [r.registered_at or now for r in records]]
 
-
-INSERT_REPLY = """
-INSERT INTO eo_stored_reply (endpoint, message_id, status, body) VALUES ($1, $2, $3, $4)
-ON CONFLICT (endpoint, message_id) DO NOTHING"""
-
-INSERT_PROCESSED = """
-INSERT INTO eo_processed_message (endpoint, message_id, partition_key, outgoing, processed_at)
-VALUES ($1, $2, $3, to_jsonb($4::jsonb[]), $5)
-ON CONFLICT (endpoint, message_id) DO NOTHING RETURNING 1"""
 
 CLEAR = """
 WITH tr AS (
@@ -102,7 +132,9 @@ del AS (
      AND (r.kind, r.key) IN (SELECT * FROM unnest($4::text[], $5::text[]))),
 def AS (
   INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
-  SELECT $1, k, ky, p, $9 FROM tr, unnest($6::text[], $7::text[], $8::jsonb[]) AS x(k, ky, p))
+  SELECT $1, k, ky, p, $9 FROM tr, unnest($6::text[], $7::text[], $8::jsonb[]) AS x(k, ky, p)),
+tok AS (
+  DELETE FROM eo_token USING tr WHERE message_id = $10::uuid)
 SELECT count(*) FROM tr"""
 
 SELECT_PROCESSED = """

@@ -13,8 +13,9 @@ import asyncpg
 from adapters.postgres import sql
 from adapters.postgres.pool import translated
 from application.codec import from_jsonable, to_jsonable
+from application.envelope import Envelope
 from application.errors import Conflict
-from application.ports import Clock, TransactionalStore
+from application.ports import Clock, Committed, Loaded, TransactionalStore
 from application.records import (
     Abandoned,
     DeferredCleanup,
@@ -44,8 +45,22 @@ class PostgresTransactionalStore(TransactionalStore):
     statement (`WHERE version = $n AND message_id IS NULL`). `state_type` is the dataclass the
     JSON decodes to. Times come from `clock`, so tests control them."""
 
-    def __init__(self, pool: asyncpg.Pool, endpoint: str, state_type: type, clock: Clock) -> None:
+    def __init__(self, pool: asyncpg.Pool, endpoint: str, state_type: type, clock: Clock,
+                 holds_tokens: bool = False) -> None:
+        """`holds_tokens`: the token store is this database's `eo_token` (protocol 3.2's
+        co-located fast path: token checks, inserts and deletes join this store's
+        statements)."""
         self.pool, self.endpoint, self.state_type, self.clock = pool, endpoint, state_type, clock
+        self.holds_tokens = holds_tokens
+
+    async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
+        token = token if self.holds_tokens else None
+        async with translated():
+            row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
+            if row is None:  # first message of the partition
+                row = await self.pool.fetchrow(sql.INSERT_LOAD, self.endpoint, partition, token)
+        return Loaded(_tr(partition, row), from_jsonable(self.state_type, row["state"]),
+                      row["token_exists"])
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         async with translated():
@@ -96,26 +111,25 @@ class PostgresTransactionalStore(TransactionalStore):
         records: Sequence[SideEffectRecord],
         reply: Reply | None = None,
         processed: ProcessedMessage | None = None,
-    ) -> None:
-        async with translated(), self.pool.acquire() as conn, conn.transaction():
-            done = await conn.fetchval(
-                sql.COMMIT_TR, self.endpoint, partition, expected_version, to_jsonable(state),
-                message_id, attempt_id, self.clock.now())
-            if done is None:
-                raise Conflict(f"partition {partition}: commit at v{expected_version}")
-            if records:
-                await conn.execute(sql.INSERT_RECORDS, self.endpoint, partition,
-                                   *sql.record_arrays(records, self.clock.now()))
-            if reply is not None:
-                await conn.execute(sql.INSERT_REPLY, self.endpoint, message_id, reply.status,
-                                   dict(reply.body))
-            if processed is not None:
-                inserted = await conn.fetchval(
-                    sql.INSERT_PROCESSED, self.endpoint, processed.message_id,
-                    processed.partition, [dict(o) for o in processed.outgoing],
-                    processed.processed_at)
-                if inserted is None:
-                    raise Conflict(f"message {processed.message_id} already has an inbox row")
+        tokens: Sequence[Envelope] = (),
+    ) -> Committed:
+        if tokens and not self.holds_tokens:
+            raise ValueError("tokens passed to commit, but the token store is not co-located")
+        now = self.clock.now()
+        async with translated():
+            row = await self.pool.fetchrow(
+                sql.COMMIT, self.endpoint, partition, expected_version, to_jsonable(state),
+                message_id, attempt_id, now, processed is not None,
+                *sql.record_arrays(records, now),
+                reply.status if reply else None, dict(reply.body) if reply else None,
+                [dict(o) for o in processed.outgoing] if processed else [],
+                [e.message_id for e in tokens], [e.type for e in tokens],
+                [e.body for e in tokens], [dict(e.headers) for e in tokens])
+        if row is None:
+            raise Conflict(f"partition {partition}: commit at v{expected_version} refused "
+                           "(version moved, transaction pending, or message processed)")
+        existing = tuple(_record(partition, r) for r in row["records"])
+        return Committed(row["version"], existing + tuple(records))
 
     async def clear(
         self,
@@ -124,13 +138,16 @@ class PostgresTransactionalStore(TransactionalStore):
         records: Sequence[SideEffectRecord],
         aborted: Sequence[SideEffectRecord],
         cleanup_due: datetime,
+        consume: uuid.UUID | None = None,
     ) -> bool:
+        if consume is not None and not self.holds_tokens:
+            raise ValueError("consume passed to clear, but the token store is not co-located")
         async with translated():
             cleared = await self.pool.fetchval(
                 sql.CLEAR, self.endpoint, partition, expected_version,
                 [str(r.kind) for r in records], [r.key for r in records],
                 [str(r.kind) for r in aborted], [r.key for r in aborted],
-                [dict(r.payload) for r in aborted], cleanup_due)
+                [dict(r.payload) for r in aborted], cleanup_due, consume)
         return bool(cleared)
 
     async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
@@ -192,3 +209,28 @@ class PostgresTransactionalStore(TransactionalStore):
     async def cleanup_count(self) -> int:
         async with translated():
             return int(await self.pool.fetchval(sql.CLEANUP_COUNT, self.endpoint))
+
+    async def states(self) -> dict[str, Any]:
+        """Every partition's business state (oracles, audits, the demo's report)."""
+        async with translated():
+            rows = await self.pool.fetch(
+                "SELECT partition_key, state FROM eo_transaction_record "
+                "WHERE endpoint = $1 AND state IS NOT NULL", self.endpoint)
+        return {r["partition_key"]: from_jsonable(self.state_type, r["state"]) for r in rows}
+
+    async def seed_states(self, states: dict[str, Any]) -> None:
+        """Write initial business states of idle partitions (opening accounts, fixtures)."""
+        async with translated():
+            await self.pool.execute(
+                """INSERT INTO eo_transaction_record (endpoint, partition_key, state)
+                   SELECT $1, p, s FROM unnest($2::text[], $3::jsonb[]) AS x(p, s)
+                   ON CONFLICT (endpoint, partition_key) DO UPDATE SET state = excluded.state,
+                     version = eo_transaction_record.version + 1
+                   WHERE eo_transaction_record.message_id IS NULL""",
+                self.endpoint, list(states), [to_jsonable(s) for s in states.values()])
+
+    async def record_count(self) -> int:
+        """Side-effect records still stored for this endpoint."""
+        async with translated():
+            return int(await self.pool.fetchval(
+                "SELECT count(*) FROM eo_side_effect_record WHERE endpoint = $1", self.endpoint))

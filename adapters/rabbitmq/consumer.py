@@ -13,6 +13,7 @@ from aio_pika.exceptions import ChannelInvalidStateError
 
 from adapters.rabbitmq.connection import DRIVER_ERRORS, RabbitConnection, translated
 from adapters.rabbitmq.dispatcher import (
+    NO_MESSAGE_ID_HEADER,
     amqp_message,
     attempt_of,
     envelope_message,
@@ -28,7 +29,8 @@ from application.envelope import (
     Envelope,
 )
 from application.errors import MalformedMessage, TransientError
-from application.ports import Delivery
+from application.observability import MESSAGE_DEAD_LETTERED
+from application.ports import Delivery, EventSink
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,8 @@ class RabbitSource:
     `rejected`. `retry_delays_s` must match the declared retry queues (seconds, non-empty)."""
 
     def __init__(self, connection: RabbitConnection, endpoint: str,
-                 retry_delays_s: Sequence[float], max_body_bytes: int = 1_048_576) -> None:
+                 retry_delays_s: Sequence[float], max_body_bytes: int = 1_048_576,
+                 events: EventSink | None = None) -> None:
         if not retry_delays_s:
             raise ValueError("RabbitSource needs at least one retry delay")
         self.connection = connection
@@ -99,6 +102,7 @@ class RabbitSource:
         self.retry_delays_s = tuple(retry_delays_s)
         self.names = queue_names(endpoint, len(self.retry_delays_s))
         self.max_body_bytes = max_body_bytes
+        self.events = events
         self.rejected = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
         self._queue: AbstractQueue | None = None
@@ -172,6 +176,8 @@ class RabbitSource:
         headers = text_headers(message.headers)
         headers.update({REASON_HEADER: reason, ENDPOINT_HEADER: self.endpoint,
                         ATTEMPTS_HEADER: str(attempt_of(headers))})
+        if not message.message_id:
+            headers[NO_MESSAGE_ID_HEADER] = "true"
         copy = amqp_message(message.message_id, message.type, message.body, headers)
         try:
             await self.connection.publish(self.names.dead_letter, copy)
@@ -183,4 +189,8 @@ class RabbitSource:
             await self._requeue(message)
             return
         self.rejected += 1
-        log.warning("invalid message on %s dead-lettered: %s", self.endpoint, reason)
+        if self.events is not None:  # counted like every other dead letter (protocol 7, 9)
+            self.events.emit(MESSAGE_DEAD_LETTERED, endpoint=self.endpoint,
+                             message_id=message.message_id, reason=reason, attempt=1)
+        else:
+            log.warning("invalid message on %s dead-lettered: %s", self.endpoint, reason)

@@ -57,12 +57,17 @@ def attempt_of(headers: Mapping[str, str]) -> int:
         return 1
 
 
+#: Marks a dead-lettered copy of a message that came without a message ID: aiormq gives every
+#: published message an ID, so without this mark a replay would pass as a valid message.
+NO_MESSAGE_ID_HEADER = "eo-no-message-id"
+
+
 def envelope_of(message: AbstractIncomingMessage, max_body_bytes: int) -> Envelope:
     """The envelope carried by `message`; raises `MalformedMessage` with the reason when the
     body exceeds `max_body_bytes` or `message_id` (a UUID) or `type` is missing."""
     if (size := len(message.body)) > max_body_bytes:
         raise MalformedMessage(f"body of {size} bytes exceeds the limit of {max_body_bytes}")
-    if not message.message_id:
+    if not message.message_id or NO_MESSAGE_ID_HEADER in (message.headers or {}):
         raise MalformedMessage("no message_id")
     try:
         message_id = uuid.UUID(message.message_id)

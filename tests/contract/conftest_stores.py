@@ -53,3 +53,23 @@ async def token_store(request: pytest.FixtureRequest) -> AsyncIterator[object]:
     finally:
         await pool.close()
         services.close()
+
+
+@pytest.fixture(params=ADAPTERS)
+async def colocated(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[object, object, ManualClock]]:
+    """A store holding the token table (co-located fast path) with that token store."""
+    clock = ManualClock()
+    if request.param == "memory":
+        tokens = MemoryTokenStore()
+        yield MemoryTransactionalStore(clock, tokens), tokens, clock
+        return
+    pool, services = await postgres_pool()
+    try:
+        store = PostgresTransactionalStore(pool, f"contract-{uuid.uuid4()}", Tally, clock,
+                                           holds_tokens=True)
+        yield store, PostgresTokenStore(pool), clock
+    finally:
+        await pool.close()
+        services.close()

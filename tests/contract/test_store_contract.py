@@ -14,7 +14,11 @@ from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Conflict
 from application.records import Kind, ProcessedMessage, SideEffectRecord
 from domain.decisions import Reply
-from tests.contract.conftest_stores import store_and_clock, token_store  # noqa: F401
+from tests.contract.conftest_stores import (  # noqa: F401
+    colocated,
+    store_and_clock,
+    token_store,
+)
 from tests.support.counter import Tally
 
 M, A, B = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -86,7 +90,7 @@ async def test_concurrent_commits_admit_exactly_one(store_and_clock) -> None:  #
     attempts = [uuid.uuid4() for _ in range(5)]
     results = await asyncio.gather(*(store.commit("p", 0, Tally((str(a),)), M, a, [])
                                      for a in attempts), return_exceptions=True)
-    assert sum(r is None for r in results) == 1
+    assert sum(not isinstance(r, BaseException) for r in results) == 1
     tr = await store.load_tr("p")
     state, _ = await store.load_state("p")
     assert state == Tally((str(tr.attempt_id),))
@@ -174,3 +178,43 @@ async def test_tokens_are_idempotent_claim_checks(token_store) -> None:  # noqa:
     assert await tokens.get(env.message_id) is None
     assert not await tokens.exists(env.message_id)
     assert await tokens.count() == before
+
+
+async def test_commit_returns_what_finish_would_read(store_and_clock) -> None:  # noqa: F811
+    store, _ = store_and_clock
+    await store.load_tr("p")
+    loser = rec(B, f"blob/{uuid.uuid4()}")
+    v = await store.register(loser, 0)
+    extra = rec(A, f"http://x/{uuid.uuid4()}", Kind.HTTP_DELETE)
+    committed = await store.commit("p", v, Tally(("m",)), M, A, [extra])
+    tr, records = await store.load_tr_with_records("p")
+    assert committed.version == tr.version
+    assert sorted(r.key for r in committed.records) == sorted(r.key for r in records)
+    loaded = await store.load("p")
+    assert (loaded.tr, loaded.state, loaded.token_exists) == (tr, Tally(("m",)), None)
+
+
+async def test_co_located_tokens_join_the_stores_statements(colocated) -> None:  # noqa: F811
+    """Protocol 3.2's fast path: the token is checked with the TR, created by the commit and
+    consumed by the clear, each atomically with the store's own write."""
+    store, tokens, clock = colocated
+    incoming = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
+    await tokens.create([incoming])
+    loaded = await store.load("p", incoming.message_id)
+    assert loaded.token_exists is True
+    out = Envelope(uuid.uuid4(), "Added", b'{"x": 1}', MappingProxyType({TOKEN_HEADER: "1"}))
+    record = rec(A, str(out.message_id), Kind.MESSAGE)
+    with pytest.raises(Conflict):  # a refused commit creates no token
+        await store.commit("p", 7, Tally(), incoming.message_id, A, [record], tokens=[out])
+    assert not await tokens.exists(out.message_id)
+    committed = await store.commit("p", loaded.tr.version, Tally(), incoming.message_id, A,
+                                   [record], tokens=[out])
+    assert await tokens.exists(out.message_id)
+    assert not await store.clear("p", committed.version - 1, committed.records, [],
+                                 clock.now(), consume=incoming.message_id)
+    assert await tokens.exists(incoming.message_id)  # a fenced-out clear consumes nothing
+    assert await store.clear("p", committed.version, committed.records, [], clock.now(),
+                             consume=incoming.message_id)
+    assert not await tokens.exists(incoming.message_id)
+    assert (await store.load("p", incoming.message_id)).token_exists is False
+    await tokens.delete(out.message_id)

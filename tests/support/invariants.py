@@ -20,7 +20,7 @@ class ProbedTokenStore(MemoryTokenStore):
         super().__init__()
         self.world, self.incoming, self.violations = world, incoming, []
 
-    async def delete(self, message_id: uuid.UUID) -> None:
+    def discard(self, message_id: uuid.UUID) -> None:
         if message_id in self.incoming and message_id in self.rows:
             outs = [o for o in outputs(self.world) if o.incoming == str(message_id)]
             if not outs:
@@ -28,7 +28,7 @@ class ProbedTokenStore(MemoryTokenStore):
             for out in outs:
                 if out.blob_key not in self.world.blobs.objects:
                     self.violations.append(f"I6: {message_id} consumed before its blob")
-        await super().delete(message_id)
+        super().discard(message_id)
 
 
 def outputs(world: World) -> list[Added]:
@@ -38,7 +38,7 @@ def outputs(world: World) -> list[Added]:
 def install_probes(world: World, incoming: set[uuid.UUID]) -> list[str]:
     """Install the I4 (at dispatch) and I6 (at consume) probes; returns their violations."""
     probe = ProbedTokenStore(world, incoming)
-    world.tokens = probe
+    world.use_tokens(probe)
     violations = probe.violations
 
     def at_dispatch(_destination: str, envelope: Envelope) -> None:

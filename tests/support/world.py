@@ -53,16 +53,26 @@ class World:
     blobs: MemoryBlobStore = field(default_factory=MemoryBlobStore)
     dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
     events: CountingSink = field(default_factory=CountingSink)
+    #: protocol 3.2's fast path: tokens co-located with the transactional store
+    colocated: bool = False
 
     def __post_init__(self) -> None:
-        self.store = MemoryTransactionalStore(self.clock)
+        self.store = MemoryTransactionalStore(self.clock,
+                                              self.tokens if self.colocated else None)
         self.ids = SeededIds(self.seed)
+
+    def use_tokens(self, tokens: MemoryTokenStore) -> None:
+        """Replace the token store (a probing one), keeping the co-location."""
+        self.tokens = tokens
+        if self.colocated:
+            self.store.tokens = tokens
 
     def ports(self, wrap: Callable[[str, Any], Any] = lambda _name, port: port) -> Ports:
         """Ports of one worker; `wrap(name, port)` may interpose (the scheduler's gates)."""
         return Ports(tokens=wrap("tokens", self.tokens), store=wrap("store", self.store),
                      dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
-                     ids=self.ids, events=self.events, blobs=wrap("blobs", self.blobs))
+                     ids=self.ids, events=self.events, blobs=wrap("blobs", self.blobs),
+                     colocated_tokens=self.colocated)
 
     def processor(self, failpoints: str | None = None, **kwargs: Any) -> Processor:
         """A worker; `failpoints` is an `EO_FAILPOINTS` spec whose `crash` raises `Crash`."""

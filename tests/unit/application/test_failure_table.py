@@ -18,8 +18,18 @@ from tests.support.world import World
 M1, M2 = uuid.UUID(int=1), uuid.UUID(int=2)
 
 
+COLOCATED = False
+
+
+@pytest.fixture(autouse=True, params=["general", "colocated"])
+def _token_path(request: pytest.FixtureRequest) -> None:
+    """Every row runs on the general path and on protocol 3.2's co-located fast path."""
+    global COLOCATED
+    COLOCATED = request.param == "colocated"
+
+
 async def _world() -> tuple[World, list[str]]:
-    world = World(COUNTER)
+    world = World(COUNTER, colocated=COLOCATED)
     violations = install_probes(world, {M1, M2})
     return world, violations
 
@@ -75,6 +85,8 @@ async def test_crash_after_register_leaves_a_record_the_winner_cleans() -> None:
 
 @pytest.mark.parametrize("kind", ["blob", "message"])
 async def test_crash_after_create_leaves_an_artifact_the_winner_deletes(kind: str) -> None:
+    if COLOCATED and kind == "message":
+        pytest.skip("co-located: an outgoing token is created by the commit, not before it")
     world, violations = await _world()
     await _crash_at(world, f"after_create:{kind}=crash")
     orphans = set(world.blobs.objects)
@@ -123,7 +135,7 @@ async def test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans() -
     envelope = await world.send(Add("p", 1), M1)
     with pytest.raises(TransientError):
         await world.processor("before_commit=raise").process(envelope)
-    assert world.store.record_count() == 2
+    assert world.store.record_count() == (1 if COLOCATED else 2)  # the message's is the commit's
     assert world.blobs.objects
     assert await _redeliver(world) is Outcome.PROCESSED
     await world.quiesce()
@@ -164,7 +176,14 @@ async def test_crash_after_commit_is_finished_by_redelivery_without_a_second_han
     assert violations + check(world, {M1}) == []
 
 
+def _consume_and_clear_are_separate() -> None:
+    if COLOCATED:
+        pytest.skip("co-located: the token delete and the TR clear are one transaction, so "
+                    "this row of the failure table cannot happen")
+
+
 async def test_crash_after_token_delete_is_finished_by_the_next_message_of_the_partition() -> None:
+    _consume_and_clear_are_separate()
     world, violations = await _world()
     await _crash_at(world, "after_consume_token=crash")
     assert world.store.partitions["p"].tr.message_id == M1
@@ -177,6 +196,7 @@ async def test_crash_after_token_delete_is_finished_by_the_next_message_of_the_p
 
 
 async def test_crash_after_token_delete_is_finished_by_the_sweeper() -> None:
+    _consume_and_clear_are_separate()
     world, violations = await _world()
     await _crash_at(world, "after_consume_token=crash")
     world.clock.advance(timedelta(seconds=31))

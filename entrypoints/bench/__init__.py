@@ -1,0 +1,1 @@
+"""`eo bench`: at-least-once baseline, outbox path and token path side by side."""

@@ -1,0 +1,294 @@
+"""`eo demo --profile local`: the demo through RabbitMQ and PostgreSQL with consumer
+processes, duplicates injected at the broker, and one consumer killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+from pydantic import SecretStr
+
+from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.postgres.pool import create_pool
+from adapters.rabbitmq import topology
+from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.system.clock import SystemClock
+from application.codec import encode
+from application.envelope import Envelope
+from domain.sample.payments import open_account
+from entrypoints.demo.oracle_check import check_oracle
+from entrypoints.demo.run import DemoReport, _Later
+from entrypoints.demo.tpch import TpchSample
+from entrypoints.embedded import ENDPOINTS
+from entrypoints.local import LocalContainer, postgres_stores
+from entrypoints.logging import configure_logging
+from entrypoints.operations import ensure_database, migrate_all
+from entrypoints.settings import Settings
+
+DEMO_DATABASE = "eo_demo"
+
+
+def demo_settings(base: Settings, blob_dir: Path) -> Settings:
+    """`base` pointed at the demo's own database (dropped and re-created by each run)."""
+    parts = urlsplit(base.database())
+    dsn = urlunsplit(parts._replace(path=f"/{DEMO_DATABASE}"))
+    return base.model_copy(update={"profile": "local", "database_dsn": SecretStr(dsn),
+                                   "token_dsn": None,
+                                   "blob_dir": blob_dir})
+
+
+async def _reset(settings: Settings) -> None:
+    parts = urlsplit(settings.database())
+    admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)')
+    finally:
+        await admin.close()
+    await ensure_database(settings.database())
+    await migrate_all(settings)
+    connection = await aio_pika.connect(settings.amqp())
+    try:
+        for endpoint in ENDPOINTS:
+            names = topology.queue_names(endpoint, len(settings.retry_delays_s))
+            for name in (names.work, *names.retries, names.dead_letter):
+                channel = await connection.channel()
+                await channel.queue_delete(name)
+    finally:
+        await connection.close()
+
+
+class Fleet:
+    """The consumer processes (`eo consume --endpoint X`), their logs, kill and restart."""
+
+    def __init__(self, settings: Settings, log_dir: Path, duplicate_rate: float) -> None:
+        self.log_dir = log_dir
+        self.env = {**os.environ, "EO_PROFILE": "local",
+                    "EO_DATABASE_DSN": settings.database(), "EO_AMQP_URL": settings.amqp(),
+                    "EO_BLOB_DIR": str(settings.blob_dir), "EO_METRICS_PORT": "0",
+                    "EO_LOG_LEVEL": "INFO", "EO_SWEEP_INTERVAL_S": "1",
+                    "EO_DUPLICATE_RATE": str(duplicate_rate), "EO_FAILPOINTS": ""}
+        self.env.pop("EO_TOKEN_DSN", None)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.starts: Counter[str] = Counter()
+
+    def start(self, name: str, endpoint: str) -> None:
+        """Start (or restart) process `name` consuming `endpoint`."""
+        self.starts[name] += 1
+        log = (self.log_dir / f"{name}.{self.starts[name]}.jsonl").open("wb")
+        command = [sys.executable, "-c", "from entrypoints.cli import main; main()",
+                   "consume", "--endpoint", endpoint]
+        self.procs[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no clean-up, no ack; its deliveries go back to the queue."""
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    def stop_all(self, timeout_s: float = 30.0) -> dict[str, int | None]:
+        """SIGTERM everyone (graceful), then SIGKILL stragglers; returns exit codes."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        codes: dict[str, int | None] = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = None
+        return codes
+
+    def events(self) -> Counter[tuple[str, str]]:
+        """Protocol events per (endpoint, event) over every log, killed processes' too."""
+        counts: Counter[tuple[str, str]] = Counter()
+        for path in self.log_dir.glob("*.jsonl"):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("{"):
+                    record = json.loads(line)
+                    counts[(record.get("endpoint", ""), record.get("event", ""))] += 1
+        return counts
+
+
+async def _queue_depth(connection: aio_pika.abc.AbstractConnection, settings: Settings) -> int:
+    total = 0
+    for endpoint in ENDPOINTS:
+        names = topology.queue_names(endpoint, len(settings.retry_delays_s))
+        for name in (names.work, *names.retries):
+            channel = await connection.channel()
+            queue = await channel.declare_queue(name, passive=True)
+            total += queue.declaration_result.message_count or 0
+            await channel.close()
+    return total
+
+
+async def run_local_demo(
+    settings: Settings,
+    sample: TpchSample,
+    orders_consumers: int,
+    duplicates: float,
+    seed: int,
+    log_dir: Path,
+    on_progress: Callable[[int], None] = lambda _done: None,
+    timeout_s: float = 900.0,
+) -> DemoReport:
+    """Run the sample through RabbitMQ and PostgreSQL with consumer processes (one gateway,
+    `orders_consumers` orders, one ledger), duplicates injected at the broker, one orders
+    process killed with SIGKILL at a third of the way and restarted; then quiescence, a
+    graceful stop, a final sweep and the oracle. Raises TimeoutError without quiescence."""
+    started = time.monotonic()
+    rng = random.Random(seed)
+    await _reset(settings)
+    pool = await create_pool(settings.database(), max_size=4)
+    stores = postgres_stores(pool, SystemClock())
+    await stores["payments"].seed_states({
+        str(c): open_account(c, b, settings.credit_limit) for c, b in sample.customers})
+    rabbit = RabbitConnection(settings.amqp())
+    await rabbit.start()
+    for endpoint in ENDPOINTS:
+        await topology.declare(rabbit.channel, endpoint, settings.retry_delays_s,
+                               settings.delivery_limit)
+    fleet = Fleet(settings, log_dir, duplicates)
+    fleet.start("gateway", "gateway")
+    fleet.start("ledger", "ledger")
+    for i in range(orders_consumers):
+        fleet.start(f"orders-{i}", "orders")
+    notes: list[str] = []
+    try:
+        injected = await _publish(rabbit, sample, duplicates, rng)
+        observer = await aio_pika.connect(settings.amqp())
+        killed, idle, last = False, 0, -1
+        # quiescent: queues empty and no order settled for a while (3 s when all are
+        # settled; 15 s otherwise, e.g. when dead letters keep orders from completing)
+        while idle < (3 if last == len(sample.expected) else 15):
+            await asyncio.sleep(1.0)
+            done = await _settled_orders(pool)
+            on_progress(done)
+            if not killed and done >= len(sample.expected) // 3:
+                fleet.kill("orders-0")
+                notes.append(f"orders-0 killed (SIGKILL) at {done} settled orders, restarted")
+                fleet.start("orders-0", "orders")
+                killed = True
+            busy = await _queue_depth(observer, settings)
+            idle = idle + 1 if busy == 0 and done == last else 0
+            last = done
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"no quiescence after {timeout_s} s")
+        await observer.close()
+    finally:
+        codes = fleet.stop_all()
+        await rabbit.close()
+    notes.append(f"exit codes after SIGTERM: {codes}")
+    return await _report(settings, sample, stores, pool, fleet, injected, notes,
+                         time.monotonic() - started)
+
+
+async def _publish(rabbit: RabbitConnection, sample: TpchSample, rate: float,
+                   rng: random.Random) -> int:
+    """Commands, shuffled, to the gateway; a share `rate` published twice at once (concurrent
+    copies) or again at the end (a late re-send). Returns the copies injected."""
+    dispatcher = RabbitDispatcher(rabbit)
+    commands = list(sample.commands)
+    rng.shuffle(commands)
+    late: list[Envelope] = []
+    injected = 0
+    for start in range(0, len(commands), 200):
+        batch = []
+        for command in commands[start:start + 200]:
+            env = Envelope(command.message_id, type(command.message).__name__,
+                           encode(command.message))
+            batch.append(env)
+            draw = rng.random()
+            if draw < rate / 2:
+                batch.append(env)
+                injected += 1
+            elif draw < rate:
+                late.append(env)
+        await asyncio.gather(*(dispatcher.dispatch("gateway", e) for e in batch))
+    await asyncio.gather(*(dispatcher.dispatch("gateway", e) for e in late))
+    return injected + len(late)
+
+
+async def _settled_orders(pool: asyncpg.Pool) -> int:
+    value = await pool.fetchval(
+        "SELECT coalesce(sum(jsonb_array_length(state->'confirmed') + "
+        "jsonb_array_length(state->'rejected')), 0) FROM eo_transaction_record "
+        "WHERE endpoint = 'ledger' AND state IS NOT NULL")
+    return int(value)
+
+
+async def _final_sweep(settings: Settings) -> None:
+    """Every endpoint's sweeper once, as if every grace period had passed (quiescence)."""
+    configure_logging("WARNING")  # the report is the output; the processes' logs are on disk
+    container = LocalContainer(settings=settings.model_copy(update={"duplicate_rate": 0.0}))
+    await container.init_resources()  # type: ignore[misc]
+    try:
+        system = await container.system()  # type: ignore[misc]
+        later = _Later(system.clock, timedelta(seconds=settings.cleanup_grace_s
+                                               + settings.stale_after_s + 1))
+        for name in [*ENDPOINTS, "payments"]:
+            await system.sweeper(name, later).sweep()
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]
+
+
+async def _report(settings: Settings, sample: TpchSample, stores: dict[str, Any],
+                  pool: asyncpg.Pool, fleet: Fleet, injected: int, notes: list[str],
+                  seconds: float) -> DemoReport:
+    await _final_sweep(settings)
+    st = {name: await s.states() for name, s in stores.items()}
+    blobs = await LocalDirectoryBlobStore(settings.blob_dir).keys()
+    oracle = check_oracle(sample, st["orders"], st["ledger"], st["payments"], blobs,
+                          settings.credit_limit)
+    leftovers = {
+        "tokens": int(await pool.fetchval("SELECT count(*) FROM eo_token")),
+        "unfinished transaction records": int(await pool.fetchval(
+            "SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL")),
+        "side-effect records": int(await pool.fetchval(
+            "SELECT count(*) FROM eo_side_effect_record")),
+        "aborted artifacts (deferred clean-ups)": int(await pool.fetchval(
+            "SELECT count(*) FROM eo_deferred_cleanup")),
+        "requests on payments": int(await pool.fetchval("SELECT count(*) FROM eo_http_request")),
+    }
+    per_endpoint = fleet.events()
+    events: Counter[str] = Counter()
+    for (endpoint, event), n in per_endpoint.items():
+        if endpoint != "payments":  # the in-process callee logs from the orders processes
+            events[event] += n
+    connection = await aio_pika.connect(settings.amqp())
+    dead = 0
+    for endpoint in ENDPOINTS:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(f"{endpoint}.dlq", passive=True)
+        dead += queue.declaration_result.message_count or 0
+    await connection.close()
+    await pool.close()
+    settlements = Counter({
+        "processed": events["transaction.committed"],
+        "duplicate": events["message.duplicate"],
+        "retried": events["message.retried"],
+        "dead_lettered": events["message.dead_lettered"],
+    })
+    return DemoReport(orders=len(sample.expected), settlements=settlements,
+                      duplicates_injected=injected + sum(
+                          n for (_, e), n in per_endpoint.items()
+                          if e == "fault.duplicate_injected"),
+                      conflicts=events["transaction.conflict"],
+                      handler_runs=events["handler.invoked"], oracle=oracle,
+                      leftovers=leftovers, dead_letters=dead, seconds=seconds, notes=notes)
+

@@ -1,0 +1,61 @@
+"""Two copies of an HTTP follow-up: one finishes (DELETE sent, token not yet consumed) while
+the other POSTs and gets 404. That copy is a duplicate, not a dead letter. Found by the local
+demo: protocol 6's "404 while the follow-up token exists is permanent" races with finish,
+which sends the DELETE before it consumes the token."""
+
+from __future__ import annotations
+
+import asyncio
+
+from application.consumer import Consumer, Settlement
+from application.failpoints import Failpoints
+from application.processor import Outcome, Processor
+from entrypoints.embedded import ENDPOINTS
+from tests.support.world import crash
+from tests.unit.application.test_http_protocol import (
+    _open,
+    _order,
+    _ready_order,
+    _system,
+    _take,
+)
+
+
+async def test_a_follow_up_copy_that_meets_the_deleted_request_is_a_duplicate() -> None:
+    system = _system()
+    _open(system, balance="1000.00")
+    submit = await _ready_order(system)
+    assert await system.processor("orders").process(submit) is Outcome.PROCESSED
+    follow_up = (await _take(system.broker, "orders")).envelope
+
+    def worker(spec: str) -> Processor:
+        return Processor(ENDPOINTS["orders"], system.ports("orders"),
+                         failpoints=Failpoints.from_spec(spec, crash))
+
+    # copy B passes its token check while the partition is idle, then is slow to POST;
+    # copy A meanwhile commits and its finish sends the DELETE, then stalls before it
+    # consumes the token: B's POST meets a deleted request while the token still exists
+    second = Consumer(worker("after_token_check=sleep:100"))
+
+    class Copy:
+        envelope, attempt = follow_up, 1
+        settled: list[str] = []
+
+        async def ack(self) -> None:
+            self.settled.append("ack")
+
+        async def retry(self, delay_s: float, reason: str) -> None:
+            self.settled.append(f"retry: {reason}")
+
+        async def dead_letter(self, reason: str, endpoint: str) -> None:
+            self.settled.append(f"dead letter: {reason}")
+
+    copy = Copy()
+    settling = asyncio.create_task(second.settle(copy))
+    await asyncio.sleep(0.02)
+    first = asyncio.create_task(worker("after_delete=sleep:300").process(follow_up))
+    assert await settling is Settlement.DUPLICATE, copy.settled
+    assert await first is Outcome.PROCESSED
+    assert _order(system).status == "confirmed"
+    assert await system.requests.count() == 0
+    assert await system.tokens.count() == 1  # only OrderConfirmed's, for the ledger
