@@ -90,7 +90,9 @@ def demo(
         else:
             report = _embedded_demo(settings, sample, consumers, duplicates, seed, log_file,
                                     advance)
-    _print_report(report, sf, consumers, strategies)
+    workers = (f"1 gateway, {max(consumers, 2)} orders and 1 ledger process"
+               if profile == "local" else f"{consumers} consumers per endpoint")
+    _print_report(report, sf, workers, strategies)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -124,11 +126,11 @@ def _local_demo(settings: Settings, sample: TpchSample, consumers: int, duplicat
         raise typer.Exit(3) from exc
 
 
-def _print_report(report: DemoReport, sf: float, consumers: int,
+def _print_report(report: DemoReport, sf: float, workers: str,
                   strategies: dict[str, str]) -> None:
     s = report.settlements
     shown = ", ".join(f"{name}={value}" for name, value in strategies.items())
-    table = Table(title=f"eo demo: TPC-H sf={sf}, {consumers} consumers per endpoint, {shown}",
+    table = Table(title=f"eo demo: TPC-H sf={sf}, {workers}, {shown}",
                   show_header=False)
     rows = [
         ("deliveries settled", f"{report.deliveries:,} in {report.seconds:.1f} s "

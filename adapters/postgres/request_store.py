@@ -3,15 +3,14 @@ while stored and not answered)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from types import MappingProxyType
 
 import asyncpg
 
 from adapters.postgres.pool import translated
+from adapters.postgres.token_store import envelope_of_row
 from application.envelope import Envelope
 from application.ports import PutResult, RequestStore
 
@@ -74,12 +73,7 @@ class PostgresRequestStore(RequestStore):
             row = await self.pool.fetchrow(
                 "SELECT type, body, headers FROM eo_http_request WHERE endpoint = $1 AND "
                 "request_id = $2 AND NOT answered", self.endpoint, message_id)
-        if row is None:
-            return None
-        headers = row["headers"]
-        if isinstance(headers, str):
-            headers = json.loads(headers)
-        return Envelope(message_id, row["type"], bytes(row["body"]), MappingProxyType(headers))
+        return envelope_of_row(message_id, row)
 
     async def exists(self, message_id: uuid.UUID) -> bool:
         return await self.get(message_id) is not None

@@ -7,12 +7,23 @@ import json
 import uuid
 from collections.abc import Sequence
 from types import MappingProxyType
+from typing import Any
 
 import asyncpg
 
 from adapters.postgres.pool import translated
 from application.envelope import Envelope
 from application.ports import TokenStore
+
+
+def envelope_of_row(message_id: uuid.UUID, row: Any) -> Envelope | None:
+    """The envelope of a claim-check row (`type`, `body`, `headers`), or None without a row."""
+    if row is None:
+        return None
+    headers = row["headers"]
+    if isinstance(headers, str):  # a connection without the jsonb codec
+        headers = json.loads(headers)
+    return Envelope(message_id, row["type"], bytes(row["body"]), MappingProxyType(headers))
 
 
 class PostgresTokenStore(TokenStore):
@@ -38,12 +49,7 @@ class PostgresTokenStore(TokenStore):
         async with translated():
             row = await self.pool.fetchrow(
                 "SELECT type, body, headers FROM eo_token WHERE message_id = $1", message_id)
-        if row is None:
-            return None
-        headers = row["headers"]
-        if isinstance(headers, str):
-            headers = json.loads(headers)
-        return Envelope(message_id, row["type"], bytes(row["body"]), MappingProxyType(headers))
+        return envelope_of_row(message_id, row)
 
     async def exists(self, message_id: uuid.UUID) -> bool:
         async with translated():

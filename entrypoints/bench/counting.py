@@ -87,7 +87,7 @@ class CountingConnection:
 
 class CountingPool:
     """Stands in for an `asyncpg.Pool` given to the stores: each pool-level call is one
-    counted round trip (plus one reset), `acquire()` yields a `CountingConnection`."""
+    counted round trip, `acquire()` yields a `CountingConnection`."""
 
     def __init__(self, inner: Any, counts: RoundTrips | None = None) -> None:
         self._inner = inner
@@ -95,7 +95,6 @@ class CountingPool:
 
     async def _call(self, method: str, query: str, *args: Any, **kwargs: Any) -> Any:
         self.counts.hit(query)
-        self.counts.resets += 1
         return await getattr(self._inner, method)(query, *args, **kwargs)
 
     async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
@@ -112,11 +111,8 @@ class CountingPool:
 
     @asynccontextmanager
     async def acquire(self, **kwargs: Any) -> AsyncIterator[CountingConnection]:
-        try:
-            async with self._inner.acquire(**kwargs) as conn:
-                yield CountingConnection(conn, self.counts)
-        finally:
-            self.counts.resets += 1
+        async with self._inner.acquire(**kwargs) as conn:
+            yield CountingConnection(conn, self.counts)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -122,8 +122,7 @@ def print_table(result: BenchResult, console: Console) -> None:
             f"  {r.path}: processed {rest['processed']:,}, incoming tokens left "
             f"{rest['incoming_tokens_left']}, side-effect records left "
             f"{rest['side_effect_records_left']}, unfinished TRs {rest['unfinished_trs']}, "
-            f"output tokens (for the receiver) {rest['output_tokens']:,}, asyncpg resets/msg "
-            f"{r.pool_resets_per_message:.2f}")
+            f"output tokens (for the receiver) {rest['output_tokens']:,}")
     m = result.machine
     console.print(f"machine: {m['nproc']} CPUs, Python {m['python']}, PostgreSQL "
                   f"{m['postgresql']}, RabbitMQ {m['rabbitmq']}")

@@ -148,9 +148,12 @@ def _consumer(path: str, pool: Any, work: str, sink: str, service: RabbitConnect
         return Consumer(cast(Processor, _Baseline(pool, endpoint, dispatcher)),
                         retry_delays=RETRY_DELAYS_S)
     clock = SystemClock()
+    # tokens in the endpoint database: protocol 3.2's co-located fast path, as the local
+    # profile runs it when EO_TOKEN_DSN is unset
     ports = Ports(PostgresTokenStore(pool),
-                  PostgresTransactionalStore(pool, work, bench.Balance, clock),
-                  dispatcher, clock, uuid.uuid4, CountingSink())
+                  PostgresTransactionalStore(pool, work, bench.Balance, clock,
+                                             holds_tokens=True),
+                  dispatcher, clock, uuid.uuid4, CountingSink(), colocated_tokens=True)
     return Consumer(Processor(endpoint, ports, Strategy(path)), retry_delays=RETRY_DELAYS_S)
 
 
