@@ -66,7 +66,9 @@ async def test_every_path_processes_every_message_and_leaves_what_it_should(
     # both protocol paths give every output a token for its receiver; the baseline none
     assert token.at_rest["output_tokens"] == outbox.at_rest["output_tokens"] == MESSAGES
     assert baseline.at_rest["output_tokens"] == 0
-    assert token.round_trips_per_message > baseline.round_trips_per_message
+    # co-located fast path: token read, TR+state+token read, commit, clear; plus the first
+    # message of each partition creating its TR
+    assert 4 <= token.round_trips_per_message < 5
 
     out = tmp_path / "bench.json"
     write_json(result, out)
