@@ -14,7 +14,7 @@ from adapters.postgres import sql
 from adapters.postgres.pool import translated
 from application.codec import from_jsonable, to_jsonable
 from application.envelope import Envelope
-from application.errors import Conflict
+from application.errors import Conflict, TransientError
 from application.ports import Clock, Committed, Loaded, TransactionalStore
 from application.records import (
     Abandoned,
@@ -59,6 +59,10 @@ class PostgresTransactionalStore(TransactionalStore):
             row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
             if row is None:  # first message of the partition
                 row = await self.pool.fetchrow(sql.INSERT_LOAD, self.endpoint, partition, token)
+            if row is None:  # a concurrent first insert won: visible to a new statement
+                row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
+        if row is None:
+            raise TransientError(f"partition {partition}: transaction record not found")
         return Loaded(_tr(partition, row), from_jsonable(self.state_type, row["state"]),
                       row["token_exists"])
 
@@ -67,6 +71,10 @@ class PostgresTransactionalStore(TransactionalStore):
             row = await self.pool.fetchrow(sql.SELECT_TR, self.endpoint, partition)
             if row is None:  # first message of the partition
                 row = await self.pool.fetchrow(sql.INSERT_TR, self.endpoint, partition)
+            if row is None:  # a concurrent first insert won: visible to a new statement
+                row = await self.pool.fetchrow(sql.SELECT_TR, self.endpoint, partition)
+        if row is None:
+            raise TransientError(f"partition {partition}: transaction record not found")
         return _tr(partition, row)
 
     async def load_tr_with_records(

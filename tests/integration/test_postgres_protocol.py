@@ -1,0 +1,423 @@
+"""The token protocol (protocol.md 3) running on the real PostgreSQL adapters, on both token
+paths: the general one (outgoing tokens registered, created and re-checked before the commit)
+and protocol 3.2's co-located fast path (the token checked by the TR load, outgoing tokens
+inserted by the commit, the incoming one consumed by the clear).
+
+Every test runs on an endpoint name of its own; `eo_token` is shared by every endpoint of the
+database, so message IDs are fresh uuid4s and the IDs a world generates are seeded per world.
+Each test ends on the exactly-once end state (`assert_exactly_once`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any
+
+import asyncpg
+import pytest
+
+from adapters.memory.blob_store import MemoryBlobStore
+from adapters.postgres.migrate import upgrade
+from adapters.postgres.pool import create_pool
+from adapters.postgres.token_store import PostgresTokenStore
+from adapters.postgres.transactional_store import PostgresTransactionalStore
+from adapters.system.clock import ManualClock, SeededIds
+from application.codec import decode, encode
+from application.envelope import TOKEN_HEADER, Envelope
+from application.errors import Crash, TransientError
+from application.failpoints import Failpoints
+from application.observability import HANDLER_INVOKED, CountingSink
+from application.processor import Outcome, Ports, Processor
+from application.sweeper import Sweeper
+from domain.context import Context
+from domain.decisions import Decision, Endpoint, Outgoing
+from tests.support.counter import COUNTER, Add, Added, Tally
+from tests.support.services import discover
+from tests.support.world import RecordingDispatcher, crash
+
+PATHS = ["general", "colocated"]
+
+
+# ---------------------------------------------------------------------------------------------
+# a pure endpoint without blobs (round-trip counting): one Outgoing per message, no blob
+
+
+def _pure_handle(state: Tally | None, message: Add, context: Context) -> Decision[Tally]:
+    state = state or Tally()
+    applied = (*state.applied, str(context.message_id))
+    out = Added(message.partition, str(context.message_id), applied, "")
+    return Decision(state=Tally(applied, state.total + message.amount),
+                    outgoing=(Outgoing("audit", out),))
+
+
+PURE: Endpoint[Tally] = Endpoint(name="pure-counter", messages={"Add": Add},
+                                 partition_of=lambda m: m.partition, handle=_pure_handle,
+                                 state_type=Tally, outputs=("audit",))
+
+
+# ---------------------------------------------------------------------------------------------
+# a "PG world": tests.support.world.World on the PostgreSQL adapters
+
+
+class RecordingIds:
+    """`SeededIds` (seeded per world) that remembers what it handed out, so the teardown can
+    delete every token the world may have made in the shared `eo_token`."""
+
+    def __init__(self) -> None:
+        self._ids = SeededIds(random.SystemRandom().getrandbits(64))
+        self.issued: list[uuid.UUID] = []
+
+    def __call__(self) -> uuid.UUID:
+        new = self._ids()
+        self.issued.append(new)
+        return new
+
+
+class CountingPool:
+    """The pool, counting the calls the stores make on it (one call = one round trip)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def _count(self, method: str, query: str) -> None:
+        first = next((line.strip() for line in query.splitlines() if line.strip()), "")
+        self.calls.append(f"{method}: {first[:60]}")
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        self._count("fetch", query)
+        return await self._pool.fetch(query, *args, **kwargs)
+
+    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        self._count("fetchrow", query)
+        return await self._pool.fetchrow(query, *args, **kwargs)
+
+    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        self._count("fetchval", query)
+        return await self._pool.fetchval(query, *args, **kwargs)
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        self._count("execute", query)
+        return await self._pool.execute(query, *args, **kwargs)
+
+
+@dataclass
+class PgWorld:
+    """One endpoint's stores on PostgreSQL, shared by every worker (each its own Processor)."""
+
+    pool: Any
+    colocated: bool
+    endpoint: Endpoint[Any] = COUNTER
+    clock: ManualClock = field(default_factory=ManualClock)
+    blobs: MemoryBlobStore = field(default_factory=MemoryBlobStore)
+    dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
+    events: CountingSink = field(default_factory=CountingSink)
+    sent: list[uuid.UUID] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name = f"it-pg-protocol-{uuid.uuid4()}"
+        self.store = PostgresTransactionalStore(self.pool, self.name, self.endpoint.state_type,
+                                                self.clock, holds_tokens=self.colocated)
+        self.tokens = PostgresTokenStore(self.pool)
+        self.ids = RecordingIds()
+
+    def ports(self) -> Ports:
+        return Ports(tokens=self.tokens, store=self.store, dispatcher=self.dispatcher,
+                     clock=self.clock, ids=self.ids, events=self.events, blobs=self.blobs,
+                     colocated_tokens=self.colocated)
+
+    def processor(self, failpoints: str | None = None) -> Processor:
+        """A worker (a "process"); `failpoints` is an `EO_FAILPOINTS` spec whose `crash`
+        raises `Crash`."""
+        return Processor(self.endpoint, self.ports(), failpoints=Failpoints.from_spec(
+            failpoints, crash), cleanup_grace=timedelta(minutes=30))
+
+    def sweeper(self) -> Sweeper:
+        return Sweeper(self.endpoint.name, self.store, self.processor().finisher, self.clock,
+                       self.events, stale_after=timedelta(seconds=30),
+                       grace=timedelta(minutes=30))
+
+    async def send(self, message: Add) -> Envelope:
+        """What a token-based sender does: create the token, return the envelope to deliver."""
+        envelope = Envelope(uuid.uuid4(), "Add", encode(message),
+                            MappingProxyType({TOKEN_HEADER: "1"}))
+        self.sent.append(envelope.message_id)
+        await self.tokens.create([envelope])
+        return envelope
+
+    def invoked(self) -> int:
+        return self.events.total(HANDLER_INVOKED)
+
+    async def committed_to(self, partition: str) -> uuid.UUID | None:
+        return (await self.store.load_tr(partition)).message_id
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    services = discover(rabbitmq=False)
+    upgrade(services.postgres_dsn)  # alembic runs its own event loop: no loop runs here
+    yield services.postgres_dsn
+    services.close()
+
+
+@pytest.fixture
+async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(dsn, max_size=10)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture(params=PATHS)
+async def make_world(
+    request: pytest.FixtureRequest, pool: asyncpg.Pool
+) -> AsyncIterator[Callable[..., PgWorld]]:
+    """`make_world(endpoint=COUNTER, on=None)`: a PG world on the parametrized token path (`on`:
+    another pool-like object, e.g. a `CountingPool`, instead of the pool);
+    its rows and every token it may have made are deleted afterwards."""
+    worlds: list[PgWorld] = []
+
+    def make(endpoint: Endpoint[Any] = COUNTER, on: Any = None) -> PgWorld:
+        world = PgWorld(pool if on is None else on, request.param == "colocated", endpoint)
+        worlds.append(world)
+        return world
+
+    yield make
+    for world in worlds:
+        ids = [*world.sent, *world.ids.issued]
+        async with pool.acquire() as conn:
+            await conn.execute("DELETE FROM eo_token WHERE message_id = ANY($1::uuid[])", ids)
+            for table in ("eo_side_effect_record", "eo_deferred_cleanup",
+                          "eo_transaction_record"):
+                await conn.execute(f"DELETE FROM {table} WHERE endpoint = $1", world.name)
+
+
+@pytest.fixture
+def world(make_world: Callable[..., PgWorld]) -> PgWorld:
+    return make_world()
+
+
+# ---------------------------------------------------------------------------------------------
+# the end state
+
+
+async def assert_exactly_once(world: PgWorld, incoming: list[uuid.UUID]) -> None:
+    """Every message applied once, one output each (identical copies, matching the committed
+    state), nothing of the protocol left, outputs' tokens present, the blobs the committed
+    ones; and a sweep two hours later finds nothing to do."""
+    states: dict[str, Tally] = await world.store.states()
+    applied = Counter(m for s in states.values() for m in s.applied)
+    assert {str(m): applied[str(m)] for m in incoming} == {str(m): 1 for m in incoming}
+    assert sum(applied.values()) == len(incoming)
+
+    copies: dict[uuid.UUID, set[tuple[str, str, bytes, tuple[Any, ...]]]] = defaultdict(set)
+    by_incoming: dict[str, set[uuid.UUID]] = defaultdict(set)
+    for destination, env in world.dispatcher.sent:
+        copies[env.message_id].add((destination, env.type, env.body,
+                                    tuple(sorted(env.headers.items()))))
+        out = decode(Added, env.body)
+        by_incoming[out.incoming].add(env.message_id)
+        state = states[out.partition]
+        i = state.applied.index(out.incoming)  # ValueError: output of an uncommitted attempt
+        assert out.applied == state.applied[: i + 1], "output does not match the commit"
+        assert out.blob_key == (state.blobs[i] if state.blobs else ""), "blob of another attempt"
+    assert {m: len(c) for m, c in copies.items() if len(c) != 1} == {}, "copies differ"
+    assert {str(m): len(by_incoming[str(m)]) for m in incoming} == {str(m): 1 for m in incoming}
+
+    assert await world.store.record_count() == 0, "side-effect records left"
+    assert await world.store.unfinished_count() == 0, "a committed TR was never finished"
+    left = [m for m in incoming if await world.tokens.exists(m)]
+    assert left == [], "incoming tokens left"
+    missing = [m for m in copies if not await world.tokens.exists(m)]
+    assert missing == [], "an output's token is missing"
+
+    world.clock.advance(timedelta(hours=2))
+    report = await world.sweeper().sweep()
+    assert report.finished == 0
+    assert report.taken_over == 0
+    assert await world.store.cleanup_count() == 0, "deferred clean-ups left"
+    committed_blobs = {b for s in states.values() for b in s.blobs}
+    assert set(world.blobs.objects) == committed_blobs
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. one message, then a duplicate
+
+
+async def test_one_message_is_processed_and_its_duplicate_dropped(world: PgWorld) -> None:
+    envelope = await world.send(Add("p", 1))
+    assert await world.processor().process(envelope) is Outcome.PROCESSED
+    assert world.invoked() == 1
+    assert await world.processor().process(envelope) is Outcome.DUPLICATE
+    assert world.invoked() == 1
+    assert len(world.dispatcher.sent) == 1
+    await assert_exactly_once(world, [envelope.message_id])
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. concurrent copies and messages on one partition, each in its own process
+
+
+async def _as_a_broker_would(processor: Processor, envelope: Envelope, rounds: int = 60
+                             ) -> Outcome:
+    """Deliver until settled: a `TransientError` (conflicts retried too often) means a delayed
+    redelivery, after a growing delay (the consumer's `retry_delays`, scaled down, jittered)."""
+    for attempt in range(rounds):
+        try:
+            return await processor.process(envelope)
+        except TransientError:
+            await asyncio.sleep(min(0.002 * 2 ** attempt, 0.1) * random.uniform(0.5, 1.5))
+    raise AssertionError(f"{envelope.message_id} not settled after {rounds} deliveries")
+
+
+async def test_concurrent_copies_and_messages_on_one_partition(world: PgWorld) -> None:
+    # the partition's TR exists before the burst: its concurrent creation is the next test's
+    await world.store.load_tr("p")
+    copied = await world.send(Add("p", 100))
+    others = [await world.send(Add("p", i)) for i in range(10)]
+    deliveries = [copied] * 10 + others
+    random.shuffle(deliveries)
+    tasks = [asyncio.create_task(_as_a_broker_would(world.processor(), env))
+             for env in deliveries]
+    try:
+        outcomes = await asyncio.gather(*tasks)
+    finally:  # on a failure, no other "process" outlives the test to write behind its teardown
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    by_message: dict[uuid.UUID, Counter[Outcome]] = defaultdict(Counter)
+    for env, outcome in zip(deliveries, outcomes, strict=True):
+        by_message[env.message_id][outcome] += 1
+    assert by_message[copied.message_id] == Counter({Outcome.PROCESSED: 1,
+                                                     Outcome.DUPLICATE: 9})
+    assert all(by_message[e.message_id] == Counter({Outcome.PROCESSED: 1}) for e in others)
+    await assert_exactly_once(world, [copied.message_id] + [e.message_id for e in others])
+    assert (await world.store.states())["p"].total == 100 + sum(range(10))
+
+
+@pytest.mark.parametrize("method", ["load", "load_tr"])
+async def test_the_first_load_of_a_partition_races_its_concurrent_creation(
+    world: PgWorld, pool: asyncpg.Pool, method: str
+) -> None:
+    """What the first messages of a fresh partition do when they arrive together (test 2
+    without the warm-up), made deterministic: another worker's insert of the TR is held open
+    while this load runs, and commits once the load waits for it."""
+    async with pool.acquire() as blocker:
+        async with blocker.transaction():
+            await blocker.execute("INSERT INTO eo_transaction_record (endpoint, partition_key) "
+                                  "VALUES ($1, 'p')", world.name)
+            load = asyncio.create_task(getattr(world.store, method)("p"))
+            pid = blocker.get_server_pid()
+            for _ in range(500):  # until the load's insert waits for the blocker's
+                if await pool.fetchval("SELECT count(*) FROM pg_stat_activity "
+                                       "WHERE $1 = ANY(pg_blocking_pids(pid))", pid):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                load.cancel()
+                raise AssertionError("the load never waited for the concurrent insert")
+        loaded = await load
+    tr = loaded.tr if method == "load" else loaded
+    assert (tr.message_id, tr.version) == (None, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the failure table (protocol 3.4) on PostgreSQL
+
+BEFORE_COMMIT = ["after_tr_load", "after_register:blob", "after_create:blob", "before_commit"]
+AFTER_COMMIT = ["after_commit", "after_publish:1", "after_consume_token", "after_tr_clear"]
+
+
+async def _crash(world: PgWorld, point: str) -> Envelope:
+    envelope = await world.send(Add("p", 1))
+    with pytest.raises(Crash):
+        await world.processor(f"{point}=crash").process(envelope)
+    return envelope
+
+
+@pytest.mark.parametrize("point", BEFORE_COMMIT)
+async def test_crash_before_the_commit_is_repaired_by_redelivery(
+    world: PgWorld, point: str
+) -> None:
+    envelope = await _crash(world, point)
+    ran_before = world.invoked()
+    assert ran_before == (0 if point == "after_tr_load" else 1)
+    assert await world.committed_to("p") is None
+    assert await world.processor().process(envelope) is Outcome.PROCESSED
+    assert world.invoked() == ran_before + 1  # nothing committed: the handler runs again
+    await assert_exactly_once(world, [envelope.message_id])
+
+
+@pytest.mark.parametrize("point", ["after_commit", "after_publish:1", "after_tr_clear"])
+async def test_crash_after_the_commit_is_repaired_without_a_second_handler_run(
+    world: PgWorld, point: str
+) -> None:
+    envelope = await _crash(world, point)
+    assert world.invoked() == 1
+    expected = None if point == "after_tr_clear" else envelope.message_id
+    assert await world.committed_to("p") == expected
+    assert await world.processor().process(envelope) is Outcome.DUPLICATE
+    assert world.invoked() == 1
+    assert await world.committed_to("p") is None
+    await assert_exactly_once(world, [envelope.message_id])
+
+
+@pytest.mark.parametrize("repair", ["next_message", "sweeper"])
+async def test_crash_after_the_token_delete_is_repaired_without_a_second_handler_run(
+    world: PgWorld, repair: str
+) -> None:
+    envelope = await _crash(world, "after_consume_token")
+    assert world.invoked() == 1
+    # co-located, the consume and the clear are one transaction: nothing is left pending
+    pending = None if world.colocated else envelope.message_id
+    assert await world.committed_to("p") == pending
+    assert await world.processor().process(envelope) is Outcome.DUPLICATE  # token gone
+    assert world.invoked() == 1
+    assert await world.committed_to("p") == pending
+    incoming = [envelope.message_id]
+    if repair == "next_message":
+        following = await world.send(Add("p", 2))
+        incoming.append(following.message_id)
+        assert await world.processor().process(following) is Outcome.PROCESSED
+        assert world.invoked() == 2  # the next message's handler only
+    else:
+        world.clock.advance(timedelta(seconds=31))
+        report = await world.sweeper().sweep()
+        assert report.finished == (0 if world.colocated else 1)
+        assert world.invoked() == 1
+    assert await world.committed_to("p") is None
+    await assert_exactly_once(world, incoming)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. round trips of the co-located fast path
+
+
+async def test_round_trips_per_message(
+    make_world: Callable[..., PgWorld], pool: asyncpg.Pool
+) -> None:
+    counting = CountingPool(pool)
+    world = make_world(PURE, counting)
+    warm_up = await world.send(Add("p", 1))  # the partition's first load also inserts its TR
+    assert await world.processor().process(warm_up) is Outcome.PROCESSED
+    envelope = await world.send(Add("p", 2))
+    processor = world.processor()
+    counting.calls.clear()
+    assert await processor.process(envelope) is Outcome.PROCESSED
+    calls = list(counting.calls)
+    if world.colocated:  # token read, TR + state + token read, commit, clear
+        assert len(calls) <= 4, calls
+    else:  # + token check, register, re-check, token delete
+        assert len(calls) > 4, calls
+    await assert_exactly_once(world, [warm_up.message_id, envelope.message_id])
