@@ -18,6 +18,7 @@ from application.records import (
     TransactionRecord,
 )
 from domain.decisions import Reply
+from domain.documents import Document
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,16 @@ class HttpRequests(Protocol):
 
     async def delete(self, url: str) -> None:
         """Delete the request and its response (idempotent on the callee)."""
+
+
+class DocumentRenderer(Protocol):
+    """Turns a handler's `Document` into bytes, deterministically (same document, same
+    bytes), so a blob's content depends only on the decision."""
+
+    media_type: str
+
+    def render(self, document: Document) -> bytes:
+        """The document's bytes (e.g. a PDF); raises ValueError for an unprintable one."""
 
 
 class Clock(Protocol):

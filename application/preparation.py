@@ -15,7 +15,7 @@ from application.errors import Conflict, PermanentError
 from application.failpoints import Failpoints
 from application.records import Kind, SideEffectRecord
 from application.side_effects import message_payload
-from domain.decisions import CallHttp, Decision, Outgoing
+from domain.decisions import CallHttp, CreateBlob, Decision, Outgoing
 
 if TYPE_CHECKING:
     import uuid
@@ -71,9 +71,10 @@ class Preparation:
         for blob in decision.blobs:
             if blobs is None:
                 raise PermanentError("the handler asked for a blob but no blob store is configured")
+            content, media_type = self._content(blob)
             version = await self._artifact(
                 record(Kind.BLOB, blob.key), version,
-                create=partial(blobs.put, blob.key, blob.content, blob.media_type),
+                create=partial(blobs.put, blob.key, content, media_type),
                 delete=partial(blobs.delete, blob.key))
         outgoing = list(decision.outgoing)
         follow_up_headers: dict[str, str] = {}
@@ -105,6 +106,17 @@ class Preparation:
         if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)
             extra.append(record(Kind.HTTP_DELETE, request_url))
         return Prepared(version, tuple(extra), tuple(payloads), tuple(tokens))
+
+    def _content(self, blob: CreateBlob) -> tuple[bytes, str]:
+        if isinstance(blob.content, bytes):
+            return blob.content, blob.media_type
+        renderer = self._ports.renderer
+        if renderer is None:
+            raise PermanentError("the handler asked for a document but no renderer is configured")
+        try:
+            return renderer.render(blob.content), renderer.media_type
+        except ValueError as exc:
+            raise PermanentError(f"document for {blob.key} cannot be rendered: {exc}") from exc
 
     async def _http_request(
         self,

@@ -32,6 +32,7 @@ from application.observability import (
 from application.ports import (
     BlobStore,
     Clock,
+    DocumentRenderer,
     EventSink,
     HttpRequests,
     IdGenerator,
@@ -76,6 +77,8 @@ class Ports:
     http: HttpRequests | None = None
     #: service name -> base URL of its HTTP callee (protocol 6), e.g. {"payments": "http://..."}
     services: dict[str, str] = field(default_factory=dict)
+    #: renders `Document` blob contents (PDF); required only by handlers that ask for one
+    renderer: DocumentRenderer | None = None
     #: `tokens` is the token table of `store`'s database (`store.holds_tokens`): the
     #: co-located fast path of protocol 3.2 (tokens checked, created and consumed inside the
     #: store's own statements). False keeps the general path.

@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from domain.documents import Document
+
 S = TypeVar("S")
 
 
@@ -26,11 +28,13 @@ class CreateBlob:
     """Request a blob (an object in the blob store) made during the attempt.
 
     `key` must come from `Context.artifact_key(prefix, n)`, so it is unique to the attempt
-    (protocol 3.2: never a fixed name). `content` is the object's bytes, `media_type` its type.
+    (protocol 3.2: never a fixed name). `content` is the object's bytes, or a `Document` the
+    application renders (as PDF) before storing; `media_type` is the bytes' type (a rendered
+    document gets the renderer's).
     """
 
     key: str
-    content: bytes
+    content: bytes | Document
     media_type: str = "application/octet-stream"
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from adapters.memory.broker import MemoryBroker
 from adapters.memory.http import InProcessHttp
 from adapters.memory.transactional_store import MemoryTransactionalStore
+from adapters.pdf.renderer import PdfRenderer
 from application.consumer import Consumer
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
@@ -91,7 +92,7 @@ class SampleSystem:
                      colocated_tokens=colocated,
                      dispatcher=self.dispatcher, clock=self.clock, ids=self.ids,
                      events=self.events, blobs=self.blobs,
-                     http=getattr(self, "http", None),
+                     http=getattr(self, "http", None), renderer=PdfRenderer(),
                      services={"payments": "inproc://payments"})
 
     def processor(self, name: str) -> Processor:

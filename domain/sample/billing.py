@@ -8,6 +8,8 @@ from datetime import date
 from decimal import ROUND_HALF_EVEN, Decimal, Inexact, InvalidOperation, Overflow, localcontext
 from decimal import Context as DecimalContext
 
+from domain.documents import Document
+
 CENT = Decimal("0.01")
 _EXACT = DecimalContext(prec=60, traps=[Inexact, InvalidOperation, Overflow])
 _ROUNDING = DecimalContext(prec=60, rounding=ROUND_HALF_EVEN)
@@ -49,22 +51,25 @@ def invoice_document(
     lines: Iterable[Line],
     removed: Iterable[int],
     total: Decimal,
-) -> bytes:
-    """The invoice as deterministic plain text, UTF-8: header, one row per line, the total."""
-    rows = [
-        "INVOICE",
-        f"order: {order_key}",
-        f"customer: {customer_key}",
-        f"order date: {order_date.isoformat() if order_date is not None else '-'}",
-        f"priority: {priority}",
-        "",
-        "line\tpart\tquantity\textended_price\tdiscount\ttax\tamount",
-    ]
-    rows += [
-        f"{x.line_number}\t{x.part_key}\t{x.quantity}\t{x.extended_price}\t"
-        f"{x.discount}\t{x.tax}\t{line_amount(x)}"
+) -> Document:
+    """The invoice: order fields, one table row per remaining line with its exact amount,
+    the removed lines and the total (rendered to PDF outside the domain)."""
+    rows = tuple(
+        (str(x.line_number), str(x.part_key), str(x.quantity), str(x.extended_price),
+         str(x.discount), str(x.tax), str(line_amount(x)))
         for x in lines
-    ]
+    )
     removed_text = ", ".join(str(n) for n in removed) or "none"
-    rows += ["", f"removed lines: {removed_text}", f"total: {total}", ""]
-    return "\n".join(rows).encode("utf-8")
+    return Document(
+        title=f"Invoice for order {order_key}",
+        fields=(
+            ("Order", str(order_key)),
+            ("Customer", str(customer_key)),
+            ("Order date", order_date.isoformat() if order_date is not None else "-"),
+            ("Priority", str(priority)),
+        ),
+        columns=("Line", "Part", "Quantity", "Price", "Discount", "Tax", "Amount"),
+        rows=rows,
+        totals=(("Removed lines", removed_text), ("Total", str(total))),
+        dated=order_date,
+    )

@@ -21,7 +21,7 @@ from domain.sample.messages import (
 )
 
 OPEN, AWAITING_PAYMENT, CONFIRMED, REJECTED = "open", "awaiting_payment", "confirmed", "rejected"
-INVOICE_MEDIA_TYPE = "text/plain; charset=utf-8"
+INVOICE_MEDIA_TYPE = "application/pdf"
 OrderMessage = PlaceOrder | AddItem | RemoveItem | SubmitOrder | PaymentResult
 _BUILDING = (PlaceOrder, AddItem, RemoveItem, SubmitOrder)
 

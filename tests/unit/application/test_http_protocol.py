@@ -122,18 +122,8 @@ async def _take(broker: MemoryBroker, queue: str, consumer: str = "test") -> Mem
 
 def _orders_processor(system: SampleSystem, spec: str) -> Processor:
     """An orders worker with its own failpoints (crash raises `Crash`)."""
-    ports = Ports(
-        tokens=system.tokens,
-        store=system.stores["orders"],
-        dispatcher=system.broker,
-        clock=system.clock,
-        ids=system.ids,
-        events=system.events,
-        blobs=system.blobs,
-        http=system.http,
-        services={"payments": "inproc://payments"},
-    )
-    return Processor(ORDERS, ports, Strategy.TOKEN, Failpoints.from_spec(spec, crash))
+    return Processor(ORDERS, system.ports("orders"), Strategy.TOKEN,
+                     Failpoints.from_spec(spec, crash))
 
 
 # --- callee: PUT ---------------------------------------------------------------------------

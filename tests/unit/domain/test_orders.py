@@ -11,6 +11,7 @@ import pytest
 
 from domain.context import Context, HttpResponse
 from domain.decisions import Decision, Outgoing
+from domain.documents import Document
 from domain.errors import Rejected
 from domain.sample.messages import (
     AddItem,
@@ -122,12 +123,14 @@ def test_finalising_computes_total_invoice_and_payment_call() -> None:
     key = CTX.artifact_key("invoices")
     assert order.invoice_key == key
     (blob,) = decision.blobs
-    assert (blob.key, blob.media_type) == (key, "text/plain; charset=utf-8")
-    text = blob.content.decode("utf-8")
-    assert "order: 7" in text
-    assert "customer: 42" in text
-    assert "1996-01-02" in text
-    assert "total: 17681.10" in text
+    assert (blob.key, blob.media_type) == (key, "application/pdf")
+    invoice = blob.content
+    assert isinstance(invoice, Document)
+    assert ("Order", "7") in invoice.fields
+    assert ("Customer", "42") in invoice.fields
+    assert ("Order date", "1996-01-02") in invoice.fields
+    assert ("Total", "17681.10") in invoice.totals
+    assert len(invoice.rows) == 2
     call = decision.http_call
     assert call is not None
     assert call.service == "payments"

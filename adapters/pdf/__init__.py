@@ -1,0 +1,1 @@
+"""PDF rendering of handler documents (fpdf2)."""
