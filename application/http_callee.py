@@ -34,8 +34,9 @@ class HttpCallee:
     POST runs the stored request through the same `Processor` as a message (incoming ID =
     request ID, token = "stored and not yet answered"); the commit stores the response and
     marking the request answered is the consume step. `request_type` names the message type
-    the stored body decodes to. `failpoints` is the scoped view (`callee.` names). Never
-    raises: every outcome is a `CalleeResponse`.
+    the stored body decodes to. `failpoints` is the scoped view (`callee.` names). Every
+    protocol outcome is a `CalleeResponse`; `TransientError` escapes only when a store is
+    unreachable (the HTTP app answers 503).
     """
 
     def __init__(
@@ -83,7 +84,10 @@ class HttpCallee:
         if reply is None:
             return CalleeResponse(404, {"error": f"unknown request {request_id}"})
         if self._fp:
-            await self._fp.hit("before_reply")
+            try:
+                await self._fp.hit("before_reply")
+            except TransientError as exc:  # the reply is lost: the caller retries
+                return CalleeResponse(503, {"error": str(exc)})
         return CalleeResponse(reply.status, reply.body, stored=True)
 
     async def get(self, request_id: uuid.UUID) -> CalleeResponse:

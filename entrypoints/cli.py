@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from application.errors import TransientError
+from application.errors import PermanentError, TransientError
 from application.failpoints import NAMES, PREFIXES, parse
 from application.observability import CountingSink
 from entrypoints.container import EmbeddedContainer
@@ -26,7 +26,7 @@ from entrypoints.demo.tpch import TpchSample, generate
 from entrypoints.embedded import ENDPOINTS
 from entrypoints.logging import StructlogEventSink, configure_logging
 from entrypoints.operations import inspect, migrate_all
-from entrypoints.service import run_consumer
+from entrypoints.service import run_consumer, run_payments
 from entrypoints.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(help="Exactly-once service template: run the demo, inspect the protocol.",
@@ -171,7 +171,7 @@ def _service_settings(profile: str | None) -> Settings:
 def _run_service(coro: Coroutine[Any, Any, None]) -> None:
     try:
         asyncio.run(coro)
-    except TransientError as exc:
+    except (TransientError, PermanentError) as exc:
         Console(stderr=True).print(f"[red]cannot start: {exc}[/red]")
         raise typer.Exit(3) from exc
 
@@ -195,6 +195,20 @@ def gateway(
     """Run the boundary gateway: outside commands (natural message IDs, no tokens) in,
     token-protected messages out (the inbox/outbox path)."""
     _run_service(run_consumer(_service_settings(profile), "gateway"))
+
+
+@app.command(name="serve-payments")
+def serve_payments(
+    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
+) -> None:
+    """Serve the payments callee over HTTP (PUT/POST/GET/DELETE /requests/{id}, bearer
+    token EO_PAYMENTS_TOKEN, OpenAPI at /openapi.json) on EO_PAYMENTS_HOST:EO_PAYMENTS_PORT."""
+    settings = _service_settings(profile)
+    if settings.payments_token is None:
+        Console(stderr=True).print("[red]invalid setting EO_PAYMENTS_TOKEN: required to "
+                                   "serve payments[/red]")
+        raise typer.Exit(2)
+    _run_service(run_payments(settings))
 
 
 @app.command()

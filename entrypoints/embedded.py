@@ -17,6 +17,7 @@ from application.ports import (
     BlobStore,
     Clock,
     EventSink,
+    HttpRequests,
     IdGenerator,
     MessageDispatcher,
     RequestStore,
@@ -61,6 +62,8 @@ class SampleSystem:
         dispatcher: MessageDispatcher | None = None,
         stores: Mapping[str, TransactionalStore] | None = None,
         colocated_tokens: bool = False,
+        http: HttpRequests | None = None,
+        services: Mapping[str, str] | None = None,
     ) -> None:
         self.settings, self.clock, self.ids, self.events = settings, clock, ids, events
         self.broker, self.tokens, self.blobs, self.requests = broker, tokens, blobs, requests
@@ -75,7 +78,9 @@ class SampleSystem:
         payments = Processor(PAYMENTS, self._ports("payments", tokens=requests), Strategy.TOKEN,
                              callee_fp, settings.conflict_retries, self._grace)
         self.callee = HttpCallee(payments, requests, PAYMENT_REQUEST, callee_fp)
-        self.http = InProcessHttp({"payments": self.callee})
+        # callers reach payments over HTTP when given a client, else in this process
+        self.http: HttpRequests = http or InProcessHttp({"payments": self.callee})
+        self.services = dict(services or {"payments": "inproc://payments"})
 
     @property
     def _grace(self) -> timedelta:
@@ -93,7 +98,7 @@ class SampleSystem:
                      dispatcher=self.dispatcher, clock=self.clock, ids=self.ids,
                      events=self.events, blobs=self.blobs,
                      http=getattr(self, "http", None), renderer=PdfRenderer(),
-                     services={"payments": "inproc://payments"})
+                     services=getattr(self, "services", {}))
 
     def processor(self, name: str) -> Processor:
         """A new worker for endpoint `name` with the configured strategy."""

@@ -52,7 +52,7 @@ def status_app(metrics: Metrics, ready: Callable[[], Awaitable[dict[str, bool]]]
                              Mount("/metrics", make_asgi_app(metrics.registry))])
 
 
-class _EmbeddedServer(uvicorn.Server):
+class EmbeddedServer(uvicorn.Server):
     """uvicorn without its signal handling: the service owns SIGTERM (graceful shutdown of
     the consumer first), uvicorn would otherwise replace the handlers and re-raise."""
 
@@ -65,7 +65,7 @@ class StatusServer:
     """uvicorn serving `status_app` inside the service's event loop."""
 
     def __init__(self, app: Starlette, host: str, port: int) -> None:
-        self.server = _EmbeddedServer(uvicorn.Config(app, host=host, port=port,
+        self.server = EmbeddedServer(uvicorn.Config(app, host=host, port=port,
                                                      log_level="warning", lifespan="off"))
         self.task: asyncio.Task[None] | None = None
 

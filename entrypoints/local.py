@@ -10,6 +10,7 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
+from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.postgres.pool import create_pool
 from adapters.postgres.request_store import PostgresRequestStore
@@ -17,10 +18,12 @@ from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
+from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.observability import CountingSink
-from application.ports import Clock, EventSink, MessageDispatcher
+from application.ports import BlobStore, Clock, EventSink, HttpRequests, MessageDispatcher
 from domain.sample import PAYMENTS
 from entrypoints.container import crash_process
 from entrypoints.embedded import ENDPOINTS, SampleSystem
@@ -54,6 +57,30 @@ async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
         if tokens is not endpoint:
             await tokens.close()
         await endpoint.close()
+
+
+async def blob_resource(settings: Settings) -> AsyncIterator[BlobStore]:
+    """dependency-injector `Resource`: the blob store. S3 at `EO_S3_ENDPOINT_URL`; in the
+    local profile without an endpoint, a moto server this process starts (and stops); in
+    production without one, AWS. A directory when `EO_BLOB_STORE=directory`."""
+    if not settings.blobs_in_s3():
+        yield LocalDirectoryBlobStore(settings.blob_dir)
+        return
+    moto = None
+    endpoint = settings.s3_endpoint_url
+    access = settings.s3_access_key.get_secret_value() if settings.s3_access_key else None
+    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
+    if endpoint is None and settings.profile == "local":
+        moto = MotoServer()
+        endpoint = moto.start()
+        access, secret = access or "local", secret or "local"
+    try:
+        async with s3_client_resource(endpoint, settings.s3_region, access, secret) as client:
+            await ensure_bucket(client, settings.s3_bucket)
+            yield S3BlobStore(client, settings.s3_bucket)
+    finally:
+        if moto is not None:
+            moto.stop()
 
 
 async def rabbit_resource(url: str) -> AsyncIterator[RabbitConnection]:
@@ -109,6 +136,19 @@ def failpoints(settings: Settings, rabbit: RabbitConnection) -> Failpoints | Non
     return Failpoints.from_spec(settings.failpoints, crash_process, rabbit.drop)
 
 
+def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
+    """The HTTP caller when payments is a separate service (`EO_PAYMENTS_URL`), else None
+    (in-process callee)."""
+    if not settings.payments_url or settings.payments_token is None:
+        return None
+    return HttpxRequests(client, settings.payments_token.get_secret_value())
+
+
+def services(settings: Settings) -> dict[str, str] | None:
+    """Base URLs of the HTTP callees, or None for the in-process ones."""
+    return {"payments": settings.payments_url} if settings.payments_url else None
+
+
 class LocalContainer(containers.DeclarativeContainer):
     """Pools and the broker connection are async resources (`init_resources()` on start,
     `shutdown_resources()` on stop); nothing is created at import time."""
@@ -128,9 +168,12 @@ class LocalContainer(containers.DeclarativeContainer):
     requests = providers.Singleton(PostgresRequestStore, pool, "payments")
     colocated = providers.Callable(lambda pools: pools.colocated, pools)
     stores = providers.Singleton(postgres_stores, pool, clock, colocated)
-    blobs = providers.Singleton(LocalDirectoryBlobStore, root=settings.provided.blob_dir)
+    blobs = providers.Resource(blob_resource, settings)
+    http_client = providers.Resource(http_client_resource, settings.provided.http_timeout_s)
+    http = providers.Callable(http_requests, settings, http_client)
     system = providers.Singleton(
         SampleSystem, settings=settings, clock=clock, ids=ids, events=events, broker=None,
+        http=http, services=providers.Callable(services, settings),
         tokens=tokens, blobs=blobs, requests=requests, failpoints=failpoints,
         dispatcher=dispatcher, stores=stores, colocated_tokens=colocated,
     )

@@ -7,20 +7,47 @@ import asyncio
 import contextlib
 import signal
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
+import aio_pika
+import asyncpg
 import structlog
+import uvicorn
 
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.consumer import RabbitSource
+from application.errors import PermanentError, TransientError
 from application.sweeper import Sweeper
 from entrypoints.embedded import ENDPOINTS, SampleSystem
-from entrypoints.http_status import Metrics, StatusServer, status_app
+from entrypoints.http_status import EmbeddedServer, Metrics, StatusServer, status_app
 from entrypoints.local import LocalContainer
 from entrypoints.logging import configure_logging
+from entrypoints.payments_app import create_payments_app
 from entrypoints.settings import Settings
 
 log = structlog.get_logger("eo.service")
+
+
+async def preflight(settings: Settings) -> None:
+    """Fail fast, naming what is wrong, before any resource starts: the databases exist and
+    answer, RabbitMQ answers. Raises `PermanentError` (missing database: run `eo migrate`)
+    or `TransientError` (a server does not answer)."""
+    for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
+        name = urlsplit(dsn).path.lstrip("/")
+        try:
+            conn = await asyncio.wait_for(asyncpg.connect(dsn), 10)
+        except asyncpg.InvalidCatalogNameError as exc:
+            raise PermanentError(f"database {name!r} does not exist: run `eo migrate`") from exc
+        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            raise TransientError(f"PostgreSQL database {name!r}: {type(exc).__name__}: "
+                                 f"{exc}") from exc
+        await conn.close()
+    try:
+        connection = await asyncio.wait_for(aio_pika.connect(settings.amqp()), 10)
+    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
+        raise TransientError(f"RabbitMQ: {type(exc).__name__}: {exc}") from exc
+    await connection.close()
 
 
 async def migrate(settings: Settings) -> None:
@@ -53,6 +80,7 @@ async def run_consumer(settings: Settings, endpoint: str) -> None:
     configure_logging(settings.log_level)
     if settings.migrate_on_start:
         await migrate(settings)
+    await preflight(settings)
     container = LocalContainer(settings=settings)
     await container.init_resources()  # type: ignore[misc]
     try:
@@ -96,5 +124,42 @@ async def run_consumer(settings: Settings, endpoint: str) -> None:
             await sweeper
         if server is not None:
             await server.stop()
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]
+
+
+async def run_payments(settings: Settings) -> None:
+    """Serve the payments callee (protocol 6) over HTTP with uvicorn until SIGTERM/SIGINT
+    (uvicorn's graceful shutdown: in-flight requests finish), with the payments sweeper
+    (stale committed transactions, tombstone retention). Raises `SettingsError`-like
+    ValueError when `EO_PAYMENTS_TOKEN` is missing."""
+    if settings.payments_token is None:
+        raise ValueError("EO_PAYMENTS_TOKEN is required to serve payments")
+    configure_logging(settings.log_level)
+    if settings.migrate_on_start:
+        await migrate(settings)
+    await preflight(settings)
+    # the callee itself calls nobody over HTTP, and blobs are none of its business
+    container = LocalContainer(settings=settings.model_copy(
+        update={"payments_url": None, "blob_store": "directory"}))
+    await container.init_resources()  # type: ignore[misc]
+    try:
+        system: SampleSystem = await container.system()  # type: ignore[misc]
+        app = create_payments_app(system.callee, settings.payments_token.get_secret_value(),
+                                  settings.payments_max_body_bytes)
+        server = EmbeddedServer(uvicorn.Config(app, host=settings.payments_host,
+                                               port=settings.payments_port,
+                                               log_level="warning", lifespan="off",
+                                               timeout_graceful_shutdown=20))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # finish in-flight requests, exit 0
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        sweeper = asyncio.create_task(_sweep_forever(
+            system.sweeper("payments"), system, container.metrics(), settings.sweep_interval_s))
+        log.info("payments.serving", host=settings.payments_host, port=settings.payments_port)
+        await server.serve()
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
     finally:
         await container.shutdown_resources()  # type: ignore[misc]

@@ -57,6 +57,21 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9464, ge=0, le=65535, description="0 turns the server off")
     delivery_limit: int = Field(20, ge=1, description="x-delivery-limit of work queues")
     max_body_bytes: int = Field(1_048_576, ge=1, description="larger bodies are dead-lettered")
+    blob_store: Literal["directory", "s3"] | None = Field(
+        None, description="default: directory for embedded, s3 otherwise")
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 API; unset: a moto server (local) or AWS (production)")
+    s3_bucket: str = Field("eo-invoices", min_length=3, max_length=63)
+    s3_region: str = "us-east-1"
+    s3_access_key: SecretStr | None = None
+    s3_secret_key: SecretStr | None = None
+    payments_url: str | None = Field(
+        None, description="payments callee base URL; unset: in-process callee")
+    payments_token: SecretStr | None = Field(None, description="bearer token of payments")
+    payments_host: str = "127.0.0.1"
+    payments_port: int = Field(8470, ge=1, le=65535)
+    payments_max_body_bytes: int = Field(65536, ge=1)
+    http_timeout_s: float = Field(10.0, gt=0, description="caller's HTTP timeouts")
     duplicate_rate: float = Field(0.0, ge=0, le=1,
                                   description="fault injection: share of dispatches re-published")
 
@@ -93,6 +108,12 @@ class Settings(BaseSettings):
                     raise ValueError(f"{name}: required by the production profile")
         return self
 
+    @model_validator(mode="after")
+    def _payments_url_needs_token(self) -> Settings:
+        if self.payments_url and self.payments_token is None:
+            raise ValueError("payments_token: required when EO_PAYMENTS_URL is set")
+        return self
+
     def database(self) -> str:
         """The endpoint database DSN (the local profile defaults to the local server)."""
         if self.database_dsn is not None:
@@ -106,6 +127,12 @@ class Settings(BaseSettings):
     def amqp(self) -> str:
         """The RabbitMQ URL (the local profile defaults to guest on localhost)."""
         return self.amqp_url.get_secret_value() if self.amqp_url else LOCAL_AMQP
+
+    def blobs_in_s3(self) -> bool:
+        """Whether blobs go to an S3 API (else to `blob_dir`)."""
+        if self.blob_store is not None:
+            return self.blob_store == "s3"
+        return self.profile != "embedded"
 
     def strategy(self, endpoint: str) -> Strategy:
         """The configured strategy of `endpoint` (token by default)."""

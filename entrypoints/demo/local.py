@@ -1,5 +1,6 @@
-"""`eo demo --profile local`: the demo through RabbitMQ and PostgreSQL with consumer
-processes, duplicates injected at the broker, and one consumer killed and restarted."""
+"""`eo demo --profile local`: the demo through RabbitMQ, PostgreSQL, an S3 API (moto server)
+and the payments callee over HTTP, with consumer processes, duplicates injected at the
+broker, and one consumer killed and restarted."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,13 +22,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
+import httpx
 from pydantic import SecretStr
 
-from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.postgres.pool import create_pool
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.s3.blob_store import S3BlobStore, s3_client_resource
+from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
 from application.codec import encode
 from application.envelope import Envelope
@@ -72,41 +76,73 @@ async def _reset(settings: Settings) -> None:
         await connection.close()
 
 
+def _secret(value: SecretStr | None) -> str:
+    return value.get_secret_value() if value is not None else ""
+
+
 class Fleet:
     """The consumer processes (`eo consume --endpoint X`), their logs, kill and restart."""
 
     def __init__(self, settings: Settings, log_dir: Path, duplicate_rate: float) -> None:
         self.log_dir = log_dir
+        self.payments_url = f"http://127.0.0.1:{settings.payments_port}"
         self.env = {**os.environ, "EO_PROFILE": "local",
                     "EO_DATABASE_DSN": settings.database(), "EO_AMQP_URL": settings.amqp(),
                     "EO_BLOB_DIR": str(settings.blob_dir), "EO_METRICS_PORT": "0",
                     "EO_LOG_LEVEL": "INFO", "EO_SWEEP_INTERVAL_S": "1",
-                    "EO_DUPLICATE_RATE": str(duplicate_rate), "EO_FAILPOINTS": ""}
+                    "EO_DUPLICATE_RATE": str(duplicate_rate), "EO_FAILPOINTS": "",
+                    "EO_S3_ENDPOINT_URL": settings.s3_endpoint_url or "",
+                    "EO_S3_BUCKET": settings.s3_bucket,
+                    "EO_S3_ACCESS_KEY": _secret(settings.s3_access_key),
+                    "EO_S3_SECRET_KEY": _secret(settings.s3_secret_key),
+                    "EO_PAYMENTS_URL": self.payments_url,
+                    "EO_PAYMENTS_PORT": str(settings.payments_port),
+                    "EO_PAYMENTS_TOKEN": secrets.token_urlsafe(24)}
         self.env.pop("EO_TOKEN_DSN", None)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
 
     def start(self, name: str, endpoint: str) -> None:
-        """Start (or restart) process `name` consuming `endpoint`."""
+        """Start (or restart) process `name` consuming `endpoint` (`payments`: the callee)."""
         self.starts[name] += 1
         log = (self.log_dir / f"{name}.{self.starts[name]}.jsonl").open("wb")
-        command = [sys.executable, "-c", "from entrypoints.cli import main; main()",
-                   "consume", "--endpoint", endpoint]
+        args = ["serve-payments"] if endpoint == "payments" else ["consume", "--endpoint",
+                                                                  endpoint]
+        command = [sys.executable, "-c", "from entrypoints.cli import main; main()", *args]
         self.procs[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+
+    async def wait_for_payments(self, timeout_s: float = 60.0) -> None:
+        """Until the payments callee answers /health; RuntimeError if it died or never did."""
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient() as client:
+            while time.monotonic() < deadline:
+                if self.procs["payments"].poll() is not None:
+                    raise RuntimeError("the payments process exited: see its log in "
+                                       f"{self.log_dir}")
+                try:
+                    if (await client.get(f"{self.payments_url}/health")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"payments did not answer within {timeout_s} s")
 
     def kill(self, name: str) -> None:
         """SIGKILL: no clean-up, no ack; its deliveries go back to the queue."""
         self.procs[name].send_signal(signal.SIGKILL)
         self.procs[name].wait()
 
-    def stop_all(self, timeout_s: float = 30.0) -> dict[str, int | None]:
-        """SIGTERM everyone (graceful), then SIGKILL stragglers; returns exit codes."""
-        for proc in self.procs.values():
+    def stop_all(self, timeout_s: float = 30.0, keep: tuple[str, ...] = ()
+                 ) -> dict[str, int | None]:
+        """SIGTERM every process but `keep` (graceful), then SIGKILL stragglers; returns
+        their exit codes."""
+        procs = {n: p for n, p in self.procs.items() if n not in keep}
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         codes: dict[str, int | None] = {}
-        for name, proc in self.procs.items():
+        for name, proc in procs.items():
             try:
                 codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -147,11 +183,26 @@ async def run_local_demo(
     on_progress: Callable[[int], None] = lambda _done: None,
     timeout_s: float = 900.0,
 ) -> DemoReport:
-    """Run the sample through RabbitMQ and PostgreSQL with consumer processes (one gateway,
+    """Run the sample through RabbitMQ, PostgreSQL, S3 (one moto server for every process)
+    and HTTP (a `serve-payments` process) with consumer processes (one gateway,
     `orders_consumers` orders, one ledger), duplicates injected at the broker, one orders
     process killed with SIGKILL at a third of the way and restarted; then quiescence, a
     graceful stop, a final sweep and the oracle. Raises TimeoutError without quiescence."""
     started = time.monotonic()
+    moto = MotoServer()  # one S3 API for every process (each would otherwise start its own)
+    settings = settings.model_copy(update={
+        "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
+        "s3_secret_key": SecretStr("local")})
+    try:
+        return await _run(settings, sample, orders_consumers, duplicates, seed, log_dir,
+                          on_progress, timeout_s, started)
+    finally:
+        moto.stop()
+
+
+async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
+               duplicates: float, seed: int, log_dir: Path, on_progress: Callable[[int], None],
+               timeout_s: float, started: float) -> DemoReport:
     rng = random.Random(seed)
     await _reset(settings)
     pool = await create_pool(settings.database(), max_size=4)
@@ -164,11 +215,14 @@ async def run_local_demo(
         await topology.declare(rabbit.channel, endpoint, settings.retry_delays_s,
                                settings.delivery_limit)
     fleet = Fleet(settings, log_dir, duplicates)
+    fleet.start("payments", "payments")
+    await fleet.wait_for_payments()
     fleet.start("gateway", "gateway")
     fleet.start("ledger", "ledger")
     for i in range(orders_consumers):
         fleet.start(f"orders-{i}", "orders")
     notes: list[str] = []
+    codes: dict[str, int | None] = {}
     try:
         injected = await _publish(rabbit, sample, duplicates, rng)
         observer = await aio_pika.connect(settings.amqp())
@@ -190,8 +244,13 @@ async def run_local_demo(
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"no quiescence after {timeout_s} s")
         await observer.close()
+        codes.update(fleet.stop_all(keep=("payments",)))
+        # the final sweep may still DELETE requests on the callee: payments stops after it
+        await _final_sweep(settings.model_copy(update={
+            "payments_url": fleet.payments_url,
+            "payments_token": SecretStr(fleet.env["EO_PAYMENTS_TOKEN"])}))
     finally:
-        codes = fleet.stop_all()
+        codes.update(fleet.stop_all())  # payments, and everyone after an error
         await rabbit.close()
     notes.append(f"exit codes after SIGTERM: {codes}")
     return await _report(settings, sample, stores, pool, fleet, injected, notes,
@@ -250,9 +309,10 @@ async def _final_sweep(settings: Settings) -> None:
 async def _report(settings: Settings, sample: TpchSample, stores: dict[str, Any],
                   pool: asyncpg.Pool, fleet: Fleet, injected: int, notes: list[str],
                   seconds: float) -> DemoReport:
-    await _final_sweep(settings)
     st = {name: await s.states() for name, s in stores.items()}
-    blobs = await LocalDirectoryBlobStore(settings.blob_dir).keys()
+    async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
+                                  "local") as client:
+        blobs = await S3BlobStore(client, settings.s3_bucket).keys()
     oracle = check_oracle(sample, st["orders"], st["ledger"], st["payments"], blobs,
                           settings.credit_limit)
     leftovers = {

@@ -213,7 +213,8 @@ class Fleet:
                 "EO_AMQP_URL": self.where.amqp_url, "EO_METRICS_PORT": str(port),
                 "EO_RETRY_DELAYS_S": json.dumps(list(DELAYS)), "EO_MAX_ATTEMPTS": "2",
                 "EO_SWEEP_INTERVAL_S": "0.5", "EO_STALE_AFTER_S": "1",
-                "EO_BLOB_DIR": str(self.blob_dir), "EO_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+                "EO_BLOB_DIR": str(self.blob_dir), "EO_BLOB_STORE": "directory",
+                "EO_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
                 "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": "3", **extra}
 
     def start(self, endpoint: str, **extra_env: str) -> Proc:

@@ -1,0 +1,1 @@
+"""HTTP client adapter of the caller's side of protocol 6 (httpx)."""
