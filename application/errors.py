@@ -15,6 +15,12 @@ class Conflict(ProtocolError):
     """
 
 
+class RequestDeleted(Conflict):
+    """A PUT of this attempt's own, unique request URL met a tombstone (HTTP 410): the
+    winner's clean-up deleted it while the attempt stalled, so the attempt lost. Retried as
+    a conflict, the delivery then turns out to be a duplicate (protocol 6 and 7)."""
+
+
 class TransientError(ProtocolError):
     """A failure that may pass on retry: connection lost, 5xx, conflicts retried too often.
 

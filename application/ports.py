@@ -225,9 +225,10 @@ class HttpResult:
 
 class HttpRequests(Protocol):
     """The caller's side of the HTTP protocol (protocol 6). Raises `TransientError` on network
-    errors and 5xx; `put` raises `PermanentError` on any other non-2xx (409 other body, 410
-    deleted, 401, 413: the caller PUTs a fresh ID each attempt); `delete` accepts 2xx and
-    404."""
+    errors and 5xx; `put` raises `RequestDeleted` (a `Conflict`) on 410 (the attempt's own
+    request was deleted by a winner's clean-up) and `PermanentError` on any other non-2xx
+    (409 other body, 401, 413: the caller PUTs a fresh ID each attempt); `delete` accepts
+    2xx and 404."""
 
     async def put(self, url: str, body: bytes) -> None:
         """Store the request body under `url` (create-only on the callee)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from application.errors import PermanentError, TransientError
+from application.errors import PermanentError, RequestDeleted, TransientError
 from application.http_caller import STORED_RESPONSE_HEADER
 from application.ports import HttpRequests, HttpResult
 
@@ -68,12 +68,15 @@ class HttpxRequests(HttpRequests):
 
     async def put(self, url: str, body: bytes) -> None:
         """Store `body` (JSON bytes) under `url`: 2xx returns; 5xx raises `TransientError`;
-        any other status raises `CalleeRefused` (a `PermanentError`)."""
+        410 raises `RequestDeleted` (a `Conflict`: the attempt lost); any other status raises
+        `CalleeRefused` (a `PermanentError`)."""
         response = await self._send("PUT", url, body)
         if response.is_success:
             return
         if response.status_code >= 500:
             raise TransientError(f"PUT {url}: {response.status_code}")
+        if response.status_code == 410:  # our unique URL, deleted by a winner's clean-up
+            raise RequestDeleted(f"PUT {url}: 410, deleted by another attempt's clean-up")
         raise CalleeRefused("PUT", url, response.status_code, _json_body(response))
 
     async def post(self, url: str) -> HttpResult:

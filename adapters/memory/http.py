@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from application.errors import PermanentError, TransientError
+from application.errors import PermanentError, RequestDeleted, TransientError
 from application.http_callee import HttpCallee
 from application.ports import HttpRequests, HttpResult
 
@@ -30,6 +30,8 @@ class InProcessHttp(HttpRequests):
         answer = await callee.put(request_id, body)
         if answer.status >= 500:
             raise TransientError(f"PUT {url}: {answer.status}")
+        if answer.status == 410:  # our unique URL, deleted by a winner's clean-up
+            raise RequestDeleted(f"PUT {url}: 410, deleted by another attempt's clean-up")
         if answer.status >= 300:
             raise PermanentError(f"PUT {url}: {answer.status} {json.dumps(dict(answer.body))}")
 
