@@ -1,4 +1,5 @@
-"""The processing of one delivery: token path (protocol 3) and positive-proof path (protocol 4)."""
+"""The processing of one delivery: token path (protocol 3), positive-proof path (protocol 4)
+and the state-based path (application/state_based.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from application.ports import (
 from application.preparation import Preparation
 from application.records import ProcessedMessage
 from application.side_effects import SideEffects, envelope_of
+from application.state_based import StateBasedProcessing, StateStream
 from domain.context import Context, HttpResponse
 from domain.decisions import Decision, Endpoint
 from domain.errors import Rejected
@@ -54,6 +56,7 @@ class Strategy(enum.StrEnum):
 
     TOKEN = "token"  # protocol 3: a message may be processed only while its token exists
     OUTBOX = "outbox"  # protocol 4: positive proof, one inbox row per processed message
+    STATE = "state"  # an event-sourced state stream, outputs re-derived (state_based.py)
 
 
 class Outcome(enum.StrEnum):
@@ -83,6 +86,8 @@ class Ports:
     #: co-located fast path of protocol 3.2 (tokens checked, created and consumed inside the
     #: store's own statements). False keeps the general path.
     colocated_tokens: bool = False
+    #: the endpoint's state stream; required by (and used only by) `Strategy.STATE`
+    state_stream: StateStream | None = None
 
 
 class _Duplicate(Exception):
@@ -118,6 +123,10 @@ class Processor:
         effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, failpoints)
         self.finisher = Finisher(endpoint.name, ports, effects, failpoints, cleanup_grace)
         self._prepare = Preparation(endpoint.name, ports, failpoints)
+        self._state: StateBasedProcessing | None = None
+        if strategy is Strategy.STATE:
+            self._state = StateBasedProcessing(endpoint, ports, self.decode, self._handle,
+                                               failpoints)
 
     async def _hit(self, name: str) -> None:
         if self._fp:
@@ -176,6 +185,10 @@ class Processor:
         return decode(cls, envelope.body)
 
     async def _attempt(self, envelope: Envelope) -> Outcome:
+        if self._state is not None:
+            if not await self._state.attempt(envelope):
+                raise _Duplicate
+            return Outcome.PROCESSED
         m = envelope.message_id
         stored = await self._load(envelope)
         message = self.decode(stored)

@@ -8,6 +8,7 @@ from typing import Any
 
 from adapters.memory.broker import MemoryBroker
 from adapters.memory.http import InProcessHttp
+from adapters.memory.state_stream import MemoryStateStream
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.pdf.renderer import PdfRenderer
 from application.consumer import Consumer
@@ -25,6 +26,7 @@ from application.ports import (
     TransactionalStore,
 )
 from application.processor import Ports, Processor, Strategy
+from application.state_based import StateRetention, StateStream
 from application.sweeper import Sweeper
 from domain.decisions import Endpoint
 from domain.sample import LEDGER, ORDERS, PAYMENTS
@@ -34,6 +36,19 @@ from entrypoints.settings import Settings
 ENDPOINTS: dict[str, Endpoint[Any]] = {"gateway": GATEWAY, "orders": ORDERS, "ledger": LEDGER}
 #: The payments callee's request type (the body of a stored request).
 PAYMENT_REQUEST = "PaymentRequest"
+
+
+class StreamStatesStore(MemoryTransactionalStore):
+    """The (unused) transactional store of a `state` endpoint in the embedded profile: its
+    `states()` are its state stream's newest snapshots, so reports and oracles read one
+    place whatever the strategy."""
+
+    def __init__(self, clock: Clock, stream: MemoryStateStream) -> None:
+        super().__init__(clock)
+        self.stream = stream
+
+    def states(self) -> dict[str, Any]:
+        return self.stream.states()
 
 
 class SampleSystem:
@@ -64,6 +79,7 @@ class SampleSystem:
         colocated_tokens: bool = False,
         http: HttpRequests | None = None,
         services: Mapping[str, str] | None = None,
+        streams: Mapping[str, StateStream] | None = None,
     ) -> None:
         self.settings, self.clock, self.ids, self.events = settings, clock, ids, events
         self.broker, self.tokens, self.blobs, self.requests = broker, tokens, blobs, requests
@@ -74,6 +90,14 @@ class SampleSystem:
         self.dispatcher: MessageDispatcher = dispatcher or broker  # type: ignore[assignment]
         self.stores: dict[str, Any] = dict(stores) if stores is not None else {
             name: MemoryTransactionalStore(clock) for name in [*ENDPOINTS, "payments"]}
+        #: the state streams of `state` endpoints (memory unless given)
+        self.streams: dict[str, StateStream] = dict(streams or {})
+        for name in ENDPOINTS:
+            if settings.strategy(name) is Strategy.STATE and name not in self.streams:
+                stream = MemoryStateStream(clock)
+                self.streams[name] = stream
+                if stores is None:
+                    self.stores[name] = StreamStatesStore(clock, stream)
         callee_fp = failpoints.scoped("callee.") if failpoints else None
         payments = Processor(PAYMENTS, self._ports("payments", tokens=requests), Strategy.TOKEN,
                              callee_fp, settings.conflict_retries, self._grace)
@@ -98,7 +122,8 @@ class SampleSystem:
                      dispatcher=self.dispatcher, clock=self.clock, ids=self.ids,
                      events=self.events, blobs=self.blobs,
                      http=getattr(self, "http", None), renderer=PdfRenderer(),
-                     services=getattr(self, "services", {}))
+                     services=getattr(self, "services", {}),
+                     state_stream=getattr(self, "streams", {}).get(name))
 
     def processor(self, name: str) -> Processor:
         """A new worker for endpoint `name` with the configured strategy."""
@@ -109,6 +134,11 @@ class SampleSystem:
         """A new consumer (its own processor) for endpoint `name`."""
         return Consumer(self.processor(name), self.settings.max_attempts,
                         self.settings.retry_delays_s, self.failpoints)
+
+    def state_retention(self, name: str, clock: Clock | None = None) -> StateRetention:
+        """Retention of a `state` endpoint's stream (`retention_days`); KeyError otherwise."""
+        return StateRetention(self.streams[name], clock or self.clock,
+                              timedelta(days=self.settings.retention_days))
 
     def sweeper(self, name: str, clock: Clock | None = None) -> Sweeper:
         """The sweeper of endpoint `name` (`payments` included), optionally on another clock."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,12 +13,21 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from application.failpoints import parse
 from application.processor import Strategy
+from application.state_based import state_wiring_errors
+from domain.decisions import Endpoint
+from domain.sample import LEDGER, ORDERS
+from domain.sample.gateway import GATEWAY
 
 Profile = Literal["embedded", "local", "production"]
 LOCAL_DATABASE = "postgresql://postgres@127.0.0.1:5432/eo"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_STRATEGIES = {"gateway": Strategy.OUTBOX, "orders": Strategy.TOKEN,
                       "ledger": Strategy.TOKEN}
+#: The sample's endpoints as the state-strategy check sees them (who sends to whom).
+SAMPLE_ENDPOINTS: dict[str, Endpoint[Any]] = {"gateway": GATEWAY, "orders": ORDERS,
+                                               "ledger": LEDGER}
+#: Endpoints whose handlers create blobs or call HTTP services: never `state`.
+ARTIFACT_ENDPOINTS = frozenset({"orders", "payments"})
 
 
 class SettingsError(Exception):
@@ -29,7 +38,9 @@ class Settings(BaseSettings):
     """Every setting of the service; the environment variable is `EO_<NAME>` (upper case).
 
     Strategies are per endpoint (`EO_STRATEGIES='{"ledger": "outbox"}'`); the gateway always
-    uses `outbox` (protocol 4: outside producers create no tokens).
+    uses `outbox` (protocol 4: outside producers create no tokens). `state` is refused for an
+    endpoint that uses artifacts (blobs, HTTP) or sends to a token-based receiver
+    (application/state_based.py): in the sample only the ledger may use it.
     """
 
     model_config = SettingsConfigDict(env_prefix="EO_", extra="ignore")
@@ -98,6 +109,13 @@ class Settings(BaseSettings):
         if self.strategies.get("gateway", Strategy.OUTBOX) is not Strategy.OUTBOX:
             raise ValueError("strategies: the gateway must use 'outbox' (outside producers "
                              "create no tokens)")
+        return self
+
+    @model_validator(mode="after")
+    def _state_wiring(self) -> Settings:
+        errors = state_wiring_errors(SAMPLE_ENDPOINTS, self.strategies, ARTIFACT_ENDPOINTS)
+        if errors:
+            raise ValueError("strategies: " + "; ".join(errors))
         return self
 
     @model_validator(mode="after")

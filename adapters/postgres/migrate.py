@@ -37,3 +37,13 @@ def upgrade(dsn: str, revision: str = "head") -> None:
 async def upgrade_async(dsn: str, revision: str = "head") -> None:
     """`upgrade` off the event loop (alembic's env runs its own loop)."""
     await asyncio.to_thread(upgrade, dsn, revision)
+
+
+def head_revision() -> str:
+    """The newest migration's revision ID (what `eo_schema_version` holds once migrated)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_config("postgresql://unused/unused")).get_current_head()
+    if head is None:
+        raise RuntimeError("no migrations found")
+    return head

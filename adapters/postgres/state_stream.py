@@ -1,0 +1,123 @@
+"""The state stream in PostgreSQL: table `eo_state_entry`, one row per processed message."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+import asyncpg
+
+from adapters.postgres.pool import translated
+from application.codec import from_jsonable, to_jsonable
+from application.errors import Conflict
+from application.ports import Clock
+from application.state_based import OutsideRetention, StateEntry, StateStream
+
+#: The message's own entry, the entry just before it and the newest entry: one snapshot.
+LOAD = """
+SELECT e.version, e.message_id, e.state, e.recorded, e.appended_at
+  FROM eo_state_entry e
+ WHERE e.endpoint = $1 AND e.partition_key = $2
+   AND (e.message_id = $3
+        OR e.version = (SELECT h.version - 1 FROM eo_state_entry h
+                         WHERE h.endpoint = $1 AND h.partition_key = $2 AND h.message_id = $3)
+        OR e.version = (SELECT max(l.version) FROM eo_state_entry l
+                         WHERE l.endpoint = $1 AND l.partition_key = $2))"""
+
+#: Optimistic append: only at newest version $3; a concurrent append of the same version or
+#: of the same message ID meets the primary key or the unique constraint and inserts nothing.
+APPEND = """
+INSERT INTO eo_state_entry
+  (endpoint, partition_key, version, message_id, state, recorded, appended_at)
+SELECT $1, $2, $3 + 1, $4, $5, $6, $7
+ WHERE coalesce((SELECT max(version) FROM eo_state_entry
+                  WHERE endpoint = $1 AND partition_key = $2), 0) = $3
+ON CONFLICT DO NOTHING
+RETURNING version"""
+
+#: Drop entries whose next entry is older than the cutoff (the newest one has none: kept).
+TRUNCATE = """
+WITH old AS (
+  SELECT partition_key, version,
+         lead(appended_at) OVER (PARTITION BY partition_key ORDER BY version) AS next_at
+    FROM eo_state_entry WHERE endpoint = $1),
+gone AS (
+  DELETE FROM eo_state_entry e USING old
+   WHERE e.endpoint = $1 AND e.partition_key = old.partition_key
+     AND e.version = old.version AND old.next_at < $2
+  RETURNING 1)
+SELECT count(*) FROM gone"""
+
+
+class PostgresStateStream(StateStream):
+    """Entries of endpoint `endpoint` (several endpoints may share the table); states are
+    JSONB decoded into `state_type`; times come from `clock`."""
+
+    def __init__(self, pool: asyncpg.Pool, endpoint: str, state_type: type, clock: Clock
+                 ) -> None:
+        self.pool, self.endpoint, self.state_type, self.clock = pool, endpoint, state_type, clock
+
+    def _entry(self, partition: str, row: Any) -> StateEntry:
+        return StateEntry(partition, int(row["version"]), row["message_id"],
+                          from_jsonable(self.state_type, row["state"]),
+                          MappingProxyType(dict(row["recorded"])), row["appended_at"])
+
+    async def load(
+        self, partition: str, message_id: uuid.UUID
+    ) -> tuple[Any, int, StateEntry | None]:
+        async with translated():
+            rows = await self.pool.fetch(LOAD, self.endpoint, partition, message_id)
+        by_version = {int(r["version"]): r for r in rows}
+        hit = next((r for r in rows if r["message_id"] == message_id), None)
+        if hit is not None:
+            entry = self._entry(partition, hit)
+            if entry.version == 1:
+                return None, 0, entry
+            before = by_version.get(entry.version - 1)
+            if before is None:
+                raise OutsideRetention(
+                    f"partition {partition}: the entry before message {message_id} was "
+                    "truncated (duplicate older than the retention window)")
+            return from_jsonable(self.state_type, before["state"]), entry.version - 1, entry
+        if not by_version:
+            return None, 0, None
+        newest = by_version[max(by_version)]
+        return from_jsonable(self.state_type, newest["state"]), int(newest["version"]), None
+
+    async def append(
+        self,
+        partition: str,
+        expected_version: int,
+        message_id: uuid.UUID,
+        state: Any,
+        recorded: Mapping[str, Any],
+    ) -> int:
+        async with translated():
+            version = await self.pool.fetchval(
+                APPEND, self.endpoint, partition, expected_version, message_id,
+                to_jsonable(state), dict(recorded), self.clock.now())
+        if version is None:
+            raise Conflict(f"partition {partition}: append at v{expected_version} of "
+                           f"message {message_id}")
+        return int(version)
+
+    async def truncate(self, before: datetime) -> int:
+        async with translated():
+            return int(await self.pool.fetchval(TRUNCATE, self.endpoint, before))
+
+    async def states(self) -> dict[str, Any]:
+        """The newest state of every partition (oracles, audits)."""
+        async with translated():
+            rows = await self.pool.fetch(
+                """SELECT DISTINCT ON (partition_key) partition_key, state FROM eo_state_entry
+                    WHERE endpoint = $1 ORDER BY partition_key, version DESC""", self.endpoint)
+        return {r["partition_key"]: from_jsonable(self.state_type, r["state"]) for r in rows}
+
+    async def entry_count(self) -> int:
+        """Entries kept for this endpoint."""
+        async with translated():
+            return int(await self.pool.fetchval(
+                "SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", self.endpoint))

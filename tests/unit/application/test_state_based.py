@@ -1,0 +1,310 @@
+"""The state strategy (application/state_based.py): duplicates re-evaluated against the state
+before their first processing, byte-identical re-publication, one entry per message under
+every bounded interleaving, retention, and the start-up refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from adapters.memory.state_stream import MemoryStateStream
+from adapters.memory.token_store import MemoryTokenStore
+from adapters.memory.transactional_store import MemoryTransactionalStore
+from adapters.system.clock import ManualClock, SeededIds
+from application.codec import encode
+from application.envelope import TOKEN_HEADER, Envelope
+from application.errors import PermanentError, TransientError
+from application.observability import HANDLER_INVOKED, CountingSink
+from application.processor import Outcome, Ports, Processor, Strategy
+from application.state_based import (
+    OutsideRetention,
+    StateRetention,
+    outgoing_id,
+    state_wiring_errors,
+)
+from domain.context import Context
+from domain.decisions import Endpoint
+from domain.sample import LEDGER, ORDERS
+from domain.sample.gateway import GATEWAY
+from entrypoints.settings import SettingsError, load_settings
+from tests.support.counter import COUNTER, Add
+from tests.support.scheduler import Choice, GatedPort, Run, explore
+from tests.support.set_algebra import SET_ALGEBRA, AddMember, Members, RemoveMember
+from tests.support.world import RecordingDispatcher
+
+
+@dataclass
+class StateWorld:
+    """One state endpoint's stores, shared by every worker."""
+
+    endpoint: Endpoint[Any] = SET_ALGEBRA
+    clock: ManualClock = field(default_factory=ManualClock)
+    tokens: MemoryTokenStore = field(default_factory=MemoryTokenStore)
+    dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
+    events: CountingSink = field(default_factory=CountingSink)
+
+    def __post_init__(self) -> None:
+        self.stream = MemoryStateStream(self.clock)
+        self.ids = SeededIds(3)
+
+    def processor(self, wrap: Callable[[str, Any], Any] = lambda _n, port: port) -> Processor:
+        ports = Ports(tokens=wrap("tokens", self.tokens),
+                      store=MemoryTransactionalStore(self.clock),
+                      dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
+                      ids=self.ids, events=self.events,
+                      state_stream=wrap("stream", self.stream))
+        return Processor(self.endpoint, ports, Strategy.STATE)
+
+    async def envelope(self, message: Any, n: int, token: bool = False) -> Envelope:
+        headers = {TOKEN_HEADER: "1"} if token else {}
+        env = Envelope(uuid.UUID(int=n), type(message).__name__, encode(message),
+                       MappingProxyType(headers))
+        if token:
+            await self.tokens.create([env])
+        return env
+
+    def published(self, message_id: uuid.UUID) -> list[tuple[Any, ...]]:
+        """(destination, type, body, headers) of every dispatch of `message_id`."""
+        return [(dest, e.type, e.body, tuple(sorted(e.headers.items())))
+                for dest, e in self.dispatcher.sent
+                if e.message_id == message_id]
+
+    def state(self, partition: str = "p") -> Any:
+        return self.stream.states().get(partition)
+
+
+def _out(incoming: uuid.UUID, index: int = 0) -> uuid.UUID:
+    return outgoing_id(incoming, SET_ALGEBRA.name, index)
+
+
+async def test_a_late_duplicate_sees_the_state_before_it_and_republishes_identical_bytes() -> None:
+    world = StateWorld()
+    worker = world.processor()
+    m1 = await world.envelope(AddMember("p", "a"), 1)
+    m2 = await world.envelope(AddMember("p", "b"), 2)
+    assert await worker.process(m1) is Outcome.PROCESSED
+    world.clock.advance(timedelta(hours=1))
+    assert await worker.process(m2) is Outcome.PROCESSED
+    world.clock.advance(timedelta(hours=1))
+    first = world.published(_out(m1.message_id))
+    assert await world.processor().process(m1) is Outcome.DUPLICATE
+    again = world.published(_out(m1.message_id))
+    assert len(first) == 1
+    assert again == first * 2  # byte-identical: same ID, type, body (members, time, attempt)
+    assert b'"members":["a"]' in first[0][2]  # evaluated against the state before m1: {}
+    assert world.state() == Members(("a", "b"))
+    assert [e.message_id for e in world.stream.entries["p"]] == [m1.message_id, m2.message_id]
+    assert world.events.total(HANDLER_INVOKED) == 2  # the duplicate's replay is not a run
+
+
+async def test_a_duplicate_add_after_the_remove_does_not_add_again() -> None:
+    world = StateWorld()
+    worker = world.processor()
+    add = await world.envelope(AddMember("p", "x"), 1)
+    remove = await world.envelope(RemoveMember("p", "x"), 2)
+    add_y = await world.envelope(AddMember("p", "y"), 3)
+    for env in (add, remove, add, add_y, remove, add):
+        await worker.process(env)
+    assert world.state() == Members(("y",))
+    assert [e.state for e in world.stream.entries["p"]] == [
+        Members(("x",)), Members(()), Members(("y",))]
+    assert len({body for *_x, body, _h in world.published(_out(add.message_id))}) == 1
+    assert len({body for *_x, body, _h in world.published(_out(remove.message_id))}) == 1
+
+
+async def test_an_unchanged_state_still_gets_an_entry() -> None:
+    world = StateWorld()
+    worker = world.processor()
+    await worker.process(await world.envelope(RemoveMember("p", "nothing"), 1))
+    await worker.process(await world.envelope(AddMember("p", "a"), 2))
+    await worker.process(await world.envelope(AddMember("p", "a"), 3))  # no change
+    assert [e.version for e in world.stream.entries["p"]] == [1, 2, 3]
+    assert world.stream.entries["p"][2].state == world.stream.entries["p"][1].state
+
+
+async def test_two_concurrent_copies_commit_once() -> None:
+    world = StateWorld()
+    m1 = await world.envelope(AddMember("p", "a"), 1, token=True)
+    outcomes = await asyncio.gather(world.processor().process(m1),
+                                    world.processor().process(m1))
+    assert sorted(outcomes) == [Outcome.DUPLICATE, Outcome.PROCESSED]
+    assert len(world.stream.entries["p"]) == 1
+    assert len({tuple(p) for p in world.published(_out(m1.message_id))}) == 1
+    assert await world.tokens.count() == 0
+
+
+async def test_token_based_senders_are_deduplicated_and_their_tokens_consumed() -> None:
+    world = StateWorld()
+    worker = world.processor()
+    m1 = await world.envelope(AddMember("p", "a"), 1, token=True)
+    assert await worker.process(m1) is Outcome.PROCESSED
+    assert await world.tokens.count() == 0
+    assert await worker.process(m1) is Outcome.DUPLICATE  # token gone: already published
+    assert len(world.published(_out(m1.message_id))) == 1
+    # a copy whose token is still there (crash after the append) re-publishes, then consumes
+    m2 = await world.envelope(AddMember("p", "b"), 2, token=True)
+    await world.stream.append("p", 1, m2.message_id, Members(("a", "b")),
+                              {"now": world.clock.now().isoformat(),
+                               "attempt_id": str(uuid.UUID(int=99))})
+    assert await worker.process(m2) is Outcome.DUPLICATE
+    assert len(world.published(_out(m2.message_id))) == 1
+    assert await world.tokens.count() == 0
+
+
+async def test_outputs_carry_derived_ids_and_no_token() -> None:
+    world = StateWorld()
+    m1 = await world.envelope(AddMember("p", "a"), 1)
+    await world.processor().process(m1)
+    [(destination, env)] = world.dispatcher.sent
+    assert destination == "audit"
+    assert env.message_id == uuid.uuid5(m1.message_id, "sets/0")
+    assert env.header(TOKEN_HEADER) is None
+    assert world.tokens.rows == {}
+
+
+async def test_truncation_keeps_duplicates_inside_the_window_correct() -> None:
+    world = StateWorld()
+    worker = world.processor()
+    envs = [await world.envelope(AddMember("p", x), i + 1) for i, x in enumerate("abc")]
+    for env in envs:  # appended at day 0, 10 and 20
+        await worker.process(env)
+        world.clock.advance(timedelta(days=10))
+    first = [world.published(_out(e.message_id)) for e in envs]
+    world.clock.advance(timedelta(days=-9))  # day 21: the cutoff of 7 days is day 14
+    dropped = await StateRetention(world.stream, world.clock, timedelta(days=7)).sweep()
+    assert dropped == 1  # a: its successor b (day 10) is older than the cutoff
+    assert [e.version for e in world.stream.entries["p"]] == [2, 3]
+    # c is inside the window: evaluated against b's snapshot, re-published identically
+    assert await worker.process(envs[2]) is Outcome.DUPLICATE
+    assert world.published(_out(envs[2].message_id)) == first[2] * 2
+    # b is outside the window and its predecessor is gone: refused, never applied twice
+    with pytest.raises(OutsideRetention):
+        await worker.process(envs[1])
+    # new messages carry on from the latest snapshot, which truncation always keeps
+    await worker.process(await world.envelope(RemoveMember("p", "a"), 9))
+    assert world.state() == Members(("b", "c"))
+    world.clock.advance(timedelta(seconds=1))
+    assert await StateRetention(world.stream, world.clock, timedelta(days=0)).sweep() == 2
+    assert [e.version for e in world.stream.entries["p"]] == [4]
+
+
+async def test_artifacts_and_rejections_append_nothing() -> None:
+    world = StateWorld(endpoint=COUNTER)  # creates a blob per message
+    with pytest.raises(PermanentError, match="state strategy"):
+        await world.processor().process(await world.envelope(Add("p", 1), 1))
+    assert world.stream.entries.get("p", []) == []
+    sets = StateWorld()
+    with pytest.raises(PermanentError, match="forbidden"):
+        await sets.processor().process(await sets.envelope(AddMember("p", "forbidden"), 1))
+    assert sets.stream.entries.get("p", []) == []
+    assert sets.dispatcher.sent == []
+
+
+def test_wiring_refuses_state_endpoints_sending_to_token_receivers_or_using_artifacts() -> None:
+    sample = {"gateway": GATEWAY, "orders": ORDERS, "ledger": LEDGER}
+    artifacts = {"orders", "payments"}
+    ok = {"gateway": "outbox", "orders": "token", "ledger": "state"}
+    assert state_wiring_errors(sample, ok, artifacts) == []
+    errors = state_wiring_errors(sample, {**ok, "orders": "state", "ledger": "token"},
+                                 artifacts)
+    assert any("blobs" in e for e in errors)
+    assert any("sends to ledger" in e for e in errors)
+    # a state sender to an outbox or state receiver is fine (apart from artifacts)
+    assert state_wiring_errors(sample, {"orders": "state", "ledger": "outbox"}, set()) == []
+    assert load_settings(strategies={"ledger": "state"}).strategy("ledger") is Strategy.STATE
+    with pytest.raises(SettingsError, match="EO_STRATEGIES: orders=state"):
+        load_settings(strategies={"orders": "state"})
+
+
+# --- every bounded interleaving of two copies and another message ----------------------------
+
+LIMIT = 20_000
+
+
+async def _scenario(prefix: list[Choice]) -> tuple[Run, list[str]]:
+    world = StateWorld()
+    m1 = await world.envelope(AddMember("p", "a"), 1, token=True)
+    m2 = await world.envelope(AddMember("p", "b"), 2, token=True)
+    deliveries = [m1, m1, m2]
+    run = Run(prefix)
+    by_worker: dict[int, Envelope] = {}
+
+    def worker_for(envelope: Envelope) -> Callable[[int], Awaitable[None]]:
+        async def body(wid: int) -> None:
+            processor = world.processor(wrap=lambda name, port: GatedPort(port, run, wid, name))
+            by_worker[wid] = envelope
+            for _ in range(10):  # what the broker does: redeliver until settled
+                try:
+                    await processor.process(envelope)
+                    return
+                except (TransientError, PermanentError):
+                    continue
+        return body
+
+    workers = {i: worker_for(e) for i, e in enumerate(deliveries)}
+    next_id = [len(workers)]
+
+    def redeliver(wid: int) -> tuple[int, Callable[[int], Awaitable[None]]]:
+        next_id[0] += 1
+        return next_id[0], worker_for(by_worker.get(wid, deliveries[wid]))
+
+    await run.execute(workers, redeliver)
+    return run, _violations(world, [m1, m2])
+
+
+def _violations(world: StateWorld, messages: list[Envelope]) -> list[str]:
+    out = []
+    entries = world.stream.entries.get("p", [])
+    ids = [e.message_id for e in entries]
+    if sorted(ids) != sorted(m.message_id for m in messages):
+        out.append(f"one entry per message: {ids}")
+    state: Any = None
+    decoded = {m.message_id: SET_ALGEBRA.messages[m.type](**json.loads(m.body))
+               for m in messages}
+    for entry in entries:  # each snapshot is the handler applied to the one before it
+        ctx = Context(entry.message_id, uuid.UUID(entry.recorded["attempt_id"]),
+                      datetime.fromisoformat(entry.recorded["now"]))
+        decision = SET_ALGEBRA.handle(state, decoded[entry.message_id], ctx)
+        if decision.state != entry.state:
+            out.append(f"entry v{entry.version} is not its message applied to v{entry.version-1}")
+        state = entry.state
+        copies = {tuple(p) for p in world.published(_out(entry.message_id))}
+        if len(copies) != 1:
+            out.append(f"outputs of {entry.message_id}: {len(copies)} distinct versions")
+    if world.tokens.rows:
+        out.append(f"tokens left: {len(world.tokens.rows)}")
+    return out
+
+
+async def _explore(preemptions: int, crashes: int) -> tuple[int, list[str]]:
+    found: list[str] = []
+
+    async def one(prefix: list[Choice]) -> Run:
+        run, violations = await _scenario(prefix)
+        if violations and not found:
+            found.extend(f"schedule {prefix}: {v}" for v in violations)
+        return run
+
+    return await explore(one, preemptions, crashes, LIMIT), found
+
+
+async def test_every_schedule_within_two_preemptions_keeps_one_entry_per_message() -> None:
+    explored, violations = await _explore(preemptions=2, crashes=0)
+    print(f"\nstate strategy interleavings checked: {explored}")
+    assert violations == []
+    assert 100 <= explored < LIMIT  # the whole bounded space
+
+
+async def test_every_schedule_with_one_crash_keeps_one_entry_per_message() -> None:
+    explored, violations = await _explore(preemptions=1, crashes=1)
+    print(f"\nstate strategy interleavings with one crash: {explored}")
+    assert violations == []
+    assert 100 <= explored < LIMIT
