@@ -10,42 +10,40 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from datetime import date, timedelta
+from datetime import timedelta
 from decimal import Decimal
-from types import MappingProxyType
 from typing import Any
 
 import httpx
 import pytest
 
 from adapters.http.client import CalleeRefused, HttpxRequests, http_client_resource
-from adapters.memory.broker import MemoryBroker, MemoryDelivery
+from adapters.memory.broker import MemoryBroker
 from adapters.memory.request_store import MemoryRequestStore
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import ManualClock, SeededIds
-from application.codec import encode
 from application.consumer import Settlement
-from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, RequestDeleted
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT, CountingSink
 from application.processor import Outcome, Processor, Strategy
 from domain.sample import ORDERS
-from domain.sample.messages import AddItem, PlaceOrder, SubmitOrder, natural_id
 from domain.sample.orders import AWAITING_PAYMENT, CONFIRMED, REJECTED
 from domain.sample.payments import open_account
 from entrypoints.embedded import SampleSystem
 from entrypoints.http_status import StatusServer
 from entrypoints.payments_app import create_payments_app
 from entrypoints.settings import Settings
+from tests.support.orders_flow import CUSTOMER, ORDER, ready_order
+from tests.support.orders_flow import take as _take
 from tests.support.world import crash
 
 REGION = "eu-west-1"
 TOKEN, LIMIT = "side-effects-token", 4096
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-CUSTOMER, ORDER = 7, 1
 
 
 @pytest.fixture(scope="module")
@@ -127,32 +125,8 @@ async def wired(moto_endpoint: str, failpoints: str | None = None, balance: str 
             await server.stop()
 
 
-def _envelope(message: object, *parts: object) -> Envelope:
-    name = type(message).__name__
-    return Envelope(natural_id(name, *parts), name, encode(message),
-                    MappingProxyType({TOKEN_HEADER: "1"}))
-
-
 async def _ready_order(w: Wired, price: str = "100.00") -> Envelope:
-    """Place a one-line order; returns the SubmitOrder (its token created) that finalises it."""
-    processor = w.system.processor("orders")
-    place = _envelope(PlaceOrder(ORDER, CUSTOMER, date(1996, 1, 2), "1-URGENT", 1), ORDER)
-    item = _envelope(AddItem(ORDER, 1, 155, Decimal(1), Decimal(price), Decimal(0), Decimal(0)),
-                     ORDER, 1)
-    submit = _envelope(SubmitOrder(ORDER, 0), ORDER)
-    await w.system.tokens.create([place, item, submit])
-    for envelope in (place, item):
-        assert await processor.process(envelope) is Outcome.PROCESSED
-    return submit
-
-
-async def _take(broker: MemoryBroker, queue: str, consumer: str = "test") -> MemoryDelivery:
-    """The next delivery of `queue` for `consumer` (left unsettled)."""
-    deliveries = broker.consume(queue, consumer)
-    try:
-        return await asyncio.wait_for(anext(deliveries), 2.0)
-    finally:
-        await deliveries.aclose()
+    return await ready_order(w.system, price)
 
 
 async def _submitted(w: Wired, price: str = "100.00") -> tuple[Envelope, uuid.UUID]:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import date
 from decimal import Decimal
-from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from adapters.memory.token_store import MemoryTokenStore
 from adapters.system.clock import ManualClock, SeededIds
 from application.codec import decode, encode
 from application.consumer import Consumer, Settlement
-from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, PermanentError, TransientError
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
@@ -29,22 +27,18 @@ from application.processor import Outcome, Ports, Processor, Strategy
 from domain.context import HttpResponse
 from domain.sample import ORDERS, PAYMENTS
 from domain.sample.messages import (
-    AddItem,
     OrderConfirmed,
     OrderRejected,
     PaymentRequest,
-    PlaceOrder,
-    SubmitOrder,
-    natural_id,
 )
 from domain.sample.orders import AWAITING_PAYMENT, CONFIRMED, REJECTED
 from domain.sample.payments import open_account
 from entrypoints.embedded import PAYMENT_REQUEST, SampleSystem
 from entrypoints.settings import Settings
+from tests.support.orders_flow import CUSTOMER, ORDER, take
+from tests.support.orders_flow import ready_order as _ready_order_of
 from tests.support.world import crash
 
-CUSTOMER = 7
-ORDER = 1
 R1, R2 = uuid.UUID(int=101), uuid.UUID(int=102)
 
 
@@ -90,34 +84,12 @@ def _order(system: SampleSystem) -> Any:
     return system.stores["orders"].partitions[str(ORDER)].state
 
 
-def _envelope(message: object, *parts: object) -> Envelope:
-    name = type(message).__name__
-    return Envelope(
-        natural_id(name, *parts), name, encode(message), MappingProxyType({TOKEN_HEADER: "1"})
-    )
-
-
 async def _ready_order(system: SampleSystem, price: str = "100.00") -> Envelope:
-    """Place a one-line order; returns the SubmitOrder (its token created) that finalises it."""
-    processor = system.processor("orders")
-    place = _envelope(PlaceOrder(ORDER, CUSTOMER, date(1996, 1, 2), "1-URGENT", 1), ORDER)
-    item = _envelope(
-        AddItem(ORDER, 1, 155, Decimal(1), Decimal(price), Decimal(0), Decimal(0)), ORDER, 1
-    )
-    submit = _envelope(SubmitOrder(ORDER, 0), ORDER)
-    await system.tokens.create([place, item, submit])
-    for envelope in (place, item):
-        assert await processor.process(envelope) is Outcome.PROCESSED
-    return submit
+    return await _ready_order_of(system, price)
 
 
 async def _take(broker: MemoryBroker, queue: str, consumer: str = "test") -> MemoryDelivery:
-    """The next delivery of `queue` for `consumer` (left unsettled)."""
-    deliveries = broker.consume(queue, consumer)
-    try:
-        return await asyncio.wait_for(anext(deliveries), 1.0)
-    finally:
-        await deliveries.aclose()
+    return await take(broker, queue, consumer, 1.0)
 
 
 def _orders_processor(system: SampleSystem, spec: str) -> Processor:
