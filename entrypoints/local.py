@@ -14,6 +14,7 @@ from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.postgres.pool import create_pool
 from adapters.postgres.request_store import PostgresRequestStore
+from adapters.postgres.state_stream import PostgresStateStream
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq.connection import RabbitConnection
@@ -24,6 +25,7 @@ from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.observability import CountingSink
 from application.ports import BlobStore, Clock, EventSink, HttpRequests, MessageDispatcher
+from application.processor import Strategy
 from domain.sample import PAYMENTS
 from entrypoints.container import crash_process
 from entrypoints.embedded import ENDPOINTS, SampleSystem
@@ -136,6 +138,14 @@ def failpoints(settings: Settings, rabbit: RabbitConnection) -> Failpoints | Non
     return Failpoints.from_spec(settings.failpoints, crash_process, rabbit.drop)
 
 
+def postgres_streams(pool: Any, clock: Clock, settings: Settings
+                     ) -> dict[str, PostgresStateStream]:
+    """The state streams (`eo_state_entry`) of the endpoints configured as `state`."""
+    return {name: PostgresStateStream(pool, name, endpoint.state_type, clock)
+            for name, endpoint in ENDPOINTS.items()
+            if settings.strategy(name) is Strategy.STATE}
+
+
 def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
     """The HTTP caller when payments is a separate service (`EO_PAYMENTS_URL`), else None
     (in-process callee)."""
@@ -174,6 +184,7 @@ class LocalContainer(containers.DeclarativeContainer):
     system = providers.Singleton(
         SampleSystem, settings=settings, clock=clock, ids=ids, events=events, broker=None,
         http=http, services=providers.Callable(services, settings),
+        streams=providers.Callable(postgres_streams, pool, clock, settings),
         tokens=tokens, blobs=blobs, requests=requests, failpoints=failpoints,
         dispatcher=dispatcher, stores=stores, colocated_tokens=colocated,
     )

@@ -58,11 +58,17 @@ async def migrate(settings: Settings) -> None:
 
 async def _sweep_forever(sweeper: Sweeper, system: SampleSystem, metrics: Metrics,
                          interval_s: float) -> None:
+    name = sweeper.endpoint
+    retention = system.state_retention(name) if name in system.streams else None
     while True:
         try:
             report = await sweeper.sweep()
             if any(vars(report).values()):
-                log.info("sweeper.swept", endpoint=sweeper.endpoint, **vars(report))
+                log.info("sweeper.swept", endpoint=name, **vars(report))
+            if retention is not None:  # a state endpoint: its stream is the dedup window
+                dropped = await retention.sweep()
+                if dropped:
+                    log.info("sweeper.state_truncated", endpoint=name, entries=dropped)
             metrics.tokens.set(await system.tokens.count())
             stale = await sweeper.store.committed_before(datetime.now(UTC))
             oldest = min((t.committed_at for t in stale if t.committed_at), default=None)

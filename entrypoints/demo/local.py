@@ -26,6 +26,7 @@ import httpx
 from pydantic import SecretStr
 
 from adapters.postgres.pool import create_pool
+from adapters.postgres.state_stream import PostgresStateStream
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
@@ -34,6 +35,7 @@ from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
 from application.codec import encode
 from application.envelope import Envelope
+from application.processor import Strategy
 from domain.sample.payments import open_account
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.run import DemoReport, _Later
@@ -95,6 +97,8 @@ class Fleet:
                     "EO_S3_BUCKET": settings.s3_bucket,
                     "EO_S3_ACCESS_KEY": _secret(settings.s3_access_key),
                     "EO_S3_SECRET_KEY": _secret(settings.s3_secret_key),
+                    "EO_STRATEGIES": json.dumps({k: str(v)
+                                                 for k, v in settings.strategies.items()}),
                     "EO_PAYMENTS_URL": self.payments_url,
                     "EO_PAYMENTS_PORT": str(settings.payments_port),
                     "EO_PAYMENTS_TOKEN": secrets.token_urlsafe(24)}
@@ -284,10 +288,11 @@ async def _publish(rabbit: RabbitConnection, sample: TpchSample, rate: float,
 
 
 async def _settled_orders(pool: asyncpg.Pool) -> int:
+    """Orders confirmed or rejected so far (orders is always a token endpoint; the ledger
+    may keep its state in a stream)."""
     value = await pool.fetchval(
-        "SELECT coalesce(sum(jsonb_array_length(state->'confirmed') + "
-        "jsonb_array_length(state->'rejected')), 0) FROM eo_transaction_record "
-        "WHERE endpoint = 'ledger' AND state IS NOT NULL")
+        "SELECT count(*) FROM eo_transaction_record WHERE endpoint = 'orders' "
+        "AND state->>'status' IN ('confirmed', 'rejected')")
     return int(value)
 
 
@@ -310,6 +315,10 @@ async def _report(settings: Settings, sample: TpchSample, stores: dict[str, Any]
                   pool: asyncpg.Pool, fleet: Fleet, injected: int, notes: list[str],
                   seconds: float) -> DemoReport:
     st = {name: await s.states() for name, s in stores.items()}
+    for name in ENDPOINTS:  # a state endpoint's business state is its stream's newest
+        if settings.strategy(name) is Strategy.STATE:
+            st[name] = await PostgresStateStream(pool, name, ENDPOINTS[name].state_type,
+                                                 SystemClock()).states()
     async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
                                   "local") as client:
         blobs = await S3BlobStore(client, settings.s3_bucket).keys()
