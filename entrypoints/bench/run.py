@@ -1,4 +1,5 @@
-"""The runs of `eo bench`: at-least-once baseline, outbox path, token path; same handler."""
+"""The runs of `eo bench`: at-least-once baseline, outbox, token and state paths; same
+handler."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
+from adapters.postgres.state_stream import PostgresStateStream
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq import topology
@@ -36,11 +38,14 @@ from entrypoints.bench.counting import CountingPool
 from entrypoints.bench.report import BenchResult, Params, PathResult, percentile_ms
 from entrypoints.operations import ensure_database
 
-PATHS = ("baseline", "outbox", "token")
+PATHS = ("baseline", "outbox", "token", "state")
 RETRY_DELAYS_S = (0.05, 0.2, 1.0, 5.0)
 BATCH = 50  #: publishes awaiting their confirms at once
 _EO_TABLES = ("eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
-              "eo_processed_message", "eo_stored_reply")
+              "eo_processed_message", "eo_stored_reply", "eo_state_entry")
+#: the state path's business state: the newest snapshot of each partition's stream
+_NEWEST = ("(SELECT DISTINCT ON (partition_key) state FROM eo_state_entry WHERE endpoint = $1 "
+           "ORDER BY partition_key, version DESC) AS newest")
 _LOCK = "SELECT state FROM bench_baseline_state WHERE account = $1 FOR UPDATE"
 _CREATE = "INSERT INTO bench_baseline_state (account) VALUES ($1) ON CONFLICT DO NOTHING"
 _SAVE = "UPDATE bench_baseline_state SET state = $2 WHERE account = $1"
@@ -150,10 +155,13 @@ def _consumer(path: str, pool: Any, work: str, sink: str, service: RabbitConnect
     clock = SystemClock()
     # tokens in the endpoint database: protocol 3.2's co-located fast path, as the local
     # profile runs it when EO_TOKEN_DSN is unset
+    state = path == "state"  # the state path keeps no TR and creates no token
     ports = Ports(PostgresTokenStore(pool),
                   PostgresTransactionalStore(pool, work, bench.Balance, clock,
-                                             holds_tokens=True),
-                  dispatcher, clock, uuid.uuid4, CountingSink(), colocated_tokens=True)
+                                             holds_tokens=not state),
+                  dispatcher, clock, uuid.uuid4, CountingSink(), colocated_tokens=not state,
+                  state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
+                  if state else None)
     return Consumer(Processor(endpoint, ports, Strategy(path)), retry_delays=RETRY_DELAYS_S)
 
 
@@ -189,7 +197,8 @@ async def _run(params: Params, path: str, pool: Any, admin: Any, service: Rabbit
     rows = await _at_rest(admin, path, work, incoming, receiver.output_ids)
     await _queues(driver, work, sink, declare=False)
     seconds, counts = (receiver.last_ns - start_ns) / 1e9, counting.counts
-    dedup = {"baseline": 0, "outbox": rows["inbox_rows"], "token": rows["incoming_tokens_left"]}
+    dedup = {"baseline": 0, "outbox": rows["inbox_rows"], "token": rows["incoming_tokens_left"],
+             "state": rows["stream_entries"]}
     return PathResult(
         path, seconds, n / seconds, percentile_ms(receiver.latencies_ns, 0.50),
         percentile_ms(receiver.latencies_ns, 0.99), counts.total / n, counts.resets / n,
@@ -227,8 +236,10 @@ async def _at_rest(admin: Any, path: str, work: str, incoming: list[uuid.UUID],
     queries = {
         "incoming_tokens_left": ("SELECT count(*) FROM eo_token WHERE message_id = ANY($1)",
                                  incoming),
-        "processed": (f"SELECT {_COUNT} FROM eo_transaction_record WHERE endpoint = $1", work)
-        if eo else (f"SELECT {_COUNT} FROM bench_baseline_state", None),
+        "processed": (f"SELECT {_COUNT} FROM bench_baseline_state", None) if not eo
+        else (f"SELECT {_COUNT} FROM {_NEWEST}", work) if path == "state"
+        else (f"SELECT {_COUNT} FROM eo_transaction_record WHERE endpoint = $1", work),
+        "stream_entries": ("SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", work),
         "inbox_rows": ("SELECT count(*) FROM eo_processed_message WHERE endpoint = $1", work),
         "side_effect_records_left": (
             "SELECT count(*) FROM eo_side_effect_record WHERE endpoint = $1", work),

@@ -59,6 +59,11 @@ async def test_every_path_processes_every_message_and_leaves_what_it_should(
         assert 0 <= p.p50_ms <= p.p99_ms, p.path
 
     token, outbox, baseline = paths["token"], paths["outbox"], paths["baseline"]
+    state = paths["state"]
+    assert state.at_rest["stream_entries"] == MESSAGES  # one entry per message, at rest
+    assert state.dedup_rows_at_rest == MESSAGES
+    assert state.at_rest["incoming_tokens_left"] == 0
+    assert state.at_rest["output_tokens"] == 0  # a state endpoint creates no token
     assert token.dedup_rows_at_rest == 0  # I9: nothing left behind by the token path
     assert outbox.at_rest["inbox_rows"] == MESSAGES  # one inbox row per message, until purged
     assert outbox.dedup_rows_at_rest == MESSAGES
