@@ -153,3 +153,36 @@ async def explore(
         explored += 1
         stack.extend(reversed(children(run.trace, len(prefix), max_preemptions, max_crashes)))
     return explored
+
+
+async def run_deliveries(
+    run: Run,
+    deliveries: list[Any],
+    make_processor: Callable[[int], Any],
+    settle_errors: tuple[type[BaseException], ...],
+) -> None:
+    """One worker per delivery under `run`, each with `make_processor(worker_id)`, retrying
+    on `settle_errors` as a broker redelivers; a crashed worker's delivery is redelivered to
+    a new worker (a new process)."""
+    by_worker: dict[int, Any] = {}
+
+    def worker_for(envelope: Any) -> Callable[[int], Awaitable[None]]:
+        async def body(wid: int) -> None:
+            processor = make_processor(wid)
+            by_worker[wid] = envelope
+            for _ in range(10):  # what the broker does: redeliver until settled
+                try:
+                    await processor.process(envelope)
+                    return
+                except settle_errors:
+                    continue
+        return body
+
+    workers = {i: worker_for(e) for i, e in enumerate(deliveries)}
+    next_id = [len(workers)]
+
+    def redeliver(wid: int) -> tuple[int, Callable[[int], Awaitable[None]]]:
+        next_id[0] += 1
+        return next_id[0], worker_for(by_worker.get(wid, deliveries[wid]))
+
+    await run.execute(workers, redeliver)

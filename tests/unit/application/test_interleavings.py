@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Awaitable, Callable
 
-from application.envelope import Envelope
 from application.errors import PermanentError, TransientError
 from application.finisher import Finisher
 from application.processor import Processor
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
-from tests.support.scheduler import Choice, GatedPort, Run, explore
+from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.world import World
 
 #: Upper bound on schedules per exploration (a safety net: the bounded spaces below are
@@ -32,31 +30,14 @@ async def _scenario(prefix: list[Choice], copies: int, others: int,
     for e in deliveries:  # the probe replaced the token store: tokens go in again
         await world.tokens.create([e])
     run = Run(prefix)
-    by_worker: dict[int, Envelope] = {}
 
-    def worker_for(envelope: Envelope) -> Callable[[int], Awaitable[None]]:
-        async def body(wid: int) -> None:
-            processor: Processor = world.processor(
-                wrap=lambda name, port: GatedPort(port, run, wid, name))
-            if finisher is not None:
-                processor.finisher.__class__ = finisher
-            by_worker[wid] = envelope
-            for _ in range(10):  # what the broker does: redeliver until settled
-                try:
-                    await processor.process(envelope)
-                    return
-                except (TransientError, PermanentError):
-                    continue
-        return body
+    def make_processor(wid: int) -> Processor:
+        processor = world.processor(wrap=lambda name, port: GatedPort(port, run, wid, name))
+        if finisher is not None:
+            processor.finisher.__class__ = finisher
+        return processor
 
-    workers = {i: worker_for(e) for i, e in enumerate(deliveries)}
-    next_id = [len(workers)]
-
-    def redeliver(wid: int) -> tuple[int, Callable[[int], Awaitable[None]]]:
-        next_id[0] += 1
-        return next_id[0], worker_for(by_worker.get(wid, deliveries[wid]))
-
-    await run.execute(workers, redeliver)
+    await run_deliveries(run, deliveries, make_processor, (TransientError, PermanentError))
     await world.quiesce()
     violations += check(world, {e.message_id for e in deliveries})
     return run, violations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -36,7 +36,7 @@ from domain.sample import LEDGER, ORDERS
 from domain.sample.gateway import GATEWAY
 from entrypoints.settings import SettingsError, load_settings
 from tests.support.counter import COUNTER, Add
-from tests.support.scheduler import Choice, GatedPort, Run, explore
+from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.set_algebra import SET_ALGEBRA, AddMember, Members, RemoveMember
 from tests.support.world import RecordingDispatcher
 
@@ -235,28 +235,10 @@ async def _scenario(prefix: list[Choice]) -> tuple[Run, list[str]]:
     m2 = await world.envelope(AddMember("p", "b"), 2, token=True)
     deliveries = [m1, m1, m2]
     run = Run(prefix)
-    by_worker: dict[int, Envelope] = {}
-
-    def worker_for(envelope: Envelope) -> Callable[[int], Awaitable[None]]:
-        async def body(wid: int) -> None:
-            processor = world.processor(wrap=lambda name, port: GatedPort(port, run, wid, name))
-            by_worker[wid] = envelope
-            for _ in range(10):  # what the broker does: redeliver until settled
-                try:
-                    await processor.process(envelope)
-                    return
-                except (TransientError, PermanentError):
-                    continue
-        return body
-
-    workers = {i: worker_for(e) for i, e in enumerate(deliveries)}
-    next_id = [len(workers)]
-
-    def redeliver(wid: int) -> tuple[int, Callable[[int], Awaitable[None]]]:
-        next_id[0] += 1
-        return next_id[0], worker_for(by_worker.get(wid, deliveries[wid]))
-
-    await run.execute(workers, redeliver)
+    await run_deliveries(
+        run, deliveries,
+        lambda wid: world.processor(wrap=lambda name, port: GatedPort(port, run, wid, name)),
+        (TransientError, PermanentError))
     return run, _violations(world, [m1, m2])
 
 
