@@ -26,12 +26,14 @@ from entrypoints.demo.tpch import TpchSample, generate
 from entrypoints.embedded import ENDPOINTS
 from entrypoints.logging import StructlogEventSink, configure_logging
 from entrypoints.operations import inspect, migrate_all
+from entrypoints.pipeline.cli import pipeline_app
 from entrypoints.service import run_consumer, run_payments
 from entrypoints.settings import Settings, SettingsError, load_settings
 
 app = typer.Typer(help="Exactly-once service template: run the demo, inspect the protocol.",
                   no_args_is_help=True, add_completion=False)
 console = Console(stderr=False)
+app.add_typer(pipeline_app, name="pipeline")
 
 
 def _settings(**overrides: object) -> Settings:

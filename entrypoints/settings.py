@@ -85,6 +85,14 @@ class Settings(BaseSettings):
     http_timeout_s: float = Field(10.0, gt=0, description="caller's HTTP timeouts")
     duplicate_rate: float = Field(0.0, ge=0, le=1,
                                   description="fault injection: share of dispatches re-published")
+    spark_master: str = Field("local[*]", min_length=1,
+                              description="Spark master of `eo pipeline` (local[*], spark://...)")
+    spark_driver_memory: str = Field("1g", pattern=r"^\d+[kmgt]?$",
+                                     description="spark.driver.memory, e.g. 1g")
+    spark_jdbc_jar: Path | None = Field(
+        None, description="PostgreSQL JDBC driver jar; default: Debian's libpostgresql-jdbc-java")
+    audit_older_than_s: float = Field(
+        3600.0, ge=0, description="audit: orphans, tokens and unfinished TRs older than this")
 
     @field_validator("failpoints")
     @classmethod
