@@ -85,7 +85,8 @@ def _secret(value: SecretStr | None) -> str:
 class Fleet:
     """The consumer processes (`eo consume --endpoint X`), their logs, kill and restart."""
 
-    def __init__(self, settings: Settings, log_dir: Path, duplicate_rate: float) -> None:
+    def __init__(self, settings: Settings, log_dir: Path, duplicate_rate: float,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.log_dir = log_dir
         self.payments_url = f"http://127.0.0.1:{settings.payments_port}"
         self.env = {**os.environ, "EO_PROFILE": "local",
@@ -101,19 +102,22 @@ class Fleet:
                                                  for k, v in settings.strategies.items()}),
                     "EO_PAYMENTS_URL": self.payments_url,
                     "EO_PAYMENTS_PORT": str(settings.payments_port),
-                    "EO_PAYMENTS_TOKEN": secrets.token_urlsafe(24)}
+                    "EO_PAYMENTS_TOKEN": secrets.token_urlsafe(24),
+                    "EO_POOL_SIZE": "3", **(extra_env or {})}
         self.env.pop("EO_TOKEN_DSN", None)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
 
-    def start(self, name: str, endpoint: str) -> None:
-        """Start (or restart) process `name` consuming `endpoint` (`payments`: the callee)."""
+    def start(self, name: str, endpoint: str, env: dict[str, str] | None = None) -> None:
+        """Start (or restart) process `name` consuming `endpoint` (`payments`: the callee),
+        with `env` over the fleet's environment (e.g. `EO_FAILPOINTS` for this process)."""
         self.starts[name] += 1
         log = (self.log_dir / f"{name}.{self.starts[name]}.jsonl").open("wb")
         args = ["serve-payments"] if endpoint == "payments" else ["consume", "--endpoint",
                                                                   endpoint]
         command = [sys.executable, "-c", "from entrypoints.cli import main; main()", *args]
-        self.procs[name] = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
+        self.procs[name] = subprocess.Popen(command, env={**self.env, **(env or {})},
+                                            stdout=log, stderr=log)
 
     async def wait_for_payments(self, timeout_s: float = 60.0) -> None:
         """Until the payments callee answers /health; RuntimeError if it died or never did."""

@@ -103,3 +103,32 @@ def generate(sf: float) -> TpchSample:
         expected=expected_orders(rows),
         order_customers={o: customer for o, customer, *_ in orders},
     )
+
+
+#: The TPC-H tables the pipeline reads (ingest: orders and lineitem; payments: customer).
+EXPORTED_TABLES = ("orders", "lineitem", "customer")
+
+
+def export_tables(sf: float, directory: Path, fmt: str = "parquet") -> dict[str, Path]:
+    """Generate TPC-H at scale factor `sf` (offline DuckDB) and write the `orders`, `lineitem`
+    and `customer` tables to `directory` as `<table>.parquet` or `<table>.csv` (with a header
+    row), the input dataset of `eo pipeline ingest` and `eo pipeline audit`.
+
+    Returns table name -> file written. Raises ValueError for a format other than parquet/csv.
+    Deterministic: same `sf` gives the same rows as `generate(sf)`.
+    """
+    if fmt not in ("parquet", "csv"):
+        raise ValueError(f"format must be parquet or csv, not {fmt!r}")
+    directory.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    with duckdb.connect(":memory:", config=_OFFLINE) as con:
+        quoted = extension_path().as_posix().replace("'", "''")
+        con.execute(f"LOAD '{quoted}'")
+        con.execute("CALL dbgen(sf = ?)", [sf])
+        for table in EXPORTED_TABLES:
+            target = directory / f"{table}.{fmt}"
+            options = "FORMAT parquet" if fmt == "parquet" else "FORMAT csv, HEADER true"
+            path = target.as_posix().replace("'", "''")
+            con.execute(f"COPY (SELECT * FROM {table}) TO '{path}' ({options})")
+            written[table] = target
+    return written
