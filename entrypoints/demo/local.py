@@ -37,6 +37,7 @@ from application.codec import encode
 from application.envelope import Envelope
 from application.processor import Strategy
 from domain.sample.payments import open_account
+from entrypoints.chaos.checks import at_rest, audit_logs, dead_letters, queue_depth, read_logs
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.run import DemoReport, _Later
 from entrypoints.demo.tpch import TpchSample
@@ -169,18 +170,6 @@ class Fleet:
         return counts
 
 
-async def _queue_depth(connection: aio_pika.abc.AbstractConnection, settings: Settings) -> int:
-    total = 0
-    for endpoint in ENDPOINTS:
-        names = topology.queue_names(endpoint, len(settings.retry_delays_s))
-        for name in (names.work, *names.retries):
-            channel = await connection.channel()
-            queue = await channel.declare_queue(name, passive=True)
-            total += queue.declaration_result.message_count or 0
-            await channel.close()
-    return total
-
-
 async def run_local_demo(
     settings: Settings,
     sample: TpchSample,
@@ -233,7 +222,6 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
     codes: dict[str, int | None] = {}
     try:
         injected = await _publish(rabbit, sample, duplicates, rng)
-        observer = await aio_pika.connect(settings.amqp())
         killed, idle, last = False, 0, -1
         # quiescent: queues empty and no order settled for a while (3 s when all are
         # settled; 15 s otherwise, e.g. when dead letters keep orders from completing)
@@ -246,12 +234,12 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                 notes.append(f"orders-0 killed (SIGKILL) at {done} settled orders, restarted")
                 fleet.start("orders-0", "orders")
                 killed = True
-            busy = await _queue_depth(observer, settings)
+            busy = await queue_depth(settings.amqp(), list(ENDPOINTS),
+                                     len(settings.retry_delays_s))
             idle = idle + 1 if busy == 0 and done == last else 0
             last = done
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"no quiescence after {timeout_s} s")
-        await observer.close()
         codes.update(fleet.stop_all(keep=("payments",)))
         # the final sweep may still DELETE requests on the callee: payments stops after it
         await _final_sweep(settings.model_copy(update={
@@ -328,28 +316,15 @@ async def _report(settings: Settings, sample: TpchSample, stores: dict[str, Any]
         blobs = await S3BlobStore(client, settings.s3_bucket).keys()
     oracle = check_oracle(sample, st["orders"], st["ledger"], st["payments"], blobs,
                           settings.credit_limit)
-    leftovers = {
-        "tokens": int(await pool.fetchval("SELECT count(*) FROM eo_token")),
-        "unfinished transaction records": int(await pool.fetchval(
-            "SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL")),
-        "side-effect records": int(await pool.fetchval(
-            "SELECT count(*) FROM eo_side_effect_record")),
-        "aborted artifacts (deferred clean-ups)": int(await pool.fetchval(
-            "SELECT count(*) FROM eo_deferred_cleanup")),
-        "requests on payments": int(await pool.fetchval("SELECT count(*) FROM eo_http_request")),
-    }
+    for violation in audit_logs(read_logs(fleet.log_dir)).violations:
+        oracle.fail(violation)  # I1, I2, I7 from the processes' logs
+    leftovers = await at_rest(pool)
     per_endpoint = fleet.events()
     events: Counter[str] = Counter()
     for (endpoint, event), n in per_endpoint.items():
         if endpoint != "payments":  # the in-process callee logs from the orders processes
             events[event] += n
-    connection = await aio_pika.connect(settings.amqp())
-    dead = 0
-    for endpoint in ENDPOINTS:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(f"{endpoint}.dlq", passive=True)
-        dead += queue.declaration_result.message_count or 0
-    await connection.close()
+    dead = (await dead_letters(settings.amqp(), list(ENDPOINTS), peek=False)).total
     await pool.close()
     settlements = Counter({
         "processed": events["transaction.committed"],
