@@ -74,11 +74,14 @@ class Failpoints:
         crash: Callable[[str], None],
         drop_conn: Callable[[], Awaitable[None]] | None = None,
         prefix: str = "",
+        on_fire: Callable[[str, str], None] | None = None,
     ) -> None:
         self._prefix = prefix
         self._rules = rules
         self._crash = crash
         self._drop_conn = drop_conn
+        #: told (name, action) before a rule's action runs (a log line: `fault.injected`)
+        self._on_fire = on_fire
         self.hits: Counter[str] = Counter()
         self.fired: Counter[str] = Counter()
 
@@ -88,15 +91,17 @@ class Failpoints:
         spec: str | None,
         crash: Callable[[str], None],
         drop_conn: Callable[[], Awaitable[None]] | None = None,
+        on_fire: Callable[[str, str], None] | None = None,
     ) -> Failpoints | None:
         """`Failpoints` for a non-empty spec, else None (the zero-cost "off")."""
         if not spec or not spec.strip():
             return None
-        return cls(parse(spec), crash, drop_conn)
+        return cls(parse(spec), crash, drop_conn, on_fire=on_fire)
 
     def scoped(self, prefix: str) -> Failpoints:
         """A view whose names get `prefix` (e.g. `callee.`), sharing rules and counters."""
-        view = Failpoints(self._rules, self._crash, self._drop_conn, self._prefix + prefix)
+        view = Failpoints(self._rules, self._crash, self._drop_conn, self._prefix + prefix,
+                          self._on_fire)
         view.hits, view.fired = self.hits, self.fired
         return view
 
@@ -110,6 +115,8 @@ class Failpoints:
         if not rule.fires(self.hits[name]):
             return
         self.fired[name] += 1
+        if self._on_fire is not None:
+            self._on_fire(name, rule.action)
         if rule.action == "crash":
             self._crash(name)
         elif rule.action == "raise":

@@ -16,11 +16,18 @@ TOKEN_CONSUMED: Final = "token.consumed"
 MESSAGE_DEAD_LETTERED: Final = "message.dead_lettered"
 MESSAGE_RETRIED: Final = "message.retried"
 SETTLEMENT_FAILED: Final = "message.settlement_failed"
+#: fault injection (protocol 10): a failpoint fired (`failpoint`, `action`)
+FAULT_INJECTED: Final = "fault.injected"
+#: the inbox relay (application/inbox_relay.py): one per row published and marked relayed,
+#: one per relay round that failed
+INBOX_RELAYED: Final = "inbox.relayed"
+INBOX_RELAY_FAILED: Final = "inbox.relay_failed"
 
 EVENTS: Final = (
     MESSAGE_RECEIVED, MESSAGE_DUPLICATE, HANDLER_INVOKED, TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT, SIDE_EFFECT_PUBLISHED, SIDE_EFFECT_CLEANED, TOKEN_CONSUMED,
-    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED,
+    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, INBOX_RELAYED,
+    INBOX_RELAY_FAILED,
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 
 from dependency_injector import containers, providers
 
@@ -13,8 +14,8 @@ from adapters.memory.request_store import MemoryRequestStore
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
-from application.observability import CountingSink
-from application.ports import MessageDispatcher
+from application.observability import FAULT_INJECTED, CountingSink
+from application.ports import EventSink, MessageDispatcher
 from entrypoints.embedded import SampleSystem
 from entrypoints.settings import Settings
 
@@ -25,9 +26,18 @@ def crash_process(name: str) -> None:
     os._exit(70)
 
 
-def failpoints_from(settings: Settings) -> Failpoints | None:
+def fault_logger(events: EventSink) -> Callable[[str, str], None]:
+    """The failpoints' `on_fire` hook: a `fault.injected` event (failpoint, action), emitted
+    before the action runs (a `crash` exits right after the line is written)."""
+    def on_fire(name: str, action: str) -> None:
+        events.emit(FAULT_INJECTED, failpoint=name, action=action)
+    return on_fire
+
+
+def failpoints_from(settings: Settings, events: EventSink) -> Failpoints | None:
     """Active failpoints of `EO_FAILPOINTS`, or None (zero cost) when unset."""
-    return Failpoints.from_spec(settings.failpoints, crash_process)
+    return Failpoints.from_spec(settings.failpoints, crash_process,
+                                on_fire=fault_logger(events))
 
 
 class EmbeddedContainer(containers.DeclarativeContainer):
@@ -39,7 +49,7 @@ class EmbeddedContainer(containers.DeclarativeContainer):
     clock = providers.Singleton(SystemClock)
     ids = providers.Object(uuid.uuid4)
     events = providers.Singleton(CountingSink)
-    failpoints = providers.Singleton(failpoints_from, settings)
+    failpoints = providers.Singleton(failpoints_from, settings, events)
     broker = providers.Singleton(MemoryBroker)
     dispatcher: providers.Object[MessageDispatcher | None] = providers.Object(None)
     tokens = providers.Singleton(MemoryTokenStore)

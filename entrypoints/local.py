@@ -12,6 +12,7 @@ from dependency_injector import containers, providers
 
 from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.postgres.inbox import PostgresInbox
 from adapters.postgres.pool import create_pool
 from adapters.postgres.request_store import PostgresRequestStore
 from adapters.postgres.state_stream import PostgresStateStream
@@ -27,8 +28,8 @@ from application.observability import CountingSink
 from application.ports import BlobStore, Clock, EventSink, HttpRequests, MessageDispatcher
 from application.processor import Strategy
 from domain.sample import PAYMENTS
-from entrypoints.container import crash_process
-from entrypoints.embedded import ENDPOINTS, SampleSystem
+from entrypoints.container import crash_process, fault_logger
+from entrypoints.embedded import BOUNDARY, ENDPOINTS, SampleSystem
 from entrypoints.http_status import Metrics
 from entrypoints.logging import StructlogEventSink
 from entrypoints.settings import Settings
@@ -133,9 +134,12 @@ def dispatcher(rabbit: RabbitConnection, settings: Settings,
     return DuplicatingDispatcher(real, settings.duplicate_rate, events)
 
 
-def failpoints(settings: Settings, rabbit: RabbitConnection) -> Failpoints | None:
-    """`EO_FAILPOINTS` with `crash` exiting the process and `drop_conn` dropping RabbitMQ."""
-    return Failpoints.from_spec(settings.failpoints, crash_process, rabbit.drop)
+def failpoints(settings: Settings, rabbit: RabbitConnection, events: EventSink
+               ) -> Failpoints | None:
+    """`EO_FAILPOINTS` with `crash` exiting the process and `drop_conn` dropping RabbitMQ;
+    each firing is logged first as `fault.injected` (name, action)."""
+    return Failpoints.from_spec(settings.failpoints, crash_process, rabbit.drop,
+                                on_fire=fault_logger(events))
 
 
 def postgres_streams(pool: Any, clock: Clock, settings: Settings
@@ -172,10 +176,11 @@ class LocalContainer(containers.DeclarativeContainer):
     pool = providers.Callable(lambda pools: pools.endpoint, pools)
     token_pool = providers.Callable(lambda pools: pools.tokens, pools)
     rabbit = providers.Resource(rabbit_resource, settings.provided.amqp.call())
-    failpoints = providers.Singleton(failpoints, settings, rabbit)
+    failpoints = providers.Singleton(failpoints, settings, rabbit, events)
     dispatcher = providers.Singleton(dispatcher, rabbit, settings, events)
     tokens = providers.Singleton(PostgresTokenStore, token_pool)
     requests = providers.Singleton(PostgresRequestStore, pool, "payments")
+    inbox = providers.Singleton(PostgresInbox, pool, BOUNDARY, clock)
     colocated = providers.Callable(lambda pools: pools.colocated, pools)
     stores = providers.Singleton(postgres_stores, pool, clock, colocated)
     blobs = providers.Resource(blob_resource, settings)
@@ -186,5 +191,5 @@ class LocalContainer(containers.DeclarativeContainer):
         http=http, services=providers.Callable(services, settings),
         streams=providers.Callable(postgres_streams, pool, clock, settings),
         tokens=tokens, blobs=blobs, requests=requests, failpoints=failpoints,
-        dispatcher=dispatcher, stores=stores, colocated_tokens=colocated,
+        dispatcher=dispatcher, stores=stores, colocated_tokens=colocated, inbox=inbox,
     )

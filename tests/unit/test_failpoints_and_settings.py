@@ -189,6 +189,23 @@ async def test_scoped_view_prefixes_names_and_shares_counters() -> None:
     assert not await _fires(callee, "before_ack")
 
 
+async def test_each_firing_is_reported_before_its_action_also_through_scoped_views() -> None:
+    log: list[tuple[str, str]] = []
+
+    def crash(name: str) -> None:
+        log.append(("crashed", name))
+
+    fp = Failpoints.from_spec("after_commit=crash@2;callee.before_reply=raise", crash,
+                              on_fire=lambda name, action: log.append((name, action)))
+    assert fp is not None
+    await fp.hit("after_commit")  # hit 1: does not fire, not reported
+    await fp.hit("after_commit")
+    with pytest.raises(TransientError):
+        await fp.scoped("callee.").hit("before_reply")
+    assert log == [("after_commit", "crash"), ("crashed", "after_commit"),
+                   ("callee.before_reply", "raise")]
+
+
 # --- settings ------------------------------------------------------------------------------
 
 
