@@ -19,6 +19,7 @@ from rich.table import Table
 from application.errors import PermanentError, TransientError
 from application.failpoints import NAMES, PREFIXES, parse
 from application.observability import CountingSink
+from entrypoints.chaos.cli import chaos
 from entrypoints.container import EmbeddedContainer
 from entrypoints.demo.local import demo_settings, run_local_demo
 from entrypoints.demo.run import DemoReport, DuplicatingDispatcher, run_demo
@@ -34,6 +35,7 @@ app = typer.Typer(help="Exactly-once service template: run the demo, inspect the
                   no_args_is_help=True, add_completion=False)
 console = Console(stderr=False)
 app.add_typer(pipeline_app, name="pipeline")
+app.command(name="chaos")(chaos)
 
 
 def _settings(**overrides: object) -> Settings:

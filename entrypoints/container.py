@@ -19,11 +19,14 @@ from application.ports import EventSink, MessageDispatcher
 from entrypoints.embedded import SampleSystem
 from entrypoints.settings import Settings
 
+#: The exit status of a process ended by a `crash` failpoint (EX_SOFTWARE of sysexits.h).
+CRASH_EXIT = 70
+
 
 def crash_process(name: str) -> None:
     """The `crash` failpoint action in a process: exit at once, no clean-up, no ack."""
     os.write(2, f"failpoint {name}: crash\n".encode())
-    os._exit(70)
+    os._exit(CRASH_EXIT)
 
 
 def fault_logger(events: EventSink) -> Callable[[str, str], None]:

@@ -303,14 +303,22 @@ async def _final_sweep(settings: Settings) -> None:
         await container.shutdown_resources()  # type: ignore[misc]
 
 
+async def business_states(settings: Settings, pool: asyncpg.Pool) -> dict[str, dict[str, Any]]:
+    """Every endpoint's business state per partition (payments included): the transaction
+    records' states, or the stream's newest snapshots for a `state` endpoint."""
+    stores = postgres_stores(pool, SystemClock())
+    states = {name: await store.states() for name, store in stores.items()}
+    for name in ENDPOINTS:
+        if settings.strategy(name) is Strategy.STATE:
+            states[name] = await PostgresStateStream(pool, name, ENDPOINTS[name].state_type,
+                                                     SystemClock()).states()
+    return states
+
+
 async def _report(settings: Settings, sample: TpchSample, stores: dict[str, Any],
                   pool: asyncpg.Pool, fleet: Fleet, injected: int, notes: list[str],
                   seconds: float) -> DemoReport:
-    st = {name: await s.states() for name, s in stores.items()}
-    for name in ENDPOINTS:  # a state endpoint's business state is its stream's newest
-        if settings.strategy(name) is Strategy.STATE:
-            st[name] = await PostgresStateStream(pool, name, ENDPOINTS[name].state_type,
-                                                 SystemClock()).states()
+    st = await business_states(settings, pool)
     async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
                                   "local") as client:
         blobs = await S3BlobStore(client, settings.s3_bucket).keys()

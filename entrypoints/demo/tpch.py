@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -52,6 +53,22 @@ class TpchSample:
     customers: tuple[tuple[int, Decimal], ...]
     expected: dict[int, ExpectedOrder]
     order_customers: dict[int, int]
+
+    def subset(self, order_keys: Iterable[int]) -> TpchSample:
+        """The sample restricted to `order_keys` (commands, oracle, order customers; every
+        customer is kept, so accounts open as in the full sample). Raises KeyError for an
+        order key the sample does not hold."""
+        keys = set(order_keys)
+        unknown = keys - self.expected.keys()
+        if unknown:
+            raise KeyError(f"orders not in the sample: {sorted(unknown)[:5]}")
+        return TpchSample(
+            commands=tuple(c for c in self.commands
+                           if getattr(c.message, "order_key", None) in keys),
+            customers=self.customers,
+            expected={k: v for k, v in self.expected.items() if k in keys},
+            order_customers={k: v for k, v in self.order_customers.items() if k in keys},
+        )
 
 
 def extension_path() -> Path:

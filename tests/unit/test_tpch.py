@@ -71,3 +71,16 @@ def test_orders_handler_reaches_the_oracle_on_tpch(sample: TpchSample) -> None:
         assert order.customer_key == sample.order_customers[key]
         assert tuple(line.line_number for line in order.lines) == expected.lines
         assert order.total == expected.total
+
+
+def test_a_subset_keeps_the_chosen_orders_commands_and_oracle_and_every_customer(
+        sample: TpchSample) -> None:
+    keys = [1, 3, 7]
+    part = sample.subset(keys)
+    assert set(part.expected) == set(keys) == set(part.order_customers)
+    assert {c.message.order_key for c in part.commands} == set(keys)  # type: ignore[attr-defined]
+    assert len(part.commands) == sum(
+        1 for c in sample.commands if c.message.order_key in keys)  # type: ignore[attr-defined]
+    assert part.customers == sample.customers
+    with pytest.raises(KeyError, match="999999"):
+        sample.subset([1, 999999])

@@ -1,0 +1,411 @@
+"""`eo chaos`: a randomized fault campaign on the TPC-H sample with real processes.
+
+Each run takes a few random orders of the sample (TPC-H sf=0.001), starts the service as
+processes (`eo serve-payments`, one gateway, two orders consumers, one ledger consumer) on
+PostgreSQL, RabbitMQ and one moto S3 server, and injects faults:
+
+- failpoints (protocol 10) in the processes' `EO_FAILPOINTS`: `crash` (the process exits at
+  once; the campaign restarts it, as an orchestrator would, without the failpoint), `raise`,
+  `sleep:<ms>` and `drop_conn` (the broker connection closes, deliveries are requeued);
+- `kill -9` of a random process at a random point of progress, then a restart;
+- duplicates: copies published at once (concurrent copies), copies published late, and after
+  quiescence copies of processed commands re-published (long after: the gateway's inbox
+  rows drop them);
+- out-of-order input: the commands of all orders are shuffled.
+
+Then quiescence, a graceful stop, the final sweep, and the checks: the sample's oracle on the
+run's orders (entrypoints/demo/oracle_check.py), I1/I2/I7 from the processes' logs, nothing
+left at rest (I8, I9), no dead letter and every order settled (I10; the fault budget per run is
+bounded and every rule fires at most twice, below the attempt limit).
+
+The fault plan of a run is a pure function of (seed, run index): `--seed N` replays the same
+plans and `--seed N --run K` replays run K alone. The processes' timing is not replayed (they
+are real processes); the plan is printed with each run so a violation can be reproduced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+from pydantic import SecretStr
+
+from adapters.postgres.pool import create_pool
+from adapters.rabbitmq import topology
+from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
+from adapters.s3.moto_server import MotoServer
+from adapters.system.clock import SystemClock
+from application.codec import encode
+from application.envelope import Envelope
+from application.failpoints import NAMES
+from application.observability import FAULT_INJECTED
+from domain.sample.payments import open_account
+from entrypoints.chaos.checks import (
+    at_rest,
+    audit_logs,
+    dead_letters,
+    queue_depth,
+    read_logs,
+)
+from entrypoints.container import CRASH_EXIT
+from entrypoints.demo.local import (
+    Fleet,
+    _final_sweep,
+    _publish,
+    _reset,
+    _settled_orders,
+    business_states,
+)
+from entrypoints.demo.oracle_check import check_oracle
+from entrypoints.demo.tpch import TpchSample
+from entrypoints.embedded import ENDPOINTS
+from entrypoints.local import postgres_stores
+from entrypoints.settings import Settings
+
+CAMPAIGN_DATABASE = "eo_chaos_campaign"
+#: The processes of one run: name -> endpoint.
+PROCESSES: dict[str, str] = {"payments": "payments", "gateway": "gateway",
+                             "orders-0": "orders", "orders-1": "orders", "ledger": "ledger"}
+#: Failpoints of the consumers (protocol 10), suffixed names with the sample's kinds and
+#: dispatch positions; the callee's own names for `eo serve-payments`.
+CONSUMER_POINTS: tuple[str, ...] = (
+    *sorted(n for n in NAMES if not n.startswith("callee.")),
+    "after_register:message", "after_register:blob", "after_register:http",
+    "after_create:message", "after_create:blob", "after_create:http",
+    "after_publish:1", "after_publish:2",
+)
+CALLEE_POINTS: tuple[str, ...] = ("callee.after_commit", "callee.before_reply")
+#: The HTTP caller's points fire in the orders processes only (the sample's HTTP caller).
+HTTP_CALLER_POINTS = frozenset({"after_put", "after_post", "before_delete", "after_delete",
+                                "after_register:http", "after_create:http"})
+TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
+          "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone",
+          "eo_state_entry")
+TRUNCATE = "TRUNCATE " + ", ".join(TABLES)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The faults of one run, drawn from (seed, run) alone.
+
+    - `orders`: the TPC-H order keys of the run;
+    - `failpoints`: process name -> `EO_FAILPOINTS` of its first start ("" for none);
+    - `kills`: (settled orders reached, process name) at which the process gets SIGKILL;
+    - `duplicate_rate`: share of commands published twice (half at once, half late);
+    - `republish`: commands re-published after quiescence (long-after duplicates);
+    - `shuffle_seed`: the publication order of the commands.
+    """
+
+    seed: int
+    run: int
+    orders: tuple[int, ...]
+    failpoints: dict[str, str]
+    kills: tuple[tuple[int, str], ...]
+    duplicate_rate: float
+    republish: int
+    shuffle_seed: int
+
+
+def _rng(seed: int, run: int) -> random.Random:
+    # a stable seed from hashlib (never hash(): randomised per process, protocol 11)
+    digest = hashlib.sha256(f"eo-chaos/{seed}/{run}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def _rule(rng: random.Random, points: tuple[str, ...]) -> str:
+    name = rng.choice(points)
+    action = rng.choices(["crash", "raise", "drop_conn", "sleep"], weights=[4, 2, 2, 2])[0]
+    if action == "sleep":
+        action = f"sleep:{rng.choice([50, 200, 800])}"
+    hit = rng.randint(1, 12)
+    # crash and drop_conn once; raise/sleep on one hit or on the first two
+    mode = "@" if action in ("crash", "drop_conn") or rng.random() < 0.5 else "*"
+    return f"{name}={action}{mode}{hit if mode == '@' else min(hit, 2)}"
+
+
+def plan_run(seed: int, run: int, order_keys: list[int], orders_per_run: int = 20,
+             max_faults: int = 4) -> RunPlan:
+    """The fault plan of run `run` of campaign `seed`: `orders_per_run` orders drawn from
+    `order_keys`, up to `max_faults` failpoint rules and kills. Deterministic."""
+    rng = _rng(seed, run)
+    orders = tuple(sorted(rng.sample(order_keys, min(orders_per_run, len(order_keys)))))
+    failpoints = dict.fromkeys(PROCESSES, "")
+    faults = rng.randint(1, max_faults)
+    kills: list[tuple[int, str]] = []
+    for _ in range(faults):
+        process = rng.choice(list(PROCESSES))
+        if rng.random() < 0.3:
+            kills.append((rng.randint(0, max(0, len(orders) - 1)), process))
+            continue
+        if process == "payments":
+            points = CALLEE_POINTS
+        elif PROCESSES[process] == "orders":
+            points = CONSUMER_POINTS
+        else:
+            points = tuple(p for p in CONSUMER_POINTS if p not in HTTP_CALLER_POINTS)
+        rule = _rule(rng, points)
+        if rule.split("=")[0] not in failpoints[process]:  # one rule per name and process
+            failpoints[process] = ";".join(filter(None, [failpoints[process], rule]))
+    return RunPlan(seed=seed, run=run, orders=orders, failpoints=failpoints,
+                   kills=tuple(sorted(kills)), duplicate_rate=rng.choice([0.1, 0.2, 0.3]),
+                   republish=rng.randint(0, 5), shuffle_seed=rng.getrandbits(32))
+
+
+@dataclass
+class RunResult:
+    """What one run did and found."""
+
+    plan: RunPlan
+    seconds: float = 0.0
+    deliveries_published: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    confirmed: int = 0
+    rejected: int = 0
+
+
+@dataclass
+class CampaignReport:
+    """Every run's result; `faults` and `violations` summed over runs."""
+
+    seed: int
+    runs: list[RunResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def faults(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for result in self.runs:
+            total.update(result.faults)
+        return total
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"run {r.plan.run}: {v}" for r in self.runs for v in r.violations]
+
+    def as_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (plans included, for replay)."""
+        return {"seed": self.seed, "seconds": round(self.seconds, 1), "runs": len(self.runs),
+                "faults": dict(self.faults), "violations": self.violations,
+                "per_run": [{**asdict(r.plan), "seconds": round(r.seconds, 1),
+                             "faults": dict(r.faults), "violations": r.violations,
+                             "deliveries_published": r.deliveries_published,
+                             "confirmed": r.confirmed, "rejected": r.rejected}
+                            for r in self.runs]}
+
+
+def campaign_settings(base: Settings, blob_dir: Path) -> Settings:
+    """`base` pointed at the campaign's own database (re-created at the start), with short
+    sweeps and enough attempts that a bounded number of faults never dead-letters."""
+    parts = urlsplit(base.database())
+    dsn = urlunsplit(parts._replace(path=f"/{CAMPAIGN_DATABASE}"))
+    return base.model_copy(update={
+        "profile": "local", "database_dsn": SecretStr(dsn), "token_dsn": None,
+        "blob_dir": blob_dir, "max_attempts": 12, "retry_delays_s": (0.05, 0.2, 0.5, 1.0)})
+
+
+async def run_campaign(
+    settings: Settings,
+    sample: TpchSample,
+    seed: int,
+    duration_s: float,
+    only_run: int | None = None,
+    orders_per_run: int = 20,
+    log_root: Path | None = None,
+    on_run: Callable[[RunResult], None] = lambda _r: None,
+    run_timeout_s: float = 240.0,
+) -> CampaignReport:
+    """Runs until `duration_s` has passed (at least one run), or only run `only_run`.
+
+    `settings`: from `campaign_settings`. Each run's logs go to `log_root/run-<k>` (a temp
+    directory, removed afterwards, when `log_root` is None). Raises what the services raise
+    when they are unreachable; violations are reported, not raised.
+    """
+    started = time.monotonic()
+    report = CampaignReport(seed=seed)
+    moto = MotoServer()
+    settings = settings.model_copy(update={
+        "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
+        "s3_secret_key": SecretStr("local")})
+    temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
+    root = log_root or temp
+    assert root is not None
+    try:
+        await _reset(settings)
+        pool = await create_pool(settings.database(), max_size=2)
+        try:
+            keys = sorted(sample.expected)
+            runs = [only_run] if only_run is not None else None
+            k = 0
+            while True:
+                index = runs[0] if runs else k
+                plan = plan_run(seed, index, keys, orders_per_run)
+                result = await _one_run(settings, sample, plan, pool, root / f"run-{index}",
+                                        run_timeout_s)
+                report.runs.append(result)
+                on_run(result)
+                k += 1
+                if runs or time.monotonic() - started >= duration_s:
+                    break
+        finally:
+            await pool.close()
+    finally:
+        moto.stop()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def _prepare(settings: Settings, pool: asyncpg.Pool, sample: TpchSample) -> None:
+    await pool.execute(TRUNCATE)
+    stores = postgres_stores(pool, SystemClock())
+    await stores["payments"].seed_states({
+        str(c): open_account(c, b, settings.credit_limit) for c, b in sample.customers})
+    connection = await aio_pika.connect(settings.amqp())
+    try:
+        for endpoint in ENDPOINTS:
+            names = topology.queue_names(endpoint, len(settings.retry_delays_s))
+            for name in (names.work, *names.retries, names.dead_letter):
+                channel = await connection.channel()
+                await channel.queue_delete(name)
+    finally:
+        await connection.close()
+    async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
+                                  "local") as client:
+        await ensure_bucket(client, settings.s3_bucket)
+        blobs = S3BlobStore(client, settings.s3_bucket)
+        for key in await blobs.keys():
+            await blobs.delete(key)
+
+
+async def _one_run(settings: Settings, full: TpchSample, plan: RunPlan, pool: asyncpg.Pool,
+                   log_dir: Path, timeout_s: float) -> RunResult:
+    started = time.monotonic()
+    result = RunResult(plan=plan)
+    sample = full.subset(plan.orders)
+    await _prepare(settings, pool, sample)
+    await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
+    fleet = Fleet(settings, log_dir, 0.0, extra_env={
+        "EO_MAX_ATTEMPTS": str(settings.max_attempts),
+        "EO_RETRY_DELAYS_S": json.dumps(list(settings.retry_delays_s)),
+        "EO_PAYMENTS_TOKEN": secrets.token_urlsafe(24)})
+    rabbit = RabbitConnection(settings.amqp())
+    await rabbit.start()
+    for endpoint in ENDPOINTS:
+        await topology.declare(rabbit.channel, endpoint, settings.retry_delays_s,
+                               settings.delivery_limit)
+    faults: Counter[str] = Counter()
+    try:
+        fleet.start("payments", "payments", {"EO_FAILPOINTS": plan.failpoints["payments"]})
+        await fleet.wait_for_payments()
+        for name, endpoint in PROCESSES.items():
+            if name != "payments":
+                fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
+        rng = random.Random(plan.shuffle_seed)
+        copies = await _publish(rabbit, sample, plan.duplicate_rate, rng)
+        result.deliveries_published = len(sample.commands) + copies
+        faults["duplicate (published twice)"] += copies
+        faults["out-of-order input (commands shuffled)"] += len(sample.commands)
+        kills = list(plan.kills)
+        settled = await _quiesce(settings, fleet, pool, len(sample.expected), kills, faults,
+                                 timeout_s, started, result.violations)
+        if settled < len(sample.expected):
+            result.violations.append(
+                f"I10: no quiescence after {timeout_s:.0f} s: {settled} of "
+                f"{len(sample.expected)} orders settled")
+        elif plan.republish:
+            late = rng.sample(list(sample.commands), min(plan.republish, len(sample.commands)))
+            dispatcher = RabbitDispatcher(rabbit)
+            await asyncio.gather(*(dispatcher.dispatch("gateway", Envelope(
+                c.message_id, type(c.message).__name__, encode(c.message))) for c in late))
+            faults["duplicate (re-published after processing)"] += len(late)
+            result.deliveries_published += len(late)
+            await _quiesce(settings, fleet, pool, len(sample.expected), [], faults,
+                           timeout_s, time.monotonic(), result.violations)
+        codes = fleet.stop_all(keep=("payments",))
+        await _final_sweep(settings.model_copy(update={
+            "payments_url": fleet.payments_url,
+            "payments_token": SecretStr(fleet.env["EO_PAYMENTS_TOKEN"])}))
+        # 0: a graceful stop; -SIGTERM: still starting up (no handler yet), nothing to lose
+        result.violations += [f"{n} exited {c} on SIGTERM" for n, c in codes.items()
+                              if c not in (0, -signal.SIGTERM)]
+    finally:
+        fleet.stop_all()
+        await rabbit.close()
+    await _check(settings, sample, pool, log_dir, result)
+    for record in read_logs(log_dir):
+        if record.get("event") == FAULT_INJECTED:
+            faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1
+    result.faults = faults
+    result.seconds = time.monotonic() - started
+    return result
+
+
+async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool, orders: int,
+                   kills: list[tuple[int, str]], faults: Counter[str], timeout_s: float,
+                   started: float, violations: list[str]) -> int:
+    """Until every order is settled and the queues stay empty for 2 polls, or the timeout.
+    Restarts processes that exited (a `crash` failpoint) without their failpoints, and
+    SIGKILLs (then restarts) processes when the plan's progress marks are reached."""
+    idle, last, settled = 0, -1, 0
+    while time.monotonic() - started < timeout_s:
+        await asyncio.sleep(0.5)
+        for name, proc in fleet.procs.items():
+            if proc.poll() is not None:
+                if proc.returncode == CRASH_EXIT:
+                    faults["process exit (crash failpoint)"] += 1
+                else:  # anything but the failpoint's exit is the service's own failure
+                    violations.append(f"{name} exited with {proc.returncode} during the run")
+                fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
+                if name == "payments":
+                    await fleet.wait_for_payments()
+        settled = await _settled_orders(pool)
+        while kills and kills[0][0] <= settled:
+            _, name = kills.pop(0)
+            fleet.kill(name)
+            faults["kill -9"] += 1
+            fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
+            if name == "payments":
+                await fleet.wait_for_payments()
+        busy = await queue_depth(settings.amqp(), list(ENDPOINTS), len(settings.retry_delays_s))
+        idle = idle + 1 if busy == 0 and settled == last and settled >= orders else 0
+        last = settled
+        if idle >= 2:
+            break
+    return settled
+
+
+async def _check(settings: Settings, sample: TpchSample, pool: asyncpg.Pool, log_dir: Path,
+                 result: RunResult) -> None:
+    states = await business_states(settings, pool)
+    async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
+                                  "local") as client:
+        blobs = await S3BlobStore(client, settings.s3_bucket).keys()
+    oracle = check_oracle(sample, states["orders"], states["ledger"], states["payments"],
+                          blobs, settings.credit_limit)
+    result.confirmed, result.rejected = oracle.confirmed, oracle.rejected
+    result.violations += [f"oracle: {v}" for v in oracle.violations]
+    result.violations += audit_logs(read_logs(log_dir)).violations
+    left = await at_rest(pool)
+    result.violations += [f"I8/I9: {n} {name} left at rest" for name, n in left.items() if n]
+    dead = await dead_letters(settings.amqp(), list(ENDPOINTS))
+    for endpoint, reasons in dead.reasons.items():
+        result.violations += [f"I10: {endpoint} dead-lettered a message: {r}" for r in reasons]

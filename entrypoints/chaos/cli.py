@@ -1,0 +1,90 @@
+"""`eo chaos`: the randomized fault campaign's command line (entrypoints/chaos/campaign.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import asyncpg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from application.errors import TransientError
+from entrypoints.chaos.campaign import CampaignReport, RunResult, campaign_settings, run_campaign
+from entrypoints.demo.tpch import generate
+from entrypoints.settings import SettingsError, load_settings
+
+console = Console()
+
+
+def chaos(
+    duration: Annotated[float, typer.Option(
+        help="seconds of campaign; runs start until this has passed (at least one run)")] = 60.0,
+    seed: Annotated[int, typer.Option(help="campaign seed: the same seed, the same plans")] = 1,
+    run: Annotated[int | None, typer.Option(
+        help="replay only this run of the campaign (see a violation's run number)")] = None,
+    orders_per_run: Annotated[int, typer.Option(min=1, help="TPC-H orders per run")] = 20,
+    log_dir: Annotated[Path | None, typer.Option(
+        help="keep each run's process logs here (default: a temp dir, removed)")] = None,
+    report: Annotated[Path | None, typer.Option(
+        help="write the campaign report (plans, faults, violations) as JSON here")] = None,
+) -> None:
+    """Randomized fault campaign on the TPC-H sample with real processes: kill -9 and
+    restarts, failpoints (crash, raise, sleep, drop_conn), duplicates and shuffled input;
+    after each run the oracle and the invariants. Exits 1 on any violation, 3 when a
+    service is unreachable. Uses the local profile's PostgreSQL and RabbitMQ (EO_DATABASE_DSN
+    names the server; the campaign uses its own database `eo_chaos_campaign`)."""
+    try:
+        base = load_settings(profile="local")
+    except SettingsError as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    blob_dir = Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-"))
+    settings = campaign_settings(base, blob_dir)
+    with console.status("generating TPC-H sf=0.001 with DuckDB"):
+        sample = generate(0.001)
+    console.print(f"eo chaos: seed {seed}, {duration:.0f} s, {orders_per_run} orders per run"
+                  + (f", run {run} only" if run is not None else ""))
+    try:
+        result = asyncio.run(run_campaign(settings, sample, seed, duration, run,
+                                          orders_per_run, log_dir, _print_run))
+    except (OSError, asyncpg.PostgresError, TransientError, TimeoutError) as exc:
+        Console(stderr=True).print(f"[red]campaign failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
+    _print_summary(result)
+    if report is not None:
+        report.write_text(json.dumps(result.as_json(), indent=2, default=str))
+        console.print(f"report: {report}")
+    if result.violations:
+        raise typer.Exit(1)
+
+
+def _print_run(result: RunResult) -> None:
+    plan = result.plan
+    rules = "; ".join(f"{n}: {r}" for n, r in plan.failpoints.items() if r) or "none"
+    kills = ", ".join(f"{n}@{k}" for k, n in plan.kills) or "none"
+    verdict = "[green]ok[/green]" if not result.violations else "[red]VIOLATION[/red]"
+    console.print(f"run {plan.run}: {len(plan.orders)} orders, {result.deliveries_published} "
+                  f"deliveries, {result.confirmed} confirmed / {result.rejected} rejected, "
+                  f"{result.seconds:.1f} s, {verdict}; failpoints {rules}; kill -9 {kills}")
+    for violation in result.violations:
+        console.print(f"  [red]{violation}[/red]")
+    if result.violations:
+        console.print(f"  replay: eo chaos --seed {plan.seed} --run {plan.run}")
+
+
+def _print_summary(report: CampaignReport) -> None:
+    table = Table(title=f"eo chaos: seed {report.seed}, {len(report.runs)} runs in "
+                        f"{report.seconds:.0f} s", show_header=False)
+    orders = sum(len(r.plan.orders) for r in report.runs)
+    deliveries = sum(r.deliveries_published for r in report.runs)
+    table.add_row("runs", f"{len(report.runs)}")
+    table.add_row("orders / deliveries published", f"{orders:,} / {deliveries:,}")
+    for kind, n in sorted(report.faults.items()):
+        table.add_row(f"faults: {kind}", f"{n:,}")
+    table.add_row("violations", str(len(report.violations)))
+    console.print(table)
