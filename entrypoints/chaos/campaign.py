@@ -211,11 +211,13 @@ class CampaignReport:
                             for r in self.runs]}
 
 
-def campaign_settings(base: Settings, blob_dir: Path) -> Settings:
-    """`base` pointed at the campaign's own database (re-created at the start), with short
-    sweeps and enough attempts that a bounded number of faults never dead-letters."""
+def campaign_settings(base: Settings, blob_dir: Path, database: str = CAMPAIGN_DATABASE
+                      ) -> Settings:
+    """`base` pointed at the campaign's own `database` on the same server (dropped and
+    re-created at the start), with enough attempts that a bounded number of faults never
+    dead-letters."""
     parts = urlsplit(base.database())
-    dsn = urlunsplit(parts._replace(path=f"/{CAMPAIGN_DATABASE}"))
+    dsn = urlunsplit(parts._replace(path=f"/{database}"))
     return base.model_copy(update={
         "profile": "local", "database_dsn": SecretStr(dsn), "token_dsn": None,
         "blob_dir": blob_dir, "max_attempts": 12, "retry_delays_s": (0.05, 0.2, 0.5, 1.0)})

@@ -14,7 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from application.errors import TransientError
-from entrypoints.chaos.campaign import CampaignReport, RunResult, campaign_settings, run_campaign
+from entrypoints.chaos.campaign import (
+    CAMPAIGN_DATABASE,
+    CampaignReport,
+    RunResult,
+    campaign_settings,
+    run_campaign,
+)
 from entrypoints.demo.tpch import generate
 from entrypoints.settings import SettingsError, load_settings
 
@@ -32,19 +38,22 @@ def chaos(
         help="keep each run's process logs here (default: a temp dir, removed)")] = None,
     report: Annotated[Path | None, typer.Option(
         help="write the campaign report (plans, faults, violations) as JSON here")] = None,
+    database: Annotated[str, typer.Option(
+        help="the campaign's own database on EO_DATABASE_DSN's server (dropped first!)")]
+        = CAMPAIGN_DATABASE,
 ) -> None:
     """Randomized fault campaign on the TPC-H sample with real processes: kill -9 and
     restarts, failpoints (crash, raise, sleep, drop_conn), duplicates and shuffled input;
     after each run the oracle and the invariants. Exits 1 on any violation, 3 when a
     service is unreachable. Uses the local profile's PostgreSQL and RabbitMQ (EO_DATABASE_DSN
-    names the server; the campaign uses its own database `eo_chaos_campaign`)."""
+    names the server; the campaign drops and re-creates its own database, `--database`)."""
     try:
         base = load_settings(profile="local")
     except SettingsError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     blob_dir = Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-"))
-    settings = campaign_settings(base, blob_dir)
+    settings = campaign_settings(base, blob_dir, database)
     with console.status("generating TPC-H sf=0.001 with DuckDB"):
         sample = generate(0.001)
     console.print(f"eo chaos: seed {seed}, {duration:.0f} s, {orders_per_run} orders per run"

@@ -60,10 +60,13 @@ def demo_settings(base: Settings, blob_dir: Path) -> Settings:
 
 
 async def _reset(settings: Settings) -> None:
+    """Drop and re-create the database `settings` names (then migrate), and delete the
+    endpoints' queues on its broker: a run starts from nothing."""
     parts = urlsplit(settings.database())
+    database = parts.path.lstrip("/").replace('"', '""')
     admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")))
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)')
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     finally:
         await admin.close()
     await ensure_database(settings.database())

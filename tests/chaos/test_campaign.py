@@ -39,7 +39,8 @@ def test_a_short_campaign_injects_faults_and_finds_no_violation(tmp_path: Path) 
         report = tmp_path / "report.json"
         result = CliRunner().invoke(app, [
             "chaos", "--duration", "0", "--seed", str(seed), "--orders-per-run",
-            str(ORDERS_PER_RUN), "--log-dir", str(tmp_path / "logs"), "--report", str(report)],
+            str(ORDERS_PER_RUN), "--log-dir", str(tmp_path / "logs"), "--report", str(report),
+            "--database", "eo_chaos_ci"],
             env={"EO_AMQP_URL": amqp, "EO_DATABASE_DSN": server, "EO_FAILPOINTS": ""})
     finally:
         services.close()
