@@ -95,6 +95,18 @@ CALLEE_POINTS: tuple[str, ...] = ("callee.after_commit", "callee.before_reply")
 #: The HTTP caller's points fire in the orders processes only (the sample's HTTP caller).
 HTTP_CALLER_POINTS = frozenset({"after_put", "after_post", "before_delete", "after_delete",
                                 "after_register:http", "after_create:http"})
+#: Points each endpoint's processes can reach: the gateway (outbox path) loads no token and
+#: makes neither blobs nor HTTP calls; the ledger sends nothing.
+POINTS: dict[str, tuple[str, ...]] = {
+    "orders": CONSUMER_POINTS,
+    "gateway": tuple(p for p in CONSUMER_POINTS if p not in HTTP_CALLER_POINTS
+                     and p not in ("after_token_load", "after_register:blob",
+                                   "after_create:blob", "after_publish:2")),
+    "ledger": tuple(p for p in CONSUMER_POINTS if p not in HTTP_CALLER_POINTS
+                    and not p.startswith(("after_register:", "after_create:",
+                                          "after_publish:"))),
+    "payments": CALLEE_POINTS,
+}
 TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
           "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone",
           "eo_state_entry")
@@ -129,9 +141,12 @@ def _rng(seed: int, run: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def _rule(rng: random.Random, points: tuple[str, ...]) -> str:
+def _rule(rng: random.Random, points: tuple[str, ...], broker: bool) -> str:
     name = rng.choice(points)
-    action = rng.choices(["crash", "raise", "drop_conn", "sleep"], weights=[4, 2, 2, 2])[0]
+    actions, weights = ["crash", "raise", "sleep", "drop_conn"], [4, 2, 2, 2]
+    if not broker:  # the callee has no broker connection to drop
+        actions, weights = actions[:3], weights[:3]
+    action = rng.choices(actions, weights=weights)[0]
     if action == "sleep":
         action = f"sleep:{rng.choice([50, 200, 800])}"
     hit = rng.randint(1, 12)
@@ -154,13 +169,8 @@ def plan_run(seed: int, run: int, order_keys: list[int], orders_per_run: int = 2
         if rng.random() < 0.3:
             kills.append((rng.randint(0, max(0, len(orders) - 1)), process))
             continue
-        if process == "payments":
-            points = CALLEE_POINTS
-        elif PROCESSES[process] == "orders":
-            points = CONSUMER_POINTS
-        else:
-            points = tuple(p for p in CONSUMER_POINTS if p not in HTTP_CALLER_POINTS)
-        rule = _rule(rng, points)
+        endpoint = PROCESSES[process]
+        rule = _rule(rng, POINTS[endpoint], broker=endpoint != "payments")
         if rule.split("=")[0] not in failpoints[process]:  # one rule per name and process
             failpoints[process] = ";".join(filter(None, [failpoints[process], rule]))
     return RunPlan(seed=seed, run=run, orders=orders, failpoints=failpoints,

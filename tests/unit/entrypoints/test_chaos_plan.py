@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from application.failpoints import parse
-from entrypoints.chaos.campaign import CALLEE_POINTS, HTTP_CALLER_POINTS, PROCESSES, plan_run
+from entrypoints.chaos.campaign import CALLEE_POINTS, POINTS, PROCESSES, plan_run
 
 KEYS = list(range(1, 6001, 4))  # order keys as TPC-H numbers them (sparse)
 
@@ -27,8 +27,9 @@ def test_plans_hold_valid_bounded_faults(seed: int) -> None:
     for process, parsed in rules.items():
         for name, rule in parsed.items():
             assert (name in CALLEE_POINTS) == (process == "payments")
-            if PROCESSES[process] != "orders":
-                assert name not in HTTP_CALLER_POINTS
+            assert name in POINTS[PROCESSES[process]]  # a point the process can reach
+            if process == "payments":
+                assert rule.action != "drop_conn"  # the callee has no broker connection
             # each rule fires at most twice: far below the attempt limit
             assert rule.mode == "@" or (rule.mode == "*" and rule.n <= 2)
     assert all(name in PROCESSES and 0 <= at < 12 for at, name in plan.kills)
