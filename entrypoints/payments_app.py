@@ -9,14 +9,20 @@ from collections.abc import Mapping
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import TypeAdapter
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from application.errors import TransientError
+from application.errors import PermanentError, TransientError
 from application.http_callee import CalleeResponse, HttpCallee
 from application.http_caller import STORED_RESPONSE_HEADER
+from application.ports import PutResult
 
 
 class _Refused(Exception):
@@ -77,24 +83,54 @@ def _answer(answer: CalleeResponse) -> Response:
 _BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
                      description="the token the callee is configured with")
 _Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
-_OBJECT = {"application/json": {"schema": {"type": "object"}}}
 _STORED = {STORED_RESPONSE_HEADER: {"description": "`true`: a stored business response, the "
                                     "same on every retry", "schema": {"type": "string",
                                                                       "enum": ["true"]}}}
+#: Every refusal and protocol answer: `{"error": "<what is wrong>"}` (422s add `detail`).
+_ERROR = {"type": "object", "required": ["error"],
+          "properties": {"error": {"type": "string", "minLength": 1}}}
+_PUT_RESULT = {"type": "object", "required": ["request_id", "result"], "properties": {
+    "request_id": {"type": "string", "format": "uuid"},
+    "result": {"type": "string", "enum": [str(r) for r in PutResult]}}}
+_BUSINESS = {"type": "object", "description": "the handler's stored reply body"}
 
 
-def _doc(description: str, stored: bool = False) -> dict[str, Any]:
-    return {"description": description, "content": _OBJECT, **({"headers": _STORED} if stored
-                                                              else {})}
+def _doc(description: str, schema: dict[str, Any] = _ERROR, stored: bool = False,
+         ) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}},
+            **({"headers": _STORED} if stored else {})}
 
 
 _COMMON: dict[int | str, dict[str, Any]] = {
     401: _doc("missing or wrong bearer token (`WWW-Authenticate: Bearer`)"),
+    405: _doc("method not allowed (`Allow` lists the resource's methods)"),
     413: _doc("body larger than the limit"),
     422: _doc("request ID not a UUID (validation detail)"),
     503: _doc("transient failure (e.g. store unreachable): retry; a request already "
               "processed is answered from its stored response"),
 }
+
+
+#: A decimal as text: pydantic's `Decimal` takes such a string (not "", NaN, or an exponent
+#: beyond what the decimal module represents), the pattern keeps exponents to 4 digits.
+_DECIMAL_TEXT = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d{1,4})?$"
+
+
+def _request_schema(callee: HttpCallee) -> dict[str, Any]:
+    """The JSON schema of the callee's request type (its message dataclass), so clients and
+    generators see the body the PUT accepts; pydantic documents a `Decimal` as "number or
+    any string", the string alternative gets the pattern it really must match."""
+    cls = callee.processor.endpoint.messages.get(callee.request_type)
+    if cls is None:
+        return {"type": "object"}
+    schema: dict[str, Any] = TypeAdapter(cls).json_schema()
+    for field in schema.get("properties", {}).values():
+        alternatives = field.get("anyOf", [])
+        if {"type": "number"} in alternatives:
+            for alternative in alternatives:
+                if alternative == {"type": "string"}:
+                    alternative["pattern"] = _DECIMAL_TEXT
+    return schema
 
 
 def create_payments_app(callee: HttpCallee, token: str, max_body_bytes: int = 65536) -> FastAPI:
@@ -115,20 +151,22 @@ def create_payments_app(callee: HttpCallee, token: str, max_body_bytes: int = 65
     router = APIRouter(prefix="/requests", tags=["requests"],
                        dependencies=[Depends(authenticate)], responses=_COMMON)
     body_doc = {"requestBody": {"required": True, "description": f"a {callee.request_type}",
-                                "content": _OBJECT}}
+                                "content": {"application/json": {
+                                    "schema": _request_schema(callee)}}}}
 
     @router.put("/{request_id}", status_code=201, openapi_extra=body_doc, responses={
-        201: _doc("stored"), 200: _doc("the same body was stored before"),
-        409: _doc("another body is stored under this ID"),
-        410: _doc("deleted: a late PUT cannot bring it back"),
+        201: _doc("stored", _PUT_RESULT), 200: _doc("the same body was stored before",
+                                                    _PUT_RESULT),
+        409: _doc("another body is stored under this ID", _PUT_RESULT),
+        410: _doc("deleted: a late PUT cannot bring it back", _PUT_RESULT),
         422: _doc("request ID not a UUID, or body not a valid request")})
     async def put_request(request_id: uuid.UUID, request: Request) -> Response:
         """Store a request, create-only."""
         return _answer(await callee.put(request_id, await request.body()))
 
     @router.post("/{request_id}", responses={
-        200: _doc("the stored business response (any status, e.g. 409 refused)", stored=True),
-        409: _doc("a stored business refusal", stored=True),
+        200: _doc("the stored business response", _BUSINESS, stored=True),
+        409: _doc("a stored business refusal", _BUSINESS, stored=True),
         404: _doc("unknown request (no stored-response header)"),
         422: _doc("request ID not a UUID, or the request was rejected")})
     async def post_request(request_id: uuid.UUID) -> Response:
@@ -136,8 +174,9 @@ def create_payments_app(callee: HttpCallee, token: str, max_body_bytes: int = 65
         return _answer(await callee.post(request_id))
 
     @router.get("/{request_id}", responses={
-        200: _doc("the stored business response", stored=True),
-        409: _doc("a stored business refusal", stored=True), 404: _doc("no stored response")})
+        200: _doc("the stored business response", _BUSINESS, stored=True),
+        409: _doc("a stored business refusal", _BUSINESS, stored=True),
+        404: _doc("no stored response")})
     async def get_request(request_id: uuid.UUID) -> Response:
         """The stored response of a request."""
         return _answer(await callee.get(request_id))
@@ -167,7 +206,34 @@ def create_payments_app(callee: HttpCallee, token: str, max_body_bytes: int = 65
         # the caller retries, never a 500 traceback
         return _refusal(503, str(exc))
 
+    async def permanent(_request: Request, exc: Exception) -> Response:
+        # data no retry can store (e.g. refused by the database): the client's to fix
+        return _refusal(422, cast(PermanentError, exc).reason)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        error = cast(HTTPException, exc)  # registered for HTTPException only
+        headers = dict(error.headers or {})
+        if error.status_code == 405:
+            # Starlette answers with the methods of the first route matching the path only;
+            # a client must see every method the resource has (RFC 9110, 15.5.6)
+            path = request.url.path
+            routes = [*router.routes, *app.routes]  # the router's are not in app.routes
+            allowed = sorted({method for route in routes if isinstance(route, APIRoute)
+                              and route.path_regex.match(path) for method in route.methods or ()})
+            headers["Allow"] = ", ".join(allowed)
+        return _refusal(error.status_code, str(error.detail), headers or None)
+
+    async def invalid(_request: Request, exc: Exception) -> Response:
+        errors = cast(RequestValidationError, exc).errors()
+        where = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else "request"
+        message = errors[0].get("msg", "invalid") if errors else "invalid request"
+        return JSONResponse({"error": f"{where}: {message}",
+                             "detail": jsonable_encoder(errors)}, status_code=422)
+
     app.add_exception_handler(_Refused, refused)
     app.add_exception_handler(TransientError, transient)
+    app.add_exception_handler(PermanentError, permanent)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid)
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
     return app

@@ -23,7 +23,10 @@ class InProcessHttp(HttpRequests):
         callee = self.callees.get(service)
         if scheme != "inproc" or callee is None or not path.startswith("requests/"):
             raise PermanentError(f"no in-process callee for {url}")
-        return callee, uuid.UUID(path.removeprefix("requests/"))
+        try:
+            return callee, uuid.UUID(path.removeprefix("requests/"))
+        except ValueError:  # a URL no retry can mend: the callee would answer 422
+            raise PermanentError(f"no request ID in {url}") from None
 
     async def put(self, url: str, body: bytes) -> None:
         callee, request_id = self._route(url)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from application.errors import TransientError
+from application.errors import PermanentError, TransientError
 
 #: Errors after which a retry may succeed: lost connections, timeouts, serialization
 #: failures and deadlocks, a server shutting down.
@@ -26,11 +26,17 @@ _TRANSIENT = (
 
 @asynccontextmanager
 async def translated() -> AsyncIterator[None]:
-    """Raise `TransientError` for driver errors a retry may fix; others pass unchanged."""
+    """Raise `TransientError` for driver errors a retry may fix, `PermanentError` for data
+    the server refuses whatever the retry (SQLSTATE class 22, e.g. U+0000 in a jsonb string
+    or a number out of range: the same message fails the same way every time); others pass
+    unchanged."""
     try:
         yield
     except _TRANSIENT as exc:
         raise TransientError(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+    except asyncpg.exceptions.DataError as exc:
+        raise PermanentError(f"PostgreSQL refused the data: {type(exc).__name__}: "
+                             f"{exc}") from exc
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

@@ -5,29 +5,19 @@ reason while the consumer goes on, graceful shutdown on SIGTERM, recovery from S
 The processes share a database of this module's own (`eo_it_consumer_process`) and, where the
 broker is local and `rabbitmqctl` works, a RabbitMQ virtual host of its own, so the fixed queue
 names (`orders`, ...) cannot collide with other users of the broker. Each test starts from
-deleted queues and empty tables.
+deleted queues and empty tables. The process helpers live in tests/support/processes.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import random
-import re
-import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -37,12 +27,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
-import pika
 import pytest
 from typer.testing import CliRunner
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
-from adapters.postgres.migrate import head_revision, upgrade_async
+from adapters.postgres.migrate import head_revision
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.rabbitmq import topology
@@ -61,288 +50,41 @@ from domain.sample.payments import Account, open_account
 from entrypoints.cli import app
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.tpch import TpchSample, generate
-from entrypoints.operations import ensure_database
-from tests.support.services import discover
+from tests.support.processes import (
+    DELAYS,
+    DELIVERY_LIMIT,
+    ENDPOINTS,
+    MAX_BODY_BYTES,
+    TABLES,
+    Fleet,
+    Rabbit,
+    Where,
+    logged_at,
+    metric,
+    reset,
+    states,
+    unfinished,
+    until,
+    where_for,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 DATABASE = "eo_it_consumer_process"
 VHOST = "eo-it-consumer-process"
-ENDPOINTS = ("gateway", "orders", "ledger")
-DELAYS = (0.05, 0.1)
-DELIVERY_LIMIT = 20  # the settings' default: the queues we declare must match the service's
-MAX_BODY_BYTES = 2048
 CREDIT_LIMIT = Decimal("150000")  # some orders confirmed, some refused
-TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
-          "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone")
-
-
-# ---------------------------------------------------------------------------------------------
-# where things are
-
-
-def _private_vhost(url: str) -> str:
-    """`url` on this module's own virtual host when the broker is local and `rabbitmqctl`
-    answers; else `url` unchanged (the queues are deleted before each test anyway)."""
-    parts = urlsplit(url)
-    if (parts.hostname not in ("127.0.0.1", "localhost") or parts.path not in ("", "/")
-            or shutil.which("rabbitmqctl") is None):
-        return url
-
-    def ctl(*args: str) -> str:
-        return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                              timeout=30, check=True).stdout
-
-    try:
-        if VHOST not in ctl("list_vhosts").split():
-            ctl("add_vhost", VHOST)
-        ctl("set_permissions", "-p", VHOST, parts.username or "guest", ".*", ".*", ".*")
-    except (OSError, subprocess.SubprocessError):
-        return url
-    return urlunsplit(parts._replace(path=f"/{VHOST}"))
-
-
-def _free_ports(count: int, first: int = 19464) -> list[int]:
-    """`count` fixed ports below 32768 (outside the ephemeral range) that nothing listens on."""
-    found: list[int] = []
-    for port in range(first, first + 200):
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise RuntimeError(f"no {count} free ports from {first}")
-
-
-def _eo_command() -> list[str]:
-    script = Path(sys.executable).with_name("eo")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from entrypoints.cli import main; main()"]
-
-
-@dataclass(frozen=True)
-class Where:
-    """The database, the broker URL (maybe a private vhost) and the status ports."""
-
-    dsn: str
-    amqp_url: str
-    ports: dict[str, int]
-
-
-async def _prepare_database(dsn: str) -> None:
-    await ensure_database(dsn)
-    await upgrade_async(dsn)
 
 
 @pytest.fixture(scope="module")
 def where() -> Iterator[Where]:
-    services = discover()
-    try:
-        dsn = urlunsplit(urlsplit(services.postgres_dsn)._replace(path=f"/{DATABASE}"))
-        asyncio.run(_prepare_database(dsn))
-        ports = dict(zip(ENDPOINTS, _free_ports(len(ENDPOINTS)), strict=True))
-        yield Where(dsn, _private_vhost(services.amqp_url), ports)
-    finally:
-        services.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# the consumer processes
-
-
-@dataclass
-class Proc:
-    """One `eo consume` process; its stdout and stderr (JSON log lines) go to `log`."""
-
-    name: str
-    port: int
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def tail(self, lines: int = 30) -> str:
-        return f"--- {self.name} (pid {self.popen.pid}) log tail:\n" + "\n".join(
-            self.text().splitlines()[-lines:])
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        """The JSON log lines whose `event` is `name`."""
-        found = []
-        for line in self.text().splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict) and entry.get("event") == name:
-                    found.append(entry)
-        return found
-
-    def get(self, path: str, timeout: float = 2.0) -> tuple[int, str]:
-        """GET `path` on the status port: (status, body); (0, error) when nothing answers."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
-                                        timeout=timeout) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")
-        except OSError as exc:
-            return 0, str(exc)
-
-
-@dataclass
-class Fleet:
-    """Starts consumer processes and kills whatever is left of them at teardown."""
-
-    where: Where
-    blob_dir: Path
-    log_dir: Path
-    procs: list[Proc] = field(default_factory=list)
-
-    def env(self, port: int, **extra: str) -> dict[str, str]:
-        inherited = {k: v for k, v in os.environ.items()
-                     if not k.startswith("EO_") or k.startswith("EO_TEST_")}
-        python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return {**inherited, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
-                "EO_PROFILE": "local", "EO_DATABASE_DSN": self.where.dsn,
-                "EO_AMQP_URL": self.where.amqp_url, "EO_METRICS_PORT": str(port),
-                "EO_RETRY_DELAYS_S": json.dumps(list(DELAYS)), "EO_MAX_ATTEMPTS": "2",
-                "EO_SWEEP_INTERVAL_S": "0.5", "EO_STALE_AFTER_S": "1",
-                "EO_BLOB_DIR": str(self.blob_dir), "EO_BLOB_STORE": "directory",
-                "EO_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
-                "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": "3", **extra}
-
-    def start(self, endpoint: str, **extra_env: str) -> Proc:
-        port = self.where.ports[endpoint]
-        name = f"{endpoint}-{sum(p.name.startswith(endpoint) for p in self.procs)}"
-        log = self.log_dir / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [*_eo_command(), "consume", "--endpoint", endpoint], cwd=ROOT,
-                env=self.env(port, **extra_env), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
-        proc = Proc(name, port, popen, log)
-        self.procs.append(proc)
-        return proc
-
-    async def ready(self, *procs: Proc, timeout_s: float = 40.0) -> None:
-        """Wait until every process answers 200 on /ready."""
-        deadline = time.monotonic() + timeout_s
-        for proc in procs:
-            while True:
-                if not proc.alive():
-                    pytest.fail(f"{proc.name} exited with {proc.popen.returncode} before it "
-                                f"was ready\n{proc.tail()}")
-                status, _ = await asyncio.to_thread(proc.get, "/ready", 1.0)
-                if status == 200:
-                    break
-                if time.monotonic() > deadline:
-                    pytest.fail(f"{proc.name} not ready after {timeout_s} s\n{proc.tail()}")
-                await asyncio.sleep(0.1)
-
-    async def exit_code(self, proc: Proc, timeout_s: float) -> int | None:
-        """The process's exit code once it ended, or None after `timeout_s`."""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            return await asyncio.to_thread(proc.popen.wait, timeout_s)
-        return None
-
-    def tails(self) -> str:
-        return "\n".join(p.tail() for p in self.procs)
-
-    def kill_all(self) -> None:
-        for proc in self.procs:
-            if proc.alive():
-                proc.popen.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
-
-
-# ---------------------------------------------------------------------------------------------
-# the services, seen from the test
-
-
-@dataclass
-class Rabbit:
-    """A publisher-confirm channel on the test's vhost, and queue inspection."""
-
-    url: str
-    connection: aio_pika.abc.AbstractConnection
-    channel: aio_pika.abc.AbstractChannel
-
-    async def publish(self, queue: str, body: bytes, message_id: str | None, type_: str | None,
-                      headers: dict[str, str] | None = None) -> None:
-        await self.channel.default_exchange.publish(aio_pika.Message(
-            body, message_id=message_id, type=type_, headers=headers or {},
-            content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-            routing_key=queue, mandatory=True)
-
-    async def depth(self, queue: str) -> int:
-        """Ready messages in `queue` as the broker counts them now (0: no such queue)."""
-        channel = await self.connection.channel()
-        try:
-            declared = await channel.declare_queue(queue, passive=True)
-            return declared.declaration_result.message_count or 0
-        except aio_pika.exceptions.ChannelClosed:
-            return 0
-        finally:
-            if not channel.is_closed:
-                await channel.close()
-
-    async def depths(self, endpoint: str) -> dict[str, int]:
-        names = topology.queue_names(endpoint, len(DELAYS))
-        return {name: await self.depth(name)
-                for name in (names.work, *names.retries, names.dead_letter)}
-
-    async def take(self, queue: str, count: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
-        """Up to `count` messages off `queue` (acked), those there now."""
-        declared = await self.channel.declare_queue(queue, passive=True)
-        taken = []
-        while len(taken) < count:
-            message = await declared.get(no_ack=True, fail=False)
-            if message is None:
-                break
-            taken.append(message)
-        return taken
-
-    def publish_without_message_id(self, queue: str, body: bytes, type_: str) -> None:
-        """aiormq gives every message an ID; pika does not (blocking: run it in a thread)."""
-        connection = pika.BlockingConnection(pika.URLParameters(self.url))
-        try:
-            connection.channel().basic_publish("", queue, body, pika.BasicProperties(
-                type=type_, delivery_mode=2, headers={TOKEN_HEADER: "1"}))
-        finally:
-            connection.close()
-
-
-async def _reset(where: Where) -> None:
-    connection = await aio_pika.connect(where.amqp_url)
-    try:
-        for endpoint in ENDPOINTS:
-            names = topology.queue_names(endpoint, len(DELAYS))
-            for name in (names.work, *names.retries, names.dead_letter):
-                channel = await connection.channel()
-                await channel.queue_delete(name)
-                await channel.close()
-    finally:
-        await connection.close()
-    conn = await asyncpg.connect(where.dsn)
-    try:
-        await conn.execute(f"TRUNCATE {', '.join(TABLES)}")
-    finally:
-        await conn.close()
+    with where_for(DATABASE, VHOST, ENDPOINTS, first_port=19464) as found:
+        yield found
 
 
 @pytest.fixture
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[Fleet]:
     blob_dir = tmp_path / "blobs"
-    await _reset(where)
+    await reset(where)
     await asyncio.to_thread(blob_dir.mkdir)
-    started = Fleet(where, blob_dir, tmp_path)
+    started = Fleet(where, blob_dir, tmp_path, pool_size=3)
     try:
         yield started
     finally:
@@ -366,48 +108,6 @@ async def pool(where: Where) -> AsyncIterator[asyncpg.Pool]:
         yield created
     finally:
         await created.close()
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str,
-                fleet: Fleet | None = None, rabbit: Rabbit | None = None) -> None:
-    """Poll `check` every 0.1 s until it holds; fail naming `what` after `timeout_s`, with
-    the processes' log tails and the dead letters' reasons."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            dead = ""
-            if rabbit is not None:
-                for endpoint in ENDPOINTS:
-                    dlq = f"{endpoint}.dlq"
-                    reasons = Counter(str((m.headers or {}).get(REASON_HEADER))
-                                      for m in await rabbit.take(dlq, 1000))
-                    dead += f"{dlq}: {dict(reasons)}\n" if reasons else ""
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}\n{dead}"
-                        f"{fleet.tails() if fleet else ''}")
-        await asyncio.sleep(0.1)
-
-
-def logged_at(entry: dict[str, Any]) -> datetime:
-    return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00"))
-
-
-def metric(text: str, endpoint: str, event: str) -> float:
-    """`eo_events_total{endpoint, event}` in a Prometheus scrape (0 when absent)."""
-    pattern = (rf'^eo_events_total\{{endpoint="{re.escape(endpoint)}",'
-               rf'event="{re.escape(event)}"\}} (\S+)$')
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
-
-
-async def states(pool: asyncpg.Pool, endpoint: str, cls: type) -> dict[str, Any]:
-    rows = await pool.fetch("SELECT partition_key, state FROM eo_transaction_record "
-                            "WHERE endpoint = $1 AND state IS NOT NULL", endpoint)
-    return {r["partition_key"]: from_jsonable(cls, r["state"]) for r in rows}
-
-
-async def unfinished(pool: asyncpg.Pool) -> int:
-    return int(await pool.fetchval(
-        "SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL"))
 
 
 def token_envelope(message: object, type_: str | None = None, body: bytes | None = None,

@@ -1,0 +1,429 @@
+"""The service as real processes for tests: `eo consume` and `eo serve-payments` started as
+subprocesses on a database and a RabbitMQ virtual host of the test module's own, and the
+test's view of the broker (publish, queue depths, take dead letters).
+
+Typical use (see tests/integration/test_consumer_process.py)::
+
+    @pytest.fixture(scope="module")
+    def where() -> Iterator[Where]:
+        with where_for("eo_it_mine", "eo-it-mine", ENDPOINTS, first_port=19464) as found:
+            yield found
+
+    fleet = Fleet(where, blob_dir, log_dir)      # kill_all() at teardown
+    orders = fleet.start("orders")               # one `eo consume --endpoint orders`
+    await fleet.ready(orders)                    # 200 on /ready
+    await until(check, 20, "what we wait for", fleet, rabbit)
+
+Every process gets the settings of `Fleet.env` (retry delays `Fleet.delays`, body limit
+`Fleet.max_body_bytes`, `EO_POOL_SIZE` = `Fleet.pool_size`: the PostgreSQL server is shared,
+keep it small) plus what the caller passes; its stdout and stderr (JSON log lines) go to
+`<log_dir>/<name>.log`, readable through `Proc.events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+import pika
+import pytest
+
+from adapters.postgres.migrate import upgrade_async
+from adapters.rabbitmq import topology
+from application.codec import from_jsonable
+from application.envelope import REASON_HEADER, TOKEN_HEADER
+from entrypoints.operations import ensure_database
+from tests.support.services import discover
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The endpoints `eo consume` serves.
+ENDPOINTS = ("gateway", "orders", "ledger")
+#: Retry delays (s) of the processes and of the queues the tests declare: they must match.
+DELAYS = (0.05, 0.1)
+#: `x-delivery-limit`, the settings' default: queues a test declares must match the service's.
+DELIVERY_LIMIT = 20
+#: `EO_MAX_BODY_BYTES` of the processes: small, so an oversized body is cheap to send.
+MAX_BODY_BYTES = 2048
+#: The protocol tables, emptied by `reset`.
+TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
+          "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone")
+
+
+# ---------------------------------------------------------------------------------------------
+# where things are
+
+
+def private_vhost(url: str, vhost: str) -> str:
+    """`url` on the virtual host `vhost` (created, guest given all rights) when the broker is
+    local and `rabbitmqctl` answers; else `url` unchanged (callers delete their queues before
+    each test anyway)."""
+    parts = urlsplit(url)
+    if (parts.hostname not in ("127.0.0.1", "localhost") or parts.path not in ("", "/")
+            or shutil.which("rabbitmqctl") is None):
+        return url
+
+    def ctl(*args: str) -> str:
+        return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+
+    try:
+        if vhost not in ctl("list_vhosts").split():
+            ctl("add_vhost", vhost)
+        ctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*")
+    except (OSError, subprocess.SubprocessError):
+        return url
+    return urlunsplit(parts._replace(path=f"/{vhost}"))
+
+
+def free_ports(count: int, first: int) -> list[int]:
+    """`count` fixed ports from `first` on (keep them below 32768, outside the ephemeral
+    range) that nothing listens on now. Raises RuntimeError when 200 ports do not hold them."""
+    found: list[int] = []
+    for port in range(first, first + 200):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    raise RuntimeError(f"no {count} free ports from {first}")
+
+
+def eo_command() -> list[str]:
+    """The `eo` command of this environment (the console script, else `python -c`)."""
+    script = Path(sys.executable).with_name("eo")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from entrypoints.cli import main; main()"]
+
+
+def with_database(dsn: str, name: str) -> str:
+    """`dsn` pointing at the database `name` on the same server."""
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+async def prepare_database(dsn: str) -> None:
+    """Create the database of `dsn` if missing and migrate it to the head revision."""
+    await ensure_database(dsn)
+    await upgrade_async(dsn)
+
+
+@dataclass(frozen=True)
+class Where:
+    """The database, the broker URL (maybe a private vhost) and the processes' ports by name
+    (an endpoint's status port, or e.g. "payments")."""
+
+    dsn: str
+    amqp_url: str
+    ports: dict[str, int]
+
+
+@contextlib.contextmanager
+def where_for(database: str, vhost: str, port_names: Iterable[str], first_port: int,
+              ) -> Iterator[Where]:
+    """Discover the services (tests/support/services.py), create and migrate `database`,
+    make the virtual host `vhost`, and pick a free port per name from `first_port` on."""
+    services = discover()
+    try:
+        dsn = with_database(services.postgres_dsn, database)
+        asyncio.run(prepare_database(dsn))
+        names = list(port_names)
+        ports = dict(zip(names, free_ports(len(names), first_port), strict=True))
+        yield Where(dsn, private_vhost(services.amqp_url, vhost), ports)
+    finally:
+        services.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the processes
+
+
+@dataclass
+class Proc:
+    """One service process; its stdout and stderr (JSON log lines) go to `log`. `port` is
+    where it answers HTTP (status port, or the callee's port), `ready_path` what `Fleet.ready`
+    polls there."""
+
+    name: str
+    port: int
+    popen: subprocess.Popen[bytes]
+    log: Path
+    ready_path: str = "/ready"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self, lines: int = 30) -> str:
+        return f"--- {self.name} (pid {self.popen.pid}) log tail:\n" + "\n".join(
+            self.text().splitlines()[-lines:])
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every JSON log line (other lines are skipped)."""
+        found = []
+        for line in self.text().splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    found.append(entry)
+        return found
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON log lines whose `event` is `name`."""
+        return [e for e in self.entries() if e.get("event") == name]
+
+    def get(self, path: str, timeout: float = 2.0) -> tuple[int, str]:
+        """GET `path` on `port`: (status, body); (0, error) when nothing answers. Blocking:
+        call it through `asyncio.to_thread` from a test's event loop."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
+                                        timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except OSError as exc:
+            return 0, str(exc)
+
+
+@dataclass
+class Fleet:
+    """Starts service processes and kills whatever is left of them at `kill_all`."""
+
+    where: Where
+    blob_dir: Path
+    log_dir: Path
+    delays: tuple[float, ...] = DELAYS
+    max_body_bytes: int = MAX_BODY_BYTES
+    pool_size: int = 2
+    procs: list[Proc] = field(default_factory=list)
+
+    def env(self, port: int, **extra: str) -> dict[str, str]:
+        """The environment of a process: this one's without `EO_` variables (but with
+        `EO_TEST_` ones), the local profile on `where`, status port `port`, then `extra`."""
+        inherited = {k: v for k, v in os.environ.items()
+                     if not k.startswith("EO_") or k.startswith("EO_TEST_")}
+        python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        return {**inherited, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
+                "EO_PROFILE": "local", "EO_DATABASE_DSN": self.where.dsn,
+                "EO_AMQP_URL": self.where.amqp_url, "EO_METRICS_PORT": str(port),
+                "EO_RETRY_DELAYS_S": json.dumps(list(self.delays)), "EO_MAX_ATTEMPTS": "2",
+                "EO_SWEEP_INTERVAL_S": "0.5", "EO_STALE_AFTER_S": "1",
+                "EO_BLOB_DIR": str(self.blob_dir), "EO_BLOB_STORE": "directory",
+                "EO_MAX_BODY_BYTES": str(self.max_body_bytes),
+                "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": str(self.pool_size), **extra}
+
+    def spawn(self, name: str, args: list[str], port: int, ready_path: str = "/ready",
+              **extra_env: str) -> Proc:
+        """Start `eo <args>` as process `name` (log `<log_dir>/<name>.log`)."""
+        log = self.log_dir / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [*eo_command(), *args], cwd=ROOT, env=self.env(port, **extra_env),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = Proc(name, port, popen, log, ready_path)
+        self.procs.append(proc)
+        return proc
+
+    def start(self, endpoint: str, **extra_env: str) -> Proc:
+        """`eo consume --endpoint <endpoint>` on the status port `where.ports[endpoint]`,
+        named `<endpoint>-<n>` (n counts the processes started for it)."""
+        name = f"{endpoint}-{sum(p.name.startswith(endpoint) for p in self.procs)}"
+        return self.spawn(name, ["consume", "--endpoint", endpoint],
+                          self.where.ports[endpoint], **extra_env)
+
+    def start_payments(self, token: str, max_body_bytes: int = 65536, **extra_env: str,
+                       ) -> Proc:
+        """`eo serve-payments` on `where.ports["payments"]` with bearer token `token` and
+        body limit `max_body_bytes`; ready when /health answers (it has no status port)."""
+        port = self.where.ports["payments"]
+        return self.spawn("payments", ["serve-payments"], port, "/health", **{
+            "EO_PAYMENTS_HOST": "127.0.0.1", "EO_PAYMENTS_PORT": str(port),
+            "EO_PAYMENTS_TOKEN": token, "EO_PAYMENTS_MAX_BODY_BYTES": str(max_body_bytes),
+            "EO_METRICS_PORT": "0", **extra_env})
+
+    async def ready(self, *procs: Proc, timeout_s: float = 40.0) -> None:
+        """Wait until every process answers 200 on its `ready_path`; fail with its log tail
+        when it exits first or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            while True:
+                if not proc.alive():
+                    pytest.fail(f"{proc.name} exited with {proc.popen.returncode} before it "
+                                f"was ready\n{proc.tail()}")
+                status, _ = await asyncio.to_thread(proc.get, proc.ready_path, 1.0)
+                if status == 200:
+                    break
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{proc.name} not ready after {timeout_s} s\n{proc.tail()}")
+                await asyncio.sleep(0.1)
+
+    async def exit_code(self, proc: Proc, timeout_s: float) -> int | None:
+        """The process's exit code once it ended, or None after `timeout_s`."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return await asyncio.to_thread(proc.popen.wait, timeout_s)
+        return None
+
+    def tails(self) -> str:
+        return "\n".join(p.tail() for p in self.procs)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process still running and reap them all."""
+        for proc in self.procs:
+            if proc.alive():
+                proc.popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# the broker and the database, seen from the test
+
+
+@dataclass
+class Rabbit:
+    """A publisher-confirm channel on the test's vhost, and queue inspection."""
+
+    url: str
+    connection: aio_pika.abc.AbstractConnection
+    channel: aio_pika.abc.AbstractChannel
+    delays: tuple[float, ...] = DELAYS
+
+    async def publish(self, queue: str, body: bytes, message_id: str | None, type_: str | None,
+                      headers: dict[str, Any] | None = None) -> None:
+        """Publish persistently to `queue` and wait for the publisher confirm. aiormq gives
+        a message without `message_id` a random one: see `publish_without_message_id`."""
+        await self.channel.default_exchange.publish(aio_pika.Message(
+            body, message_id=message_id, type=type_, headers=headers or {},
+            content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+            routing_key=queue, mandatory=True)
+
+    async def depth(self, queue: str) -> int:
+        """Ready messages in `queue` as the broker counts them now (0: no such queue)."""
+        channel = await self.connection.channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+            return declared.declaration_result.message_count or 0
+        except aio_pika.exceptions.ChannelClosed:
+            return 0
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def depths(self, endpoint: str) -> dict[str, int]:
+        """Depth of the work, retry and dead-letter queues of `endpoint`, by queue name."""
+        names = topology.queue_names(endpoint, len(self.delays))
+        return {name: await self.depth(name)
+                for name in (names.work, *names.retries, names.dead_letter)}
+
+    async def take(self, queue: str, count: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        """Up to `count` messages off `queue` (acked), those there now."""
+        declared = await self.channel.declare_queue(queue, passive=True)
+        taken = []
+        while len(taken) < count:
+            message = await declared.get(no_ack=True, fail=False)
+            if message is None:
+                break
+            taken.append(message)
+        return taken
+
+    def publish_without_message_id(self, queue: str, body: bytes, type_: str | None,
+                                   headers: dict[str, Any] | None = None) -> None:
+        """aiormq gives every message an ID; pika does not (blocking: run it in a thread).
+        `headers` default to `{eo-token: "1"}`."""
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        try:
+            connection.channel().basic_publish("", queue, body, pika.BasicProperties(
+                type=type_, delivery_mode=2,
+                headers={TOKEN_HEADER: "1"} if headers is None else headers))
+        finally:
+            connection.close()
+
+
+async def reset(where: Where, delays: tuple[float, ...] = DELAYS,
+                endpoints: Iterable[str] = ENDPOINTS) -> None:
+    """Delete the endpoints' queues and empty the protocol tables."""
+    connection = await aio_pika.connect(where.amqp_url)
+    try:
+        for endpoint in endpoints:
+            names = topology.queue_names(endpoint, len(delays))
+            for name in (names.work, *names.retries, names.dead_letter):
+                channel = await connection.channel()
+                await channel.queue_delete(name)
+                await channel.close()
+    finally:
+        await connection.close()
+    conn = await asyncpg.connect(where.dsn)
+    try:
+        await conn.execute(f"TRUNCATE {', '.join(TABLES)}")
+    finally:
+        await conn.close()
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str,
+                fleet: Fleet | None = None, rabbit: Rabbit | None = None) -> None:
+    """Poll `check` every 0.1 s until it holds; fail naming `what` after `timeout_s`, with
+    the processes' log tails and the dead letters' reasons (which takes them off the
+    dead-letter queues: the test is failing anyway)."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            dead = ""
+            if rabbit is not None:
+                for endpoint in ENDPOINTS:
+                    dlq = f"{endpoint}.dlq"
+                    reasons = Counter(str((m.headers or {}).get(REASON_HEADER))
+                                      for m in await rabbit.take(dlq, 1000))
+                    dead += f"{dlq}: {dict(reasons)}\n" if reasons else ""
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}\n{dead}"
+                        f"{fleet.tails() if fleet else ''}")
+        await asyncio.sleep(0.1)
+
+
+def logged_at(entry: dict[str, Any]) -> datetime:
+    """The timestamp of a JSON log line."""
+    return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00"))
+
+
+def metric(text: str, endpoint: str, event: str) -> float:
+    """`eo_events_total{endpoint, event}` in a Prometheus scrape (0 when absent)."""
+    pattern = (rf'^eo_events_total\{{endpoint="{re.escape(endpoint)}",'
+               rf'event="{re.escape(event)}"\}} (\S+)$')
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def states(pool: asyncpg.Pool, endpoint: str, cls: type) -> dict[str, Any]:
+    """The business states of `endpoint` by partition key, decoded as `cls`."""
+    rows = await pool.fetch("SELECT partition_key, state FROM eo_transaction_record "
+                            "WHERE endpoint = $1 AND state IS NOT NULL", endpoint)
+    return {r["partition_key"]: from_jsonable(cls, r["state"]) for r in rows}
+
+
+async def unfinished(pool: asyncpg.Pool) -> int:
+    """Transaction records committed and not yet finished, all endpoints."""
+    return int(await pool.fetchval(
+        "SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL"))
