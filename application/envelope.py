@@ -36,6 +36,13 @@ class Envelope:
     body: bytes
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
+    def without(self, *names: str) -> Envelope:
+        """This envelope without the headers `names` (itself when it has none of them)."""
+        if not any(name in self.headers for name in names):
+            return self
+        kept = {k: v for k, v in self.headers.items() if k not in names}
+        return Envelope(self.message_id, self.type, self.body, MappingProxyType(kept))
+
     def header(self, name: str) -> str | None:
         """The header `name`, or None."""
         return self.headers.get(name)

@@ -153,7 +153,7 @@ class Processor:
 
     async def _load(self, envelope: Envelope) -> Envelope:
         if self.strategy is Strategy.OUTBOX:
-            return envelope
+            return await self._trusted_request_url(envelope)
         if envelope.header(TOKEN_HEADER) is None:
             raise MalformedMessage("no token header: the sender did not create a token")
         stored = await self.ports.tokens.get(envelope.message_id)
@@ -161,6 +161,21 @@ class Processor:
         if stored is None:
             raise _Duplicate
         return stored
+
+    async def _trusted_request_url(self, envelope: Envelope) -> Envelope:
+        """The outbox path's delivery with its `eo-request-url` only when a sender of ours
+        wrote that URL: in the message's token row (the claim check). An outside producer's
+        header is dropped: it would make this endpoint POST and DELETE any URL with the
+        callee's credential, and ack the command as a duplicate on the 404."""
+        url = envelope.header(REQUEST_URL_HEADER)
+        if url is None:
+            return envelope
+        stored = None
+        if envelope.header(TOKEN_HEADER) is not None:
+            stored = await self.ports.tokens.get(envelope.message_id)
+        if stored is not None and stored.header(REQUEST_URL_HEADER) == url:
+            return envelope
+        return envelope.without(REQUEST_URL_HEADER)
 
     async def _still_pending(self, m: uuid.UUID, loaded: Loaded) -> None:
         """The check after the TR load: token exists (token path) or no inbox row (outbox)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -43,18 +43,25 @@ class HttpxRequests(HttpRequests):
     connection limits apply: see `http_client_resource`).
 
     Every request carries `Authorization: Bearer <token>`; the token is never logged nor put
-    in an error message. Network errors and timeouts raise `TransientError`; a URL httpx
-    cannot send (bad scheme) raises `PermanentError`.
+    in an error message. With `allowed_bases`, a URL under none of them raises
+    `PermanentError` before anything is sent. Network errors and timeouts raise
+    `TransientError`; a URL httpx cannot send (bad scheme) raises `PermanentError`.
     """
 
-    def __init__(self, client: httpx.AsyncClient, token: str) -> None:
+    def __init__(self, client: httpx.AsyncClient, token: str,
+                 allowed_bases: Sequence[str] = ()) -> None:
         self._client = client
         self._headers = {"Authorization": f"Bearer {token}"}
+        #: when given, only URLs under these base URLs are called (the configured callees):
+        #: the credential never leaves for a URL a message named
+        self._allowed = tuple(base.rstrip("/") + "/" for base in allowed_bases)
 
     def __repr__(self) -> str:  # keep the token out of reprs and tracebacks' locals
         return "HttpxRequests(token=<hidden>)"
 
     async def _send(self, method: str, url: str, body: bytes | None = None) -> httpx.Response:
+        if self._allowed and not url.startswith(self._allowed):
+            raise PermanentError(f"{method} {url}: not under a configured callee's base URL")
         headers = dict(self._headers)
         if body is not None:
             headers["Content-Type"] = "application/json"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import date
 from decimal import Decimal
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -169,6 +170,20 @@ async def test_a_wrong_token_is_a_permanent_error_for_the_caller() -> None:
             assert refused.value.status == 401
         with pytest.raises(PermanentError, match="401"):
             await collect_response(wrong, c.url(R1), None)
+
+
+async def test_a_caller_with_allowed_bases_sends_nothing_elsewhere() -> None:
+    """The credential goes only to the configured callee: a URL under another base (one a
+    message named) is a permanent error before any request leaves."""
+    async with serve() as c:
+        guarded = HttpxRequests(c.client, TOKEN, allowed_bases=[c.base])
+        await guarded.put(c.url(R1), _body("1.00"))  # the callee itself: allowed
+        elsewhere = f"http://127.0.0.2:{urlsplit(c.base).port}/requests/{R1}"
+        for call in (guarded.put(elsewhere, _body("1.00")), guarded.post(elsewhere),
+                     guarded.delete(elsewhere), guarded.put(c.base + "x/requests/1", b"{}")):
+            with pytest.raises(PermanentError, match="not under a configured callee"):
+                await call
+        assert c.runs() == 0
 
 
 async def _chunks(size: int) -> AsyncIterator[bytes]:

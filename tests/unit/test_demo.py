@@ -66,3 +66,21 @@ def test_a_bad_failpoint_spec_is_refused() -> None:
     result = runner.invoke(app, ["failpoints", "after_comit=crash"])
     assert result.exit_code == 2
     assert "after_comit" in result.output
+
+
+async def test_orders_on_the_outbox_strategy_still_read_their_follow_ups_request_urls(
+    tmp_path: Path,
+) -> None:
+    """The outbox path trusts `eo-request-url` only from the token row its sender wrote:
+    orders' own payment follow-ups carry one, so orders on `outbox` still settles every
+    order (a stray header from an outside producer is dropped: tests/chaos/test_bad_input)."""
+    settings = load_settings(blob_dir=tmp_path, strategies={"orders": "outbox"})
+    container = EmbeddedContainer(settings=settings)
+    rng = random.Random(3)
+    duplicating = DuplicatingDispatcher(container.broker(), 0.1, rng, late_s=0.1)
+    container.dispatcher.override(duplicating)
+    full = generate(0.001)
+    sample = full.subset(sorted(full.expected)[:150])
+    report = await run_demo(container.system(), sample, duplicating, consumers=2, rng=rng)
+    assert report.oracle.violations == []
+    assert report.oracle.confirmed + report.oracle.rejected == len(sample.expected)
