@@ -36,10 +36,14 @@ def handle(state: Account | None, message: object, context: Context) -> Decision
     - unknown account (state None): state stays None, Reply(409, refused "unknown account");
     - balance + credit_limit >= amount: debit, Reply(200, approved, order_key, amount as str);
     - otherwise: unchanged, Reply(409, refused "insufficient funds", order_key).
-    Raises Rejected for any other message or a request for another customer than the account's.
+    Raises Rejected for any other message, a negative or non-finite amount (it would credit
+    the account: a malformed request, not a business refusal), or a request for another
+    customer than the account's.
     """
     if not isinstance(message, PaymentRequest):
         raise Rejected(f"payments does not handle {type(message).__name__}")
+    if not message.amount.is_finite() or message.amount < 0:
+        raise Rejected(f"amount must be a non-negative number, not {message.amount}")
     if state is None:
         return Decision(
             state=None, reply=Reply(409, {"status": "refused", "reason": "unknown account"})

@@ -71,6 +71,14 @@ def test_other_messages_and_customers_are_rejected() -> None:
         handle(ACCOUNT, PaymentResult(1), CTX)
 
 
+@pytest.mark.parametrize("amount", ["-0.01", "-100", "NaN", "Infinity", "-Infinity"])
+def test_a_negative_or_non_finite_amount_is_rejected_not_credited(amount: str) -> None:
+    with pytest.raises(Rejected, match="non-negative"):
+        handle(ACCOUNT, request(1, amount), CTX)
+    assert handle(ACCOUNT, request(1, "0"), CTX).reply == Reply(
+        200, {"status": "approved", "order_key": 1, "amount": "0"})  # an order of returns
+
+
 def test_endpoint_definition() -> None:
     assert PAYMENTS.name == "payments"
     assert PAYMENTS.state_type is Account
