@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -178,6 +179,43 @@ class MessageDispatcher(Protocol):
 
     async def dispatch(self, destination: str, envelope: Envelope) -> None:
         """Publish `envelope` persistently to the queue of endpoint `destination`."""
+
+
+class InboxClaim(Protocol):
+    """Pending inbox rows held by one relay until its claim ends: no other claim sees them
+    meanwhile. `mark_relayed` takes effect when the claim ends without an exception; when it
+    ends with one (a crash) nothing is marked and the rows are pending again."""
+
+    #: the claimed rows, oldest first: natural message ID, type, body (no headers)
+    envelopes: Sequence[Envelope]
+
+    async def mark_relayed(self, message_ids: Sequence[uuid.UUID]) -> None:
+        """Mark these claimed rows relayed (published and confirmed by the broker)."""
+
+
+class Inbox(Protocol):
+    """A boundary endpoint's inbox (protocol 4): commands of outside producers under their
+    natural message IDs, waiting to be relayed to the endpoint's work queue.
+
+    The natural ID is the key: adding an ID that is there, relayed or not, is a no-op, so a
+    re-run producer adds no duplicate. Relayed rows stay (with their relay time) until the
+    retention purge; that window is the one in which a re-run is recognised. Relaying is
+    at least once: the endpoint's own outbox deduplication drops a re-published copy.
+    Raises `TransientError` when the store is unreachable.
+    """
+
+    async def add(self, envelopes: Sequence[Envelope]) -> int:
+        """Insert the rows whose message IDs are new; returns how many were new."""
+
+    def claim(self, limit: int) -> AbstractAsyncContextManager[InboxClaim]:
+        """Claim up to `limit` (>= 1) pending rows, oldest first, skipping rows another
+        claim holds; an empty claim when none is pending."""
+
+    async def purge_relayed(self, before: datetime) -> int:
+        """Delete rows relayed before `before` (never a pending one); returns how many."""
+
+    async def count_pending(self) -> int:
+        """Rows not relayed yet."""
 
 
 class Delivery(Protocol):

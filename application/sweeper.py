@@ -7,19 +7,21 @@ from datetime import timedelta
 
 from application.finisher import Finisher
 from application.observability import SIDE_EFFECT_CLEANED
-from application.ports import Clock, EventSink, RequestStore, TransactionalStore
+from application.ports import Clock, EventSink, Inbox, RequestStore, TransactionalStore
 
 
 @dataclass(frozen=True)
 class SweepReport:
     """Counts of one sweep: transactions finished, deferred clean-ups done, abandoned
-    registrations taken over, inbox rows and tombstones purged."""
+    registrations taken over, inbox rows (of processed messages), tombstones and relayed
+    boundary inbox rows purged."""
 
     finished: int = 0
     deferred_cleaned: int = 0
     taken_over: int = 0
     purged_processed: int = 0
     purged_tombstones: int = 0
+    purged_inbox: int = 0
 
 
 class Sweeper:
@@ -29,7 +31,8 @@ class Sweeper:
     - `stale_after`: a committed transaction older than this is finished (step 1);
     - `grace`: longer than any attempt can live; deferred clean-ups are due after it and
       registrations on an idle TR older than it are abandoned (steps 2, 3);
-    - `retention`: inbox rows and HTTP tombstones older than this are purged (step 4).
+    - `retention`: inbox rows, HTTP tombstones (with `requests`) and relayed rows of a
+      boundary endpoint's inbox (with `inbox`) older than this are purged (step 4).
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class Sweeper:
         grace: timedelta = timedelta(minutes=30),
         retention: timedelta = timedelta(days=7),
         requests: RequestStore | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.store = store
@@ -53,6 +57,7 @@ class Sweeper:
         self.grace = grace
         self.retention = retention
         self.requests = requests
+        self.inbox = inbox
 
     async def sweep(self) -> SweepReport:
         """Run steps 1-4 once and report what each did."""
@@ -83,4 +88,7 @@ class Sweeper:
         tombstones = 0
         if self.requests is not None:
             tombstones = await self.requests.purge_tombstones(now - self.retention)
-        return SweepReport(finished, cleaned, taken, purged, tombstones)
+        relayed = 0
+        if self.inbox is not None:
+            relayed = await self.inbox.purge_relayed(now - self.retention)
+        return SweepReport(finished, cleaned, taken, purged, tombstones, relayed)

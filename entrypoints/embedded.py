@@ -8,18 +8,21 @@ from typing import Any
 
 from adapters.memory.broker import MemoryBroker
 from adapters.memory.http import InProcessHttp
+from adapters.memory.inbox import MemoryInbox
 from adapters.memory.state_stream import MemoryStateStream
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.pdf.renderer import PdfRenderer
 from application.consumer import Consumer
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
+from application.inbox_relay import InboxRelay
 from application.ports import (
     BlobStore,
     Clock,
     EventSink,
     HttpRequests,
     IdGenerator,
+    Inbox,
     MessageDispatcher,
     RequestStore,
     TokenStore,
@@ -34,6 +37,8 @@ from domain.sample.gateway import GATEWAY
 from entrypoints.settings import Settings
 
 ENDPOINTS: dict[str, Endpoint[Any]] = {"gateway": GATEWAY, "orders": ORDERS, "ledger": LEDGER}
+#: The boundary endpoint whose inbox outside producers (the Spark ingest) write into.
+BOUNDARY = "gateway"
 #: The payments callee's request type (the body of a stored request).
 PAYMENT_REQUEST = "PaymentRequest"
 
@@ -55,7 +60,8 @@ class SampleSystem:
     """Stores shared by every worker of the sample service, and factories for workers.
 
     Memory stores by default (embedded profile); the local and production profiles pass
-    `stores` (PostgreSQL), their token and request stores, and the RabbitMQ dispatcher.
+    `stores` (PostgreSQL), their token and request stores, the gateway's `inbox` and the
+    RabbitMQ dispatcher.
 
     Each call of `processor(name)` or `consumer(name)` is a separate worker with its own
     partition locks, as a separate process would be: competing workers on one queue meet
@@ -80,10 +86,13 @@ class SampleSystem:
         http: HttpRequests | None = None,
         services: Mapping[str, str] | None = None,
         streams: Mapping[str, StateStream] | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
         self.settings, self.clock, self.ids, self.events = settings, clock, ids, events
         self.broker, self.tokens, self.blobs, self.requests = broker, tokens, blobs, requests
         self.failpoints = failpoints
+        #: the gateway's inbox of outside producers' commands (memory unless given)
+        self.inbox: Inbox = inbox if inbox is not None else MemoryInbox(clock)
         self.colocated_tokens = colocated_tokens
         if dispatcher is None and broker is None:
             raise ValueError("SampleSystem needs a broker or a dispatcher")
@@ -135,6 +144,11 @@ class SampleSystem:
         return Consumer(self.processor(name), self.settings.max_attempts,
                         self.settings.retry_delays_s, self.failpoints)
 
+    def relay(self) -> InboxRelay:
+        """A new inbox relay: the gateway's inbox rows to the gateway's work queue."""
+        return InboxRelay(BOUNDARY, self.inbox, self.dispatcher, self.events,
+                          self.settings.inbox_batch)
+
     def state_retention(self, name: str, clock: Clock | None = None) -> StateRetention:
         """Retention of a `state` endpoint's stream (`retention_days`); KeyError otherwise."""
         return StateRetention(self.streams[name], clock or self.clock,
@@ -150,4 +164,5 @@ class SampleSystem:
         return Sweeper(name, self.stores[name], finisher, clock or self.clock, self.events,
                        timedelta(seconds=s.stale_after_s), self._grace,
                        timedelta(days=s.retention_days),
-                       self.requests if name == "payments" else None)
+                       self.requests if name == "payments" else None,
+                       self.inbox if name == BOUNDARY else None)

@@ -155,7 +155,8 @@ def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
     (in-process callee)."""
     if not settings.payments_url or settings.payments_token is None:
         return None
-    return HttpxRequests(client, settings.payments_token.get_secret_value())
+    return HttpxRequests(client, settings.payments_token.get_secret_value(),
+                         allowed_bases=[settings.payments_url])
 
 
 def services(settings: Settings) -> dict[str, str] | None:

@@ -19,7 +19,7 @@ from adapters.rabbitmq import topology
 from adapters.rabbitmq.consumer import RabbitSource
 from application.errors import PermanentError, TransientError
 from application.sweeper import Sweeper
-from entrypoints.embedded import ENDPOINTS, SampleSystem
+from entrypoints.embedded import BOUNDARY, ENDPOINTS, SampleSystem
 from entrypoints.http_status import EmbeddedServer, Metrics, StatusServer, status_app
 from entrypoints.local import LocalContainer
 from entrypoints.logging import configure_logging
@@ -81,8 +81,10 @@ async def _sweep_forever(sweeper: Sweeper, system: SampleSystem, metrics: Metric
 
 async def run_consumer(settings: Settings, endpoint: str) -> None:
     """Consume `endpoint`'s work queue until SIGTERM or SIGINT: then stop consuming, let the
-    deliveries in flight finish, and close. Raises `TransientError` when PostgreSQL or
-    RabbitMQ cannot be reached at start."""
+    deliveries in flight finish, and close. The gateway also relays its inbox to its work
+    queue every `inbox_poll_s` seconds (a relay cancelled mid-round leaves its claimed rows
+    pending: they are published again, and the gateway drops the copy). Raises
+    `TransientError` when PostgreSQL or RabbitMQ cannot be reached at start."""
     configure_logging(settings.log_level)
     if settings.migrate_on_start:
         await migrate(settings)
@@ -118,16 +120,19 @@ async def run_consumer(settings: Settings, endpoint: str) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(source.stop()))
-        sweeper = asyncio.create_task(_sweep_forever(
-            system.sweeper(endpoint), system, metrics, settings.sweep_interval_s))
+        background = [asyncio.create_task(_sweep_forever(
+            system.sweeper(endpoint), system, metrics, settings.sweep_interval_s))]
+        if endpoint == BOUNDARY:  # outside producers' commands: inbox rows to the work queue
+            background.append(asyncio.create_task(system.relay().run(settings.inbox_poll_s)))
         log.info("consumer.started", endpoint=endpoint, prefetch=settings.prefetch)
         started.set()
         await consumer.serve(source.deliveries(settings.prefetch), settings.prefetch)
         log.info("consumer.stopped", endpoint=endpoint,
                  **{str(k): v for k, v in consumer.counts.items()}, rejected=source.rejected)
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if server is not None:
             await server.stop()
     finally:

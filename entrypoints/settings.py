@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     payments_port: int = Field(8470, ge=1, le=65535)
     payments_max_body_bytes: int = Field(65536, ge=1)
     http_timeout_s: float = Field(10.0, gt=0, description="caller's HTTP timeouts")
+    inbox_poll_s: float = Field(1.0, gt=0,
+                                description="gateway: how often the inbox relay looks for rows")
+    inbox_batch: int = Field(200, ge=1, description="gateway: inbox rows relayed per round")
     duplicate_rate: float = Field(0.0, ge=0, le=1,
                                   description="fault injection: share of dispatches re-published")
     spark_master: str = Field("local[*]", min_length=1,

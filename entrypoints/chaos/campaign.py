@@ -111,7 +111,7 @@ POINTS: dict[str, tuple[str, ...]] = {
 }
 TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
           "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone",
-          "eo_state_entry")
+          "eo_state_entry", "eo_inbox")
 TRUNCATE = "TRUNCATE " + ", ".join(TABLES)
 
 

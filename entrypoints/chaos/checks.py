@@ -12,7 +12,8 @@ From the JSON logs of every process (killed ones included):
 
 From the stores at rest (after the final sweep): I8/I9 — no tokens, no committed-but-unfinished
 transaction records, no side-effect records, no deferred clean-ups, no HTTP requests left on
-the callee. I10 — every queue drained; dead letters are counted per endpoint, with reasons.
+the callee, no gateway inbox row waiting to be relayed. I10 — every queue drained; dead
+letters are counted per endpoint, with reasons.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ AT_REST: dict[str, str] = {
     "side-effect records": "SELECT count(*) FROM eo_side_effect_record",
     "aborted artifacts (deferred clean-ups)": "SELECT count(*) FROM eo_deferred_cleanup",
     "requests on payments": "SELECT count(*) FROM eo_http_request",
+    "unrelayed inbox rows": "SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL",
 }
 #: At most this many violations are listed per invariant (the rest are counted).
 MAX_LISTED = 10

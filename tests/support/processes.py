@@ -65,7 +65,8 @@ DELIVERY_LIMIT = 20
 MAX_BODY_BYTES = 2048
 #: The protocol tables, emptied by `reset`.
 TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
-          "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone")
+          "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone",
+          "eo_state_entry", "eo_inbox")
 
 
 # ---------------------------------------------------------------------------------------------

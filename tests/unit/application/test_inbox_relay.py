@@ -1,0 +1,222 @@
+"""The inbox relay (application/inbox_relay.py) on memory adapters: rows published once per
+round under their natural IDs and marked; a crash between publish and mark re-publishes,
+and the gateway's outbox deduplication (protocol 4) absorbs the copy; retention purge."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import date, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.memory.broker import MemoryBroker
+from adapters.memory.inbox import MemoryInbox
+from adapters.memory.request_store import MemoryRequestStore
+from adapters.memory.token_store import MemoryTokenStore
+from adapters.system.clock import ManualClock
+from application.codec import encode
+from application.envelope import Envelope
+from application.errors import Crash, TransientError
+from application.inbox_relay import InboxRelay
+from application.observability import (
+    INBOX_RELAY_FAILED,
+    INBOX_RELAYED,
+    TRANSACTION_COMMITTED,
+    CountingSink,
+)
+from application.ports import InboxClaim
+from domain.sample.messages import AddItem, PlaceOrder, SubmitOrder, natural_id
+from entrypoints.embedded import SampleSystem
+from entrypoints.settings import Settings
+
+
+def _commands(orders: int) -> list[Envelope]:
+    """Three boundary commands per order (PlaceOrder, one AddItem, SubmitOrder)."""
+    out: list[Envelope] = []
+    for o in range(1, orders + 1):
+        item = AddItem(o, 1, 3, Decimal("1.00"), Decimal("10.00"), Decimal("0.00"),
+                       Decimal("0.00"))
+        for message_id, message in (
+            (natural_id("PlaceOrder", o), PlaceOrder(o, 7, date(1996, 1, 2), "5-LOW", 1)),
+            (natural_id("AddItem", o, 1), item),
+            (natural_id("SubmitOrder", o), SubmitOrder(o, 0)),
+        ):
+            out.append(Envelope(message_id, type(message).__name__, encode(message)))
+    return out
+
+
+class _CrashingInbox:
+    """An inbox whose claims crash right after the relay marked them (before the claim's
+    end commits the marks): the relay published, the marks are lost."""
+
+    def __init__(self, inner: MemoryInbox) -> None:
+        self.inner = inner
+
+    def claim(self, limit: int) -> AbstractAsyncContextManager[InboxClaim]:
+        @asynccontextmanager
+        async def crashing() -> AsyncIterator[InboxClaim]:
+            async with self.inner.claim(limit) as claim:
+                outer = self
+
+                class Marking:
+                    envelopes = claim.envelopes
+
+                    async def mark_relayed(self, ids: Sequence[uuid.UUID]) -> None:
+                        await claim.mark_relayed(ids)
+                        raise Crash(f"relay of {outer.inner} killed before its commit")
+
+                yield Marking()  # type: ignore[misc]
+
+        return crashing()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _system() -> tuple[SampleSystem, MemoryBroker, CountingSink, ManualClock]:
+    clock, broker, events = ManualClock(), MemoryBroker(), CountingSink()
+    settings = Settings(blob_dir=Path(tempfile.mkdtemp(prefix="eo-relay-")), inbox_batch=4)
+    system = SampleSystem(settings, clock, uuid.uuid4, events, broker, MemoryTokenStore(),
+                          LocalDirectoryBlobStore(settings.blob_dir), MemoryRequestStore(),
+                          None, inbox=MemoryInbox(clock))
+    return system, broker, events, clock
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.005)):
+        if await condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"not reached within {timeout_s} s")
+
+
+async def _run_gateway(system: SampleSystem, broker: MemoryBroker) -> None:
+    """A gateway consumer until every delivery in its queue now is settled."""
+    deliveries = broker.depth("gateway")
+    consumer = system.consumer("gateway")
+    task = asyncio.create_task(consumer.serve(broker.consume("gateway", "gw-0"), 4))
+
+    async def settled() -> bool:
+        return sum(consumer.counts.values()) >= deliveries
+
+    await _until(settled)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_relay_publishes_each_pending_row_once_under_its_natural_id() -> None:
+    system, broker, events, _ = _system()
+    commands = _commands(3)
+    assert await system.inbox.add(commands) == 9
+    relay = system.relay()
+    assert await relay.drain() == 9  # three rounds of at most 4
+    assert await relay.drain() == 0
+    assert broker.depth("gateway") == 9
+    assert await system.inbox.count_pending() == 0
+    assert events.total(INBOX_RELAYED) == 9
+    await _run_gateway(system, broker)
+    assert broker.depth("orders") == 9
+    assert await system.tokens.count() == 9
+    assert events.total(TRANSACTION_COMMITTED) == 9
+
+
+async def test_a_crash_between_publish_and_mark_republishes_and_the_gateway_drops_the_copy(
+) -> None:
+    system, broker, events, _ = _system()
+    commands = _commands(2)
+    await system.inbox.add(commands)
+    crashing = InboxRelay("gateway", _CrashingInbox(system.inbox), system.dispatcher,
+                          events, batch_size=100)  # type: ignore[arg-type]
+    with pytest.raises(Crash):
+        await crashing.relay_once()
+    assert broker.depth("gateway") == 6  # published, confirmed ...
+    assert await system.inbox.count_pending() == 6  # ... and not marked
+    await _run_gateway(system, broker)  # the gateway processes the first copies
+    assert await system.relay().drain() == 6  # the restarted relay publishes them again
+    await _run_gateway(system, broker)
+    assert events.total(TRANSACTION_COMMITTED) == 6  # one gateway transaction per command
+    assert await system.tokens.count() == 6  # one token per command, for orders
+    orders = broker.depth("orders")
+    assert orders == 12  # a duplicate re-publishes the stored, identical copy (protocol 4)
+    copies: dict[uuid.UUID, set[bytes]] = {}
+    while broker.depth("orders"):
+        delivery = await anext(broker.consume("orders", "probe"))
+        copies.setdefault(delivery.envelope.message_id, set()).add(delivery.envelope.body)
+        await delivery.ack()
+    assert len(copies) == 6
+    assert all(len(bodies) == 1 for bodies in copies.values())  # I2: copies identical
+    assert sorted(b for (b,) in copies.values()) == sorted(c.body for c in commands)
+
+
+class _FailingDispatcher:
+    """Confirms every dispatch but those of `fail` (a nack: TransientError)."""
+
+    def __init__(self, fail: set[uuid.UUID]) -> None:
+        self.fail, self.sent = fail, list[uuid.UUID]()
+
+    async def dispatch(self, destination: str, envelope: Envelope) -> None:
+        await asyncio.sleep(0)
+        if envelope.message_id in self.fail:
+            raise TransientError("nack")
+        self.sent.append(envelope.message_id)
+
+
+async def test_a_failed_dispatch_marks_the_confirmed_rows_and_keeps_the_rest_pending() -> None:
+    inbox, events = MemoryInbox(ManualClock()), CountingSink()
+    commands = _commands(1)
+    await inbox.add(commands)
+    failing = _FailingDispatcher({commands[1].message_id})
+    relay = InboxRelay("gateway", inbox, failing, events)
+    with pytest.raises(TransientError, match="1 of 3 dispatches failed"):
+        await relay.relay_once()
+    assert await inbox.count_pending() == 1
+    failing.fail.clear()
+    assert await relay.relay_once() == 1
+    assert failing.sent.count(commands[1].message_id) == 1
+    assert len(failing.sent) == 3
+    assert relay.relayed == 3
+
+
+async def test_run_outlives_a_failed_round() -> None:
+    inbox, events = MemoryInbox(ManualClock()), CountingSink()
+    commands = _commands(1)
+    await inbox.add(commands)
+    failing = _FailingDispatcher({commands[0].message_id})
+    task = asyncio.create_task(InboxRelay("gateway", inbox, failing, events).run(0.01))
+
+    async def failed() -> bool:
+        return events.total(INBOX_RELAY_FAILED) > 0
+
+    async def drained() -> bool:
+        return await inbox.count_pending() == 0
+
+    await _until(failed)
+    failing.fail.clear()
+    await _until(drained)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert sorted(failing.sent) == sorted(c.message_id for c in commands)
+
+
+async def test_the_gateway_sweeper_purges_relayed_rows_after_the_retention_window() -> None:
+    system, _, _, clock = _system()
+    await system.inbox.add(_commands(2))
+    async with system.inbox.claim(3) as claim:
+        await claim.mark_relayed([e.message_id for e in claim.envelopes])
+    clock.advance(timedelta(days=system.settings.retention_days, seconds=1))
+    report = await system.sweeper("gateway").sweep()
+    assert report.purged_inbox == 3
+    assert await system.inbox.count_pending() == 3  # pending rows stay, however old
+    assert (await system.sweeper("orders").sweep()).purged_inbox == 0
+
+
+def test_a_relay_needs_a_positive_batch() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        InboxRelay("gateway", MemoryInbox(ManualClock()), MemoryBroker(), CountingSink(), 0)
