@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from application.envelope import Envelope
 from application.errors import PermanentError, TransientError
 from application.failpoints import NAMES, PREFIXES, parse
 from application.observability import CountingSink
@@ -23,11 +24,13 @@ from entrypoints.chaos.cli import chaos
 from entrypoints.container import EmbeddedContainer
 from entrypoints.demo.local import demo_settings, run_local_demo
 from entrypoints.demo.run import DemoReport, DuplicatingDispatcher, run_demo
+from entrypoints.demo.spark_ingest import derived_envelopes, export_input
 from entrypoints.demo.tpch import TpchSample, generate
 from entrypoints.embedded import ENDPOINTS
 from entrypoints.logging import StructlogEventSink, configure_logging
 from entrypoints.operations import inspect, migrate_all
 from entrypoints.pipeline.cli import pipeline_app
+from entrypoints.pipeline.spark import JdbcDriverMissing
 from entrypoints.service import run_consumer, run_payments
 from entrypoints.settings import Settings, SettingsError, load_settings
 
@@ -69,6 +72,10 @@ def demo(
         help="write protocol events as JSON lines here")] = None,
     profile: Annotated[str, typer.Option(
         help="embedded (in-process) or local (RabbitMQ, PostgreSQL, processes)")] = "embedded",
+    ingest: Annotated[str, typer.Option(
+        help="how the commands enter: publish (to the gateway's queue) or spark (`eo "
+             "pipeline ingest` into the gateway's inbox, twice; the gateway relays)")]
+        = "publish",
 ) -> None:
     """Run the sample end to end with duplicates and out-of-order delivery, check the oracle.
 
@@ -76,12 +83,21 @@ def demo(
     """
     if profile not in ("embedded", "local"):
         raise typer.BadParameter("embedded or local", param_hint="--profile")
+    if ingest not in ("publish", "spark"):
+        raise typer.BadParameter("publish or spark", param_hint="--ingest")
     strategies = {name: str(value) for name, value in _settings().strategies.items()}
     strategies.update(_strategies(strategy))
     blob_dir = Path(tempfile.mkdtemp(prefix="eo-demo-blobs-"))
     settings = _settings(strategies=strategies, blob_dir=blob_dir)
     with console.status(f"generating TPC-H sf={sf} with DuckDB"):
         sample = generate(sf)
+    ingest_dir = feed = None
+    if ingest == "spark":
+        with console.status(f"exporting TPC-H sf={sf} for the Spark ingest"):
+            ingest_dir = export_input(sf)
+        if profile == "embedded":  # no PostgreSQL: Spark's commands go to the memory inbox
+            with console.status("deriving the commands with Spark"):
+                feed = _spark_commands(settings, ingest_dir)
     with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         bar = progress.add_task("orders", total=len(sample.expected))
@@ -90,10 +106,11 @@ def demo(
             progress.update(bar, completed=done)
 
         if profile == "local":
-            report = _local_demo(settings, sample, consumers, duplicates, seed, advance)
+            report = _local_demo(settings, sample, consumers, duplicates, seed, advance,
+                                 ingest_dir)
         else:
             report = _embedded_demo(settings, sample, consumers, duplicates, seed, log_file,
-                                    advance)
+                                    advance, feed)
     workers = (f"1 gateway, {max(consumers, 2)} orders and 1 ledger process"
                if profile == "local" else f"{consumers} consumers per endpoint")
     _print_report(report, sf, workers, strategies)
@@ -101,9 +118,17 @@ def demo(
         raise typer.Exit(1)
 
 
+def _spark_commands(settings: Settings, input_dir: Path) -> list[Envelope]:
+    try:
+        return derived_envelopes(settings, input_dir)
+    except JdbcDriverMissing as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
 def _embedded_demo(settings: Settings, sample: TpchSample, consumers: int, duplicates: float,
-                   seed: int, log_file: Path | None,
-                   advance: Callable[[int], None]) -> DemoReport:
+                   seed: int, log_file: Path | None, advance: Callable[[int], None],
+                   feed: list[Envelope] | None = None) -> DemoReport:
     if log_file is not None:
         configure_logging(settings.log_level, log_file.open("w"))
     rng = random.Random(seed)
@@ -113,18 +138,22 @@ def _embedded_demo(settings: Settings, sample: TpchSample, consumers: int, dupli
     duplicating = DuplicatingDispatcher(container.broker(), duplicates, rng)
     container.dispatcher.override(duplicating)
     return asyncio.run(run_demo(container.system(), sample, duplicating, consumers, rng,
-                                advance))
+                                advance, inbox_feed=feed))
 
 
 def _local_demo(settings: Settings, sample: TpchSample, consumers: int, duplicates: float,
-                seed: int, advance: Callable[[int], None]) -> DemoReport:
+                seed: int, advance: Callable[[int], None],
+                ingest_dir: Path | None = None) -> DemoReport:
     local = demo_settings(_service_settings("local"), settings.blob_dir)
     local = local.model_copy(update={"strategies": settings.strategies})
     log_dir = Path(tempfile.mkdtemp(prefix="eo-demo-logs-"))
     console.print(f"consumer logs: {log_dir}")
     try:
         return asyncio.run(run_local_demo(local, sample, max(consumers, 2), duplicates, seed,
-                                          log_dir, advance))
+                                          log_dir, advance, ingest_dir=ingest_dir))
+    except JdbcDriverMissing as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
     except (OSError, asyncpg.PostgresError, TransientError) as exc:
         Console(stderr=True).print(f"[red]local demo failed: {type(exc).__name__}: {exc}[/red]")
         raise typer.Exit(3) from exc

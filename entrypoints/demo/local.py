@@ -40,6 +40,7 @@ from domain.sample.payments import open_account
 from entrypoints.chaos.checks import at_rest, audit_logs, dead_letters, queue_depth, read_logs
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.run import DemoReport, _Later
+from entrypoints.demo.spark_ingest import ingest_twice
 from entrypoints.demo.tpch import TpchSample
 from entrypoints.embedded import ENDPOINTS
 from entrypoints.local import LocalContainer, postgres_stores
@@ -182,12 +183,17 @@ async def run_local_demo(
     log_dir: Path,
     on_progress: Callable[[int], None] = lambda _done: None,
     timeout_s: float = 900.0,
+    ingest_dir: Path | None = None,
 ) -> DemoReport:
     """Run the sample through RabbitMQ, PostgreSQL, S3 (one moto server for every process)
     and HTTP (a `serve-payments` process) with consumer processes (one gateway,
     `orders_consumers` orders, one ledger), duplicates injected at the broker, one orders
     process killed with SIGKILL at a third of the way and restarted; then quiescence, a
-    graceful stop, a final sweep and the oracle. Raises TimeoutError without quiescence."""
+    graceful stop, a final sweep and the oracle. Raises TimeoutError without quiescence.
+
+    With `ingest_dir` (TPC-H tables of the sample's scale factor) the commands are not
+    published to the gateway's queue: the Spark ingest writes them into the gateway's inbox,
+    twice (the re-run adds nothing), and the gateway process relays them."""
     started = time.monotonic()
     moto = MotoServer()  # one S3 API for every process (each would otherwise start its own)
     settings = settings.model_copy(update={
@@ -195,14 +201,15 @@ async def run_local_demo(
         "s3_secret_key": SecretStr("local")})
     try:
         return await _run(settings, sample, orders_consumers, duplicates, seed, log_dir,
-                          on_progress, timeout_s, started)
+                          on_progress, timeout_s, started, ingest_dir)
     finally:
         moto.stop()
 
 
 async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                duplicates: float, seed: int, log_dir: Path, on_progress: Callable[[int], None],
-               timeout_s: float, started: float) -> DemoReport:
+               timeout_s: float, started: float, ingest_dir: Path | None = None
+               ) -> DemoReport:
     rng = random.Random(seed)
     await _reset(settings)
     pool = await create_pool(settings.database(), max_size=4)
@@ -224,7 +231,11 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
     notes: list[str] = []
     codes: dict[str, int | None] = {}
     try:
-        injected = await _publish(rabbit, sample, duplicates, rng)
+        if ingest_dir is None:
+            injected = await _publish(rabbit, sample, duplicates, rng)
+        else:  # the outside producer is the Spark job; its copies never reach the broker
+            injected = 0
+            notes.extend(await asyncio.to_thread(ingest_twice, settings, ingest_dir))
         killed, idle, last = False, 0, -1
         # quiescent: queues empty and no order settled for a while (3 s when all are
         # settled; 15 s otherwise, e.g. when dead letters keep orders from completing)
@@ -239,6 +250,8 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                 killed = True
             busy = await queue_depth(settings.amqp(), list(ENDPOINTS),
                                      len(settings.retry_delays_s))
+            busy += int(await pool.fetchval(  # inbox rows the gateway has yet to relay
+                "SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL"))
             idle = idle + 1 if busy == 0 and done == last else 0
             last = done
             if time.monotonic() - started > timeout_s:

@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -92,24 +92,39 @@ async def run_demo(
     rng: random.Random,
     on_progress: Callable[[int], None] = lambda _done: None,
     timeout_s: float = 600.0,
+    inbox_feed: Sequence[Envelope] | None = None,
 ) -> DemoReport:
     """Feed every command through the gateway, run `consumers` competing consumers per
     endpoint until quiescence, sweep, and check the oracle. Raises TimeoutError when the
-    system does not quiesce within `timeout_s`."""
+    system does not quiesce within `timeout_s`.
+
+    With `inbox_feed` (the commands as the Spark ingest derived them) nothing is published
+    by the producer: the commands are added to the gateway's inbox twice (a re-run producer:
+    the second add finds every natural ID there) and an in-process relay publishes them,
+    through `duplicates` (which re-publishes a share, as a relay that crashed would)."""
     started = time.monotonic()
     broker, settings = duplicates.broker, system.settings
     for customer, balance in sample.customers:
         system.stores["payments"].seed_state(
             str(customer), open_account(customer, balance, settings.credit_limit))
-    commands = list(sample.commands)
-    rng.shuffle(commands)  # the producer's order is not the business order
-    for command in commands:
-        envelope = Envelope(command.message_id, type(command.message).__name__,
-                            encode(command.message), MappingProxyType({}))
-        broker.publish("gateway", envelope)
-        duplicates.duplicate("gateway", envelope)  # the producer re-sends some commands
     workers: list[Consumer] = []
     tasks = []
+    notes: list[str] = []
+    if inbox_feed is None:
+        commands = list(sample.commands)
+        rng.shuffle(commands)  # the producer's order is not the business order
+        for command in commands:
+            envelope = Envelope(command.message_id, type(command.message).__name__,
+                                encode(command.message), MappingProxyType({}))
+            broker.publish("gateway", envelope)
+            duplicates.duplicate("gateway", envelope)  # the producer re-sends some commands
+    else:
+        feed = list(inbox_feed)
+        rng.shuffle(feed)
+        first, again = await system.inbox.add(feed), await system.inbox.add(feed)
+        notes.append(f"spark ingest: {len(feed):,} commands derived, {first:,} new in the "
+                     f"gateway's inbox, {again:,} new when added again (re-run)")
+        tasks.append(asyncio.create_task(system.relay().run(0.05)))
     for name in ENDPOINTS:
         for i in range(consumers):
             consumer = system.consumer(name)
@@ -119,7 +134,8 @@ async def run_demo(
     idle_polls = 0
     while idle_polls < 4:
         await asyncio.sleep(0.05)
-        idle_polls = idle_polls + 1 if broker.idle() else 0
+        relayed = await system.inbox.count_pending() == 0
+        idle_polls = idle_polls + 1 if broker.idle() and relayed else 0
         on_progress(sum(len(s.confirmed) + len(s.rejected)
                         for s in system.stores["ledger"].states().values()))
         if time.monotonic() - started > timeout_s:
@@ -131,7 +147,9 @@ async def run_demo(
                                            + settings.stale_after_s + 1))
     for name in [*ENDPOINTS, "payments"]:
         await system.sweeper(name, later).sweep()
-    return await _report(system, sample, duplicates, workers, time.monotonic() - started)
+    report = await _report(system, sample, duplicates, workers, time.monotonic() - started)
+    report.notes.extend(notes)
+    return report
 
 
 async def _report(system: SampleSystem, sample: TpchSample, duplicates: DuplicatingDispatcher,
@@ -148,6 +166,7 @@ async def _report(system: SampleSystem, sample: TpchSample, duplicates: Duplicat
         "aborted artifacts (deferred clean-ups)": sum([await s.cleanup_count()
                                                        for s in stores.values()]),
         "requests on payments": await system.requests.count(),
+        "unrelayed inbox rows": await system.inbox.count_pending(),
     }
     settlements: Counter[str] = Counter()
     for worker in workers:

@@ -77,6 +77,14 @@ def _table_path(directory: Path, table: str) -> tuple[Path, str]:
                      "`eo pipeline export-tpch --output DIR`)")
 
 
+def input_paths(directory: Path) -> dict[str, Path]:
+    """table -> file of the input dataset under `directory` (no Spark needed: bad input fails
+    fast). Raises InputError naming the directory or the missing table."""
+    if not directory.is_dir():
+        raise InputError(f"--input {directory}: not a directory")
+    return {table: _table_path(directory, table)[0] for table in INPUT_TABLES}
+
+
 @dataclass(frozen=True)
 class InputTables:
     """The input dataset, typed: `orders` (o_orderkey, o_custkey: long), `lineitem`

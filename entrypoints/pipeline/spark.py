@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,12 +42,15 @@ def build_session(
 ) -> SparkSession:
     """A Spark session (or the active one) for the pipeline.
 
-    `master` None leaves the master to `spark-submit`. On a local master the driver binds to
-    127.0.0.1 and the UI is off (a laptop or CI machine has no reachable hostname). Raises
-    JdbcDriverMissing (see `jdbc_jar`).
+    `master` None leaves the master to `spark-submit`; so does running under `spark-submit`
+    (it sets PYSPARK_GATEWAY_PORT): its `--master` and `--conf` win over ours. On a local
+    master the driver binds to 127.0.0.1 and the UI is off (a laptop or CI machine has no
+    reachable hostname). Raises JdbcDriverMissing (see `jdbc_jar`).
     """
     from pyspark.sql import SparkSession
 
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        master = None
     builder = SparkSession.builder.appName(app_name)
     builder = builder.config("spark.jars", str(jdbc_jar(jar)))
     builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -63,3 +68,25 @@ def build_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+@contextmanager
+def session_scope(
+    master: str | None,
+    app_name: str,
+    driver_memory: str = "1g",
+    jar: Path | None = None,
+    shuffle_partitions: int = 8,
+    extra: dict[str, str] | None = None,
+) -> Iterator[SparkSession]:
+    """`build_session` for one job: the session is stopped afterwards only when this call
+    started it (a caller's running session, e.g. the tests' shared one, stays up)."""
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    session = build_session(master, app_name, driver_memory, jar, shuffle_partitions, extra)
+    try:
+        yield session
+    finally:
+        if existing is None:
+            session.stop()
