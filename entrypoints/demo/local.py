@@ -108,8 +108,9 @@ class Fleet:
                     "EO_PAYMENTS_URL": self.payments_url,
                     "EO_PAYMENTS_PORT": str(settings.payments_port),
                     "EO_PAYMENTS_TOKEN": secrets.token_urlsafe(24),
-                    "EO_POOL_SIZE": "3", **(extra_env or {})}
-        self.env.pop("EO_TOKEN_DSN", None)
+                    "EO_POOL_SIZE": "3"}
+        self.env.pop("EO_TOKEN_DSN", None)  # the co-located path unless extra_env says
+        self.env.update(extra_env or {})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
 
