@@ -232,7 +232,10 @@ def campaign_settings(base: Settings, blob_dir: Path, database: str = CAMPAIGN_D
     dsn = urlunsplit(parts._replace(path=f"/{database}"))
     return base.model_copy(update={
         "profile": "local", "database_dsn": SecretStr(dsn), "token_dsn": None,
-        "blob_dir": blob_dir, "max_attempts": 12, "retry_delays_s": (0.05, 0.2, 0.5, 1.0)})
+        "blob_dir": blob_dir, "max_attempts": 12,
+        # the retry budget (about 45 s) outlasts a killed process's restart on a loaded
+        # machine: a dead letter then means a defect, not an outage longer than the budget
+        "retry_delays_s": (0.1, 0.5, 1.0, 2.0, 5.0)})
 
 
 async def run_campaign(
@@ -343,8 +346,8 @@ async def _one_run(settings: Settings, full: TpchSample, plan: RunPlan, pool: as
                                  timeout_s, started, result.violations)
         if settled < len(sample.expected):
             result.violations.append(
-                f"I10: no quiescence after {timeout_s:.0f} s: {settled} of "
-                f"{len(sample.expected)} orders settled")
+                f"I10: {settled} of {len(sample.expected)} orders settled when the system "
+                f"went quiet (or after {timeout_s:.0f} s)")
         elif plan.republish:
             late = rng.sample(list(sample.commands), min(plan.republish, len(sample.commands)))
             dispatcher = RabbitDispatcher(rabbit)
@@ -400,9 +403,11 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool, orders:
             if name == "payments":
                 await fleet.wait_for_payments()
         busy = await queue_depth(settings.amqp(), list(ENDPOINTS), len(settings.retry_delays_s))
-        idle = idle + 1 if busy == 0 and settled == last and settled >= orders else 0
+        idle = idle + 1 if busy == 0 and settled == last else 0
         last = settled
-        if idle >= 2:
+        # quiet for 1 s with every order settled, or for 15 s without (dead letters, a
+        # stuck order: the checks then say what is wrong)
+        if idle >= (2 if settled >= orders else 30):
             break
     return settled
 
