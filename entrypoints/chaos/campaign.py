@@ -32,6 +32,7 @@ import random
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -260,7 +261,9 @@ async def run_campaign(
     moto = MotoServer()
     settings = settings.model_copy(update={
         "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
-        "s3_secret_key": SecretStr("local")})
+        "s3_secret_key": SecretStr("local"),
+        # a free port for the callee, so a campaign runs beside a demo or another campaign
+        "payments_port": _free_port()})
     temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
     root = log_root or temp
     assert root is not None
@@ -289,6 +292,12 @@ async def run_campaign(
             shutil.rmtree(temp, ignore_errors=True)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 async def _prepare(settings: Settings, pool: asyncpg.Pool, sample: TpchSample) -> None:
