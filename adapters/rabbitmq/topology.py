@@ -81,3 +81,21 @@ async def declare(channel: AbstractChannel, endpoint: str, retry_delays_s: Seque
                 "x-dead-letter-routing-key": names.work,
             })
     return names
+
+
+async def delete_queues(amqp_url: str, endpoints: Sequence[str], n_delays: int) -> None:
+    """Delete every queue of `endpoints` (work, `n_delays` retry queues, dead-letter queue)
+    on the broker at `amqp_url`, messages included: a demo, campaign or test run starts from
+    nothing. A queue that does not exist is no error. Raises aio_pika's connection errors."""
+    import aio_pika
+
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        for endpoint in endpoints:
+            names = queue_names(endpoint, n_delays)
+            for name in (names.work, *names.retries, names.dead_letter):
+                channel = await connection.channel()
+                await channel.queue_delete(name)
+                await channel.close()
+    finally:
+        await connection.close()

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 from pydantic import SecretStr
 
@@ -305,15 +304,7 @@ async def _prepare(settings: Settings, pool: asyncpg.Pool, sample: TpchSample) -
     stores = postgres_stores(pool, SystemClock())
     await stores["payments"].seed_states({
         str(c): open_account(c, b, settings.credit_limit) for c, b in sample.customers})
-    connection = await aio_pika.connect(settings.amqp())
-    try:
-        for endpoint in ENDPOINTS:
-            names = topology.queue_names(endpoint, len(settings.retry_delays_s))
-            for name in (names.work, *names.retries, names.dead_letter):
-                channel = await connection.channel()
-                await channel.queue_delete(name)
-    finally:
-        await connection.close()
+    await topology.delete_queues(settings.amqp(), list(ENDPOINTS), len(settings.retry_delays_s))
     async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
                                   "local") as client:
         await ensure_bucket(client, settings.s3_bucket)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 import httpx
 from pydantic import SecretStr
@@ -72,15 +71,7 @@ async def _reset(settings: Settings) -> None:
         await admin.close()
     await ensure_database(settings.database())
     await migrate_all(settings)
-    connection = await aio_pika.connect(settings.amqp())
-    try:
-        for endpoint in ENDPOINTS:
-            names = topology.queue_names(endpoint, len(settings.retry_delays_s))
-            for name in (names.work, *names.retries, names.dead_letter):
-                channel = await connection.channel()
-                await channel.queue_delete(name)
-    finally:
-        await connection.close()
+    await topology.delete_queues(settings.amqp(), list(ENDPOINTS), len(settings.retry_delays_s))
 
 
 def _secret(value: SecretStr | None) -> str:

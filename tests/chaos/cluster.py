@@ -43,7 +43,6 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 import pytest
 import structlog
@@ -123,16 +122,7 @@ def _delete_vhost(amqp_url: str) -> None:
 
 
 async def _delete_queues(amqp_url: str) -> None:
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        for endpoint in ENDPOINTS:
-            names = topology.queue_names(endpoint, len(RETRY_DELAYS))
-            for name in (names.work, *names.retries, names.dead_letter):
-                channel = await connection.channel()
-                await channel.queue_delete(name)
-                await channel.close()
-    finally:
-        await connection.close()
+    await topology.delete_queues(amqp_url, list(ENDPOINTS), len(RETRY_DELAYS))
 
 
 # ---------------------------------------------------------------------------------------------

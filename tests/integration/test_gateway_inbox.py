@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from entrypoints.demo.tpch import generate
 from entrypoints.local import LocalContainer
 from entrypoints.operations import ensure_database
 from entrypoints.settings import Settings
+from tests.support.processes import private_vhost
 from tests.support.services import discover
 
 DATABASE = "eo_ingest_it_relay"
@@ -48,27 +48,6 @@ VHOST = "eo-ingest-it"
 DELAYS = (0.05, 0.1)
 QUEUES = ("gateway", "orders")
 ORDERS = 4  # the first TPC-H orders' commands: about 30
-
-
-def _private_vhost(url: str) -> str:
-    """`url` on this module's own virtual host when the broker is local and `rabbitmqctl`
-    answers; else `url` unchanged (the queues are deleted before each test anyway)."""
-    parts = urlsplit(url)
-    if (parts.hostname not in ("127.0.0.1", "localhost") or parts.path not in ("", "/")
-            or shutil.which("rabbitmqctl") is None):
-        return url
-
-    def ctl(*args: str) -> str:
-        return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                              timeout=30, check=True).stdout
-
-    try:
-        if VHOST not in ctl("list_vhosts").split():
-            ctl("add_vhost", VHOST)
-        ctl("set_permissions", "-p", VHOST, parts.username or "guest", ".*", ".*", ".*")
-    except (OSError, subprocess.SubprocessError):
-        return url
-    return urlunsplit(parts._replace(path=f"/{VHOST}"))
 
 
 @dataclass(frozen=True)
@@ -92,7 +71,7 @@ def where() -> Iterator[Where]:
     asyncio.run(_admin(dsn, f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
     asyncio.run(ensure_database(dsn))
     asyncio.run(upgrade_async(dsn))
-    yield Where(dsn, _private_vhost(services.amqp_url))
+    yield Where(dsn, private_vhost(services.amqp_url, VHOST))
     asyncio.run(_admin(dsn, f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
     services.close()
 

@@ -367,16 +367,7 @@ class Rabbit:
 async def reset(where: Where, delays: tuple[float, ...] = DELAYS,
                 endpoints: Iterable[str] = ENDPOINTS) -> None:
     """Delete the endpoints' queues and empty the protocol tables."""
-    connection = await aio_pika.connect(where.amqp_url)
-    try:
-        for endpoint in endpoints:
-            names = topology.queue_names(endpoint, len(delays))
-            for name in (names.work, *names.retries, names.dead_letter):
-                channel = await connection.channel()
-                await channel.queue_delete(name)
-                await channel.close()
-    finally:
-        await connection.close()
+    await topology.delete_queues(where.amqp_url, list(endpoints), len(delays))
     conn = await asyncpg.connect(where.dsn)
     try:
         await conn.execute(f"TRUNCATE {', '.join(TABLES)}")
