@@ -49,7 +49,7 @@ from adapters.postgres.pool import create_pool
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
-from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
+from adapters.s3.blob_store import S3BlobStore
 from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
 from application.codec import encode
@@ -71,7 +71,9 @@ from entrypoints.demo.local import (
     _publish,
     _reset,
     _settled_orders,
+    bucket_client,
     business_states,
+    empty_bucket,
 )
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.tpch import TpchSample
@@ -305,12 +307,7 @@ async def _prepare(settings: Settings, pool: asyncpg.Pool, sample: TpchSample) -
     await stores["payments"].seed_states({
         str(c): open_account(c, b, settings.credit_limit) for c, b in sample.customers})
     await topology.delete_queues(settings.amqp(), list(ENDPOINTS), len(settings.retry_delays_s))
-    async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
-                                  "local") as client:
-        await ensure_bucket(client, settings.s3_bucket)
-        blobs = S3BlobStore(client, settings.s3_bucket)
-        for key in await blobs.keys():
-            await blobs.delete(key)
+    await empty_bucket(settings)
 
 
 async def _one_run(settings: Settings, full: TpchSample, plan: RunPlan, pool: asyncpg.Pool,
@@ -415,8 +412,7 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool, orders:
 async def _check(settings: Settings, sample: TpchSample, pool: asyncpg.Pool, log_dir: Path,
                  result: RunResult) -> None:
     states = await business_states(settings, pool)
-    async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
-                                  "local") as client:
+    async with bucket_client(settings) as client:
         blobs = await S3BlobStore(client, settings.s3_bucket).keys()
     oracle = check_oracle(sample, states["orders"], states["ledger"], states["payments"],
                           blobs, settings.credit_limit)

@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from adapters.postgres.state_stream import PostgresStateStream
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
-from adapters.s3.blob_store import S3BlobStore, s3_client_resource
+from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
 from application.codec import encode
@@ -76,6 +77,22 @@ async def _reset(settings: Settings) -> None:
 
 def _secret(value: SecretStr | None) -> str:
     return value.get_secret_value() if value is not None else ""
+
+
+def bucket_client(settings: Settings) -> AbstractAsyncContextManager[Any]:
+    """An S3 client of the run's endpoint and credentials (settings'), for its bucket."""
+    return s3_client_resource(settings.s3_endpoint_url, settings.s3_region,
+                              _secret(settings.s3_access_key), _secret(settings.s3_secret_key))
+
+
+async def empty_bucket(settings: Settings) -> None:
+    """Create the run's bucket when missing, and delete every object in it: the oracle wants
+    one invoice per order and no other object."""
+    async with bucket_client(settings) as client:
+        await ensure_bucket(client, settings.s3_bucket)
+        blobs = S3BlobStore(client, settings.s3_bucket)
+        for key in await blobs.keys():
+            await blobs.delete(key)
 
 
 class Fleet:
@@ -187,15 +204,19 @@ async def run_local_demo(
     published to the gateway's queue: the Spark ingest writes them into the gateway's inbox,
     twice (the re-run adds nothing), and the gateway process relays them."""
     started = time.monotonic()
-    moto = MotoServer()  # one S3 API for every process (each would otherwise start its own)
-    settings = settings.model_copy(update={
-        "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
-        "s3_secret_key": SecretStr("local")})
+    moto = None
+    if settings.s3_endpoint_url is None:  # one S3 API for every process (each would
+        moto = MotoServer()                # otherwise start its own), gone after the run
+        settings = settings.model_copy(update={"s3_endpoint_url": moto.start()})
+    if settings.s3_access_key is None or settings.s3_secret_key is None:
+        settings = settings.model_copy(update={"s3_access_key": SecretStr("local"),
+                                               "s3_secret_key": SecretStr("local")})
     try:
         return await _run(settings, sample, orders_consumers, duplicates, seed, log_dir,
                           on_progress, timeout_s, started, ingest_dir)
     finally:
-        moto.stop()
+        if moto is not None:
+            moto.stop()
 
 
 async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
@@ -204,6 +225,7 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                ) -> DemoReport:
     rng = random.Random(seed)
     await _reset(settings)
+    await empty_bucket(settings)
     pool = await create_pool(settings.database(), max_size=4)
     stores = postgres_stores(pool, SystemClock())
     await stores["payments"].seed_states({
@@ -327,8 +349,7 @@ async def _report(settings: Settings, sample: TpchSample, stores: dict[str, Any]
                   pool: asyncpg.Pool, fleet: Fleet, injected: int, notes: list[str],
                   seconds: float) -> DemoReport:
     st = await business_states(settings, pool)
-    async with s3_client_resource(settings.s3_endpoint_url, settings.s3_region, "local",
-                                  "local") as client:
+    async with bucket_client(settings) as client:
         blobs = await S3BlobStore(client, settings.s3_bucket).keys()
     oracle = check_oracle(sample, st["orders"], st["ledger"], st["payments"], blobs,
                           settings.credit_limit)
