@@ -38,6 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -82,6 +83,9 @@ from entrypoints.local import postgres_stores
 from entrypoints.settings import Settings
 
 CAMPAIGN_DATABASE = "eo_chaos_campaign"
+#: Payments accounts open with TPC-H c_acctbal plus this: low enough that about one order in
+#: five of a run is refused.
+CAMPAIGN_CREDIT_LIMIT = Decimal("120000")
 #: The processes of one run: name -> endpoint.
 PROCESSES: dict[str, str] = {"payments": "payments", "gateway": "gateway",
                              "orders-0": "orders", "orders-1": "orders", "ledger": "ledger"}
@@ -235,6 +239,8 @@ def campaign_settings(base: Settings, blob_dir: Path, database: str = CAMPAIGN_D
     return base.model_copy(update={
         "profile": "local", "database_dsn": SecretStr(dsn), "token_dsn": None,
         "blob_dir": blob_dir, "max_attempts": 12,
+        # some customers run out of credit: refusals (stored 409s) are exercised too
+        "credit_limit": CAMPAIGN_CREDIT_LIMIT,
         # the retry budget (about 45 s) outlasts a killed process's restart on a loaded
         # machine: a dead letter then means a defect, not an outage longer than the budget
         "retry_delays_s": (0.1, 0.5, 1.0, 2.0, 5.0)})
