@@ -91,8 +91,9 @@ from tests.support.processes import (
     Fleet,
     Rabbit,
     Where,
+    fresh_fleet,
     metric,
-    reset,
+    publisher,
     states,
     unfinished,
     where_for,
@@ -115,24 +116,14 @@ def where() -> Iterator[Where]:
 
 @pytest.fixture
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[Fleet]:
-    await reset(where)
-    blob_dir = tmp_path / "blobs"
-    await asyncio.to_thread(blob_dir.mkdir)
-    started = Fleet(where, blob_dir, tmp_path, pool_size=2)
-    try:
+    async with fresh_fleet(where, tmp_path, pool_size=2) as started:
         yield started
-    finally:
-        started.kill_all()
 
 
 @pytest.fixture
 async def rabbit(where: Where) -> AsyncIterator[Rabbit]:
-    connection = await aio_pika.connect(where.amqp_url)
-    try:
-        yield Rabbit(where.amqp_url, connection,
-                     await connection.channel(publisher_confirms=True))
-    finally:
-        await connection.close()
+    async with publisher(where) as connected:
+        yield connected
 
 
 @pytest.fixture

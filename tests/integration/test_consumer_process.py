@@ -25,7 +25,6 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 import pytest
 from typer.testing import CliRunner
@@ -59,9 +58,10 @@ from tests.support.processes import (
     Fleet,
     Rabbit,
     Where,
+    fresh_fleet,
     logged_at,
     metric,
-    reset,
+    publisher,
     states,
     unfinished,
     until,
@@ -81,24 +81,14 @@ def where() -> Iterator[Where]:
 
 @pytest.fixture
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[Fleet]:
-    blob_dir = tmp_path / "blobs"
-    await reset(where)
-    await asyncio.to_thread(blob_dir.mkdir)
-    started = Fleet(where, blob_dir, tmp_path, pool_size=3)
-    try:
+    async with fresh_fleet(where, tmp_path, pool_size=3) as started:
         yield started
-    finally:
-        started.kill_all()
 
 
 @pytest.fixture
 async def rabbit(where: Where) -> AsyncIterator[Rabbit]:
-    connection = await aio_pika.connect(where.amqp_url)
-    try:
-        channel = await connection.channel(publisher_confirms=True)
-        yield Rabbit(where.amqp_url, connection, channel)
-    finally:
-        await connection.close()
+    async with publisher(where) as connected:
+        yield connected
 
 
 @pytest.fixture

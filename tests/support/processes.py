@@ -35,7 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -419,3 +419,28 @@ async def unfinished(pool: asyncpg.Pool) -> int:
     """Transaction records committed and not yet finished, all endpoints."""
     return int(await pool.fetchval(
         "SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL"))
+
+
+@contextlib.asynccontextmanager
+async def fresh_fleet(where: Where, tmp_path: Path, pool_size: int = 2) -> AsyncIterator[Fleet]:
+    """A `Fleet` over emptied queues and tables (`reset`) with its own blob directory under
+    `tmp_path`; every process it started is killed on exit."""
+    await reset(where)
+    blob_dir = tmp_path / "blobs"
+    await asyncio.to_thread(blob_dir.mkdir)
+    started = Fleet(where, blob_dir, tmp_path, pool_size=pool_size)
+    try:
+        yield started
+    finally:
+        started.kill_all()
+
+
+@contextlib.asynccontextmanager
+async def publisher(where: Where) -> AsyncIterator[Rabbit]:
+    """A connection to the test's broker with a publisher-confirm channel, closed on exit."""
+    connection = await aio_pika.connect(where.amqp_url)
+    try:
+        yield Rabbit(where.amqp_url, connection,
+                     await connection.channel(publisher_confirms=True))
+    finally:
+        await connection.close()
