@@ -62,7 +62,7 @@ from application.envelope import TOKEN_HEADER, Envelope
 from domain.sample.ledger import CustomerLedger
 from domain.sample.payments import open_account
 from entrypoints.chaos.checks import at_rest, audit_logs, dead_letters, read_logs
-from entrypoints.demo.local import Fleet, _final_sweep
+from entrypoints.demo.local import Fleet, final_sweep
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.tpch import Command, TpchSample, generate
 from entrypoints.embedded import ENDPOINTS
@@ -660,7 +660,7 @@ class Run:
             structlog.configure(**saved)
 
     async def _final_sweep(self) -> None:
-        await _final_sweep(self.settings.model_copy(update={
+        await final_sweep(self.settings.model_copy(update={
             "payments_url": self.cluster.fleet.payments_url,
             "payments_token": SecretStr(self.cluster.token)}))
 
@@ -813,3 +813,18 @@ def loser_cleaned(result: Verified, loser: str, endpoint: str = "orders") -> set
                                                    loser_attempt_id=loser)}
 
 
+
+
+def replaced_after_crash(result: Verified, failpoint: str, kind: str) -> str:
+    """Assert the row "a finalising attempt died at `failpoint`, another attempt won": the
+    crash really happened; the crashed attempt's message ran its handler twice in all
+    (crashed attempt, winner) and committed once, by the other attempt; the winner's finish
+    cleaned the crashed attempt's `kind` artifact. Returns the message ID."""
+    crashed(result, failpoint)
+    attempt = result.exit_of("orders-a").last("handler.invoked")
+    m, loser = attempt["message_id"], attempt["attempt_id"]
+    assert result.runs("orders", m) == 2
+    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
+    assert commit["attempt_id"] != loser
+    assert kind in loser_cleaned(result, loser)
+    return str(m)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.cluster import Run, crashed, loser_cleaned, pick_orders
+from tests.chaos.cluster import Run, crashed, loser_cleaned, pick_orders, replaced_after_crash
 
 ONE_ORDER = pick_orders(1, seed=1)
 #: the finalising message of ONE_ORDER is the orders process's K-th commit
@@ -65,13 +65,7 @@ async def test_crash_after_register(chaos: Run, kind: str) -> None:
     finish cleaned the crashed attempt's `kind` record; nothing at rest (no record left)."""
     await one_order(chaos, f"after_register:{kind}=crash@1")
     result = await chaos.verify()
-    crashed(result, f"after_register:{kind}")
-    attempt = result.exit_of("orders-a").last("handler.invoked")
-    m, loser = attempt["message_id"], attempt["attempt_id"]
-    assert result.runs("orders", m) == 2
-    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
-    assert commit["attempt_id"] != loser
-    assert kind in loser_cleaned(result, loser)
+    replaced_after_crash(result, f"after_register:{kind}", kind)
 
 
 @pytest.mark.parametrize("kind", ["blob", "http_request"])
@@ -84,13 +78,7 @@ async def test_crash_after_create(chaos: Run, kind: str) -> None:
     invoice and payments no request (the oracle and `verify` check the rest)."""
     await one_order(chaos, f"after_create:{kind}=crash@1")
     result = await chaos.verify()
-    crashed(result, f"after_create:{kind}")
-    attempt = result.exit_of("orders-a").last("handler.invoked")
-    m, loser = attempt["message_id"], attempt["attempt_id"]
-    assert result.runs("orders", m) == 2
-    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
-    assert commit["attempt_id"] != loser
-    assert kind in loser_cleaned(result, loser)
+    replaced_after_crash(result, f"after_create:{kind}", kind)
     assert set(result.blobs_before) == result.invoices
     assert result.before_sweep["requests on payments"] == 0
 

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from tests.chaos.cluster import Run, crashed, loser_cleaned, pick_orders
+from tests.chaos.cluster import Run, crashed, pick_orders, replaced_after_crash
 
 GENERAL_PATH = True
 ONE_ORDER = pick_orders(1, seed=3)
@@ -38,13 +38,7 @@ async def test_crash_after_registering_or_creating_a_message_token(chaos: Run,
     message record; no token left before the final sweep (`verify`)."""
     await one_order(chaos, "orders-a", "orders", f"{point}:message=crash@1")
     result = await chaos.verify()
-    crashed(result, f"{point}:message")
-    attempt = result.exit_of("orders-a").last("handler.invoked")
-    m, loser = attempt["message_id"], attempt["attempt_id"]
-    assert result.runs("orders", m) == 2
-    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
-    assert commit["attempt_id"] != loser
-    assert "message" in loser_cleaned(result, loser)
+    replaced_after_crash(result, f"{point}:message", "message")
 
 
 async def test_artifact_created_after_the_winners_clean_up_is_left_to_the_deferred_clean_up(
