@@ -68,13 +68,13 @@ from entrypoints.chaos.checks import (
 from entrypoints.container import CRASH_EXIT
 from entrypoints.demo.local import (
     Fleet,
-    _final_sweep,
-    _publish,
-    _reset,
-    _settled_orders,
     bucket_client,
     business_states,
     empty_bucket,
+    final_sweep,
+    publish_commands,
+    reset_service,
+    settled_orders,
 )
 from entrypoints.demo.oracle_check import check_oracle
 from entrypoints.demo.tpch import TpchSample
@@ -275,7 +275,7 @@ async def run_campaign(
     root = log_root or temp
     assert root is not None
     try:
-        await _reset(settings)
+        await reset_service(settings)
         pool = await create_pool(settings.database(), max_size=2)
         try:
             keys = sorted(sample.expected)
@@ -340,7 +340,7 @@ async def _one_run(settings: Settings, full: TpchSample, plan: RunPlan, pool: as
             if name != "payments":
                 fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
         rng = random.Random(plan.shuffle_seed)
-        copies = await _publish(rabbit, sample, plan.duplicate_rate, rng)
+        copies = await publish_commands(rabbit, sample, plan.duplicate_rate, rng)
         result.deliveries_published = len(sample.commands) + copies
         faults["duplicate (published twice)"] += copies
         faults["out-of-order input (commands shuffled)"] += len(sample.commands)
@@ -361,7 +361,7 @@ async def _one_run(settings: Settings, full: TpchSample, plan: RunPlan, pool: as
             await _quiesce(settings, fleet, pool, len(sample.expected), [], faults,
                            timeout_s, time.monotonic(), result.violations)
         codes = fleet.stop_all(keep=("payments",))
-        await _final_sweep(settings.model_copy(update={
+        await final_sweep(settings.model_copy(update={
             "payments_url": fleet.payments_url,
             "payments_token": SecretStr(fleet.env["EO_PAYMENTS_TOKEN"])}))
         # 0: a graceful stop; -SIGTERM: still starting up (no handler yet), nothing to lose
@@ -397,7 +397,7 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool, orders:
                 fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
                 if name == "payments":
                     await fleet.wait_for_payments()
-        settled = await _settled_orders(pool)
+        settled = await settled_orders(pool)
         while kills and kills[0][0] <= settled:
             _, name = kills.pop(0)
             fleet.kill(name)

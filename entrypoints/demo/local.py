@@ -60,7 +60,7 @@ def demo_settings(base: Settings, blob_dir: Path) -> Settings:
                                    "blob_dir": blob_dir})
 
 
-async def _reset(settings: Settings) -> None:
+async def reset_service(settings: Settings) -> None:
     """Drop and re-create the database `settings` names (then migrate), and delete the
     endpoints' queues on its broker: a run starts from nothing."""
     parts = urlsplit(settings.database())
@@ -224,7 +224,7 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                timeout_s: float, started: float, ingest_dir: Path | None = None
                ) -> DemoReport:
     rng = random.Random(seed)
-    await _reset(settings)
+    await reset_service(settings)
     await empty_bucket(settings)
     pool = await create_pool(settings.database(), max_size=4)
     stores = postgres_stores(pool, SystemClock())
@@ -246,7 +246,7 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
     codes: dict[str, int | None] = {}
     try:
         if ingest_dir is None:
-            injected = await _publish(rabbit, sample, duplicates, rng)
+            injected = await publish_commands(rabbit, sample, duplicates, rng)
         else:  # the outside producer is the Spark job; its copies never reach the broker
             injected = 0
             notes.extend(await asyncio.to_thread(ingest_twice, settings, ingest_dir))
@@ -255,7 +255,7 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
         # settled; 15 s otherwise, e.g. when dead letters keep orders from completing)
         while idle < (3 if last == len(sample.expected) else 15):
             await asyncio.sleep(1.0)
-            done = await _settled_orders(pool)
+            done = await settled_orders(pool)
             on_progress(done)
             if not killed and done >= len(sample.expected) // 3:
                 fleet.kill("orders-0")
@@ -272,7 +272,7 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                 raise TimeoutError(f"no quiescence after {timeout_s} s")
         codes.update(fleet.stop_all(keep=("payments",)))
         # the final sweep may still DELETE requests on the callee: payments stops after it
-        await _final_sweep(settings.model_copy(update={
+        await final_sweep(settings.model_copy(update={
             "payments_url": fleet.payments_url,
             "payments_token": SecretStr(fleet.env["EO_PAYMENTS_TOKEN"])}))
     finally:
@@ -283,8 +283,8 @@ async def _run(settings: Settings, sample: TpchSample, orders_consumers: int,
                          time.monotonic() - started)
 
 
-async def _publish(rabbit: RabbitConnection, sample: TpchSample, rate: float,
-                   rng: random.Random) -> int:
+async def publish_commands(rabbit: RabbitConnection, sample: TpchSample, rate: float,
+                           rng: random.Random) -> int:
     """Commands, shuffled, to the gateway; a share `rate` published twice at once (concurrent
     copies) or again at the end (a late re-send). Returns the copies injected."""
     dispatcher = RabbitDispatcher(rabbit)
@@ -309,7 +309,7 @@ async def _publish(rabbit: RabbitConnection, sample: TpchSample, rate: float,
     return injected + len(late)
 
 
-async def _settled_orders(pool: asyncpg.Pool) -> int:
+async def settled_orders(pool: asyncpg.Pool) -> int:
     """Orders confirmed or rejected so far (orders is always a token endpoint; the ledger
     may keep its state in a stream)."""
     value = await pool.fetchval(
@@ -318,7 +318,7 @@ async def _settled_orders(pool: asyncpg.Pool) -> int:
     return int(value)
 
 
-async def _final_sweep(settings: Settings) -> None:
+async def final_sweep(settings: Settings) -> None:
     """Every endpoint's sweeper once, as if every grace period had passed (quiescence)."""
     configure_logging("WARNING")  # the report is the output; the processes' logs are on disk
     container = LocalContainer(settings=settings.model_copy(update={"duplicate_rate": 0.0}))
