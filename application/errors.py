@@ -7,6 +7,12 @@ class ProtocolError(Exception):
     """Base of the errors the processor raises; never raised itself."""
 
 
+class Duplicate(ProtocolError):
+    """The delivery turned out to be a duplicate (its token is gone, its processed-message row
+    exists, or its transaction was committed earlier): the consumer acks it. Not an error of
+    the message; raised inside processing to end an attempt early."""
+
+
 class Conflict(ProtocolError):
     """An optimistic-concurrency check failed: another attempt changed the partition first.
 
@@ -28,11 +34,22 @@ class TransientError(ProtocolError):
     """
 
 
+class DeadLetterRefused(TransientError):
+    """The dead-letter queue refused the copy (it is full: its byte bound, with
+    `reject-publish`). The delivery is untouched; the consumer parks it in a retry queue and
+    counts `message.dead_letter_refused`, so nothing is lost while an operator drains the
+    dead-letter queue."""
+
+
 class PermanentError(ProtocolError):
     """A failure no retry can fix; the consumer dead-letters the delivery with `reason`.
 
     The token stays, so a message replayed from the dead-letter queue is processed normally.
+    `replayable` is False for a message no replay can fix (malformed, of no known type): its
+    dead letter carries a clipped body.
     """
+
+    replayable = True
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -42,13 +59,31 @@ class PermanentError(ProtocolError):
 class MalformedMessage(PermanentError):
     """The body cannot be decoded into the message type it claims, or a header is missing."""
 
+    replayable = False
+
+
+class MessageIdReused(PermanentError):
+    """A message ID already processed arrived with another body: not a copy of that message
+    but another one under its ID (a producer's bug, or a forged pre-emptive send). Dead-
+    lettered, never acked as a duplicate, so the message is not lost silently."""
+
+    def __init__(self, message_id: object) -> None:
+        super().__init__(f"message ID {message_id} reused with another body")
+
 
 class UnknownMessageType(PermanentError):
     """The endpoint has no handler for the message's type."""
 
+    replayable = False
+
 
 class HandlerRejected(PermanentError):
     """The handler raised `domain.errors.Rejected`."""
+
+
+class OutsideRetention(PermanentError):
+    """A duplicate whose preceding state-stream entry was truncated by retention: it cannot
+    be re-evaluated (state strategy), so it is dead-lettered, never applied twice."""
 
 
 class Crash(BaseException):

@@ -23,6 +23,8 @@ NAMES: frozenset[str] = frozenset(
         "after_consume_token", "after_tr_clear", "before_ack",
         "after_put", "after_post", "before_delete", "after_delete",
         "callee.after_commit", "callee.before_reply",
+        # the state strategy's (application/state_path.py): it has no TR and no commit
+        "after_state_load", "before_append", "after_append",
     }
 )
 #: Names taking a suffix: `after_register:<kind>`, `after_create:<kind>`, `after_publish:<k>`.

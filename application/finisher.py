@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from application.failpoints import Failpoints
 from application.observability import SIDE_EFFECT_CLEANED, SIDE_EFFECT_PUBLISHED, TOKEN_CONSUMED
-from application.ports import Committed
+from application.ports import Clock, Committed, EventSink, IncomingTokens, PartitionStore
 from application.records import Kind, SideEffectRecord
 from application.side_effects import SideEffects
-
-if TYPE_CHECKING:
-    from application.processor import Ports
 
 _KIND_ORDER = {kind: i for i, kind in enumerate(Kind)}
 
@@ -31,16 +27,25 @@ class Finisher:
     def __init__(
         self,
         endpoint: str,
-        ports: Ports,
+        store: PartitionStore,
+        tokens: IncomingTokens | None,
         effects: SideEffects,
-        failpoints: Failpoints | None,
-        cleanup_grace: timedelta,
+        clock: Clock,
+        events: EventSink,
+        failpoints: Failpoints | None = None,
+        cleanup_grace: timedelta = timedelta(minutes=30),
+        colocated_tokens: bool = False,
     ) -> None:
+        """`tokens`: the endpoint's own, consumed last (None on the outbox path, which
+        consumes no token: its messages come with none); `colocated_tokens`: they are
+        `store`'s token table, so consuming the token and clearing the TR are one statement
+        (protocol 3.2's fast path)."""
         self._endpoint = endpoint
-        self._ports = ports
+        self._store, self._tokens, self._clock, self._events = store, tokens, clock, events
         self.effects = effects
         self._fp = failpoints
         self._grace = cleanup_grace
+        self._colocated = colocated_tokens and tokens is not None
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
                      committed: Committed | None = None) -> bool:
@@ -49,11 +54,11 @@ class Finisher:
         `committed`: what the committer's own commit returned (version and records), which
         stands for the fenced read: the committer may skip it.
         """
-        ports, fp, ev = self._ports, self._fp, self._ports.events
+        store, fp, ev = self._store, self._fp, self._events
         if committed is not None:
             version, records = committed.version, committed.records
         else:
-            tr, records = await ports.store.load_tr_with_records(partition)
+            tr, records = await store.load_tr_with_records(partition)
             if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
                 return False
             version = tr.version
@@ -71,23 +76,24 @@ class Finisher:
         if fp:
             await fp.hit("after_publish_all")
         for rec in aborted:  # losers go before the token: I8 holds once the message is consumed
-            await self.effects.clean_up(rec.kind, rec.key)
+            await self.effects.clean_up(rec.kind, rec.key, rec.payload)
             ev.emit(SIDE_EFFECT_CLEANED, kind=str(rec.kind), key=rec.key,
                     loser_attempt_id=str(rec.attempt_id), **fields)
         if fp:
             await fp.hit("after_cleanup_aborted")
-        due = ports.clock.now() + self._grace
-        if ports.colocated_tokens:  # consume and clear in one transaction (3.2 fast path)
-            await ports.store.clear(partition, version, records, aborted, due, message_id)
+        due = self._clock.now() + self._grace
+        if self._colocated:  # consume and clear in one transaction (3.2 fast path)
+            await store.clear(partition, version, records, aborted, due, message_id)
             ev.emit(TOKEN_CONSUMED, **fields)
             if fp:
                 await fp.hit("after_consume_token")
         else:
-            await ports.tokens.delete(message_id)  # consume: the last publication step
-            ev.emit(TOKEN_CONSUMED, **fields)
+            if self._tokens is not None:
+                await self._tokens.delete(message_id)  # consume: the last publication step
+                ev.emit(TOKEN_CONSUMED, **fields)
             if fp:
                 await fp.hit("after_consume_token")
-            await ports.store.clear(partition, version, records, aborted, due)
+            await store.clear(partition, version, records, aborted, due)
         if fp:
             await fp.hit("after_tr_clear")
         return True

@@ -11,7 +11,7 @@ from typing import Any
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import PermanentError, TransientError
 from application.failpoints import Failpoints
-from application.ports import PutResult, RequestStore
+from application.ports import Clock, PutResult, RequestStore, StoredReplies
 from application.processor import Processor
 
 _PUT_STATUS = {PutResult.CREATED: 201, PutResult.SAME: 200, PutResult.DIFFERENT: 409,
@@ -21,11 +21,17 @@ _PUT_STATUS = {PutResult.CREATED: 201, PutResult.SAME: 200, PutResult.DIFFERENT:
 @dataclass(frozen=True)
 class CalleeResponse:
     """What the HTTP layer sends: status, JSON body, and whether it is a stored business
-    response (then the header `EO-Stored-Response: true` goes with it)."""
+    response (then the header `EO-Stored-Response: true` goes with it). `internal` says
+    what failed inside, for the log only: a response never tells a client (hosts, SQL)."""
 
     status: int
     body: Mapping[str, Any]
     stored: bool = False
+    internal: str | None = None
+
+
+#: The body of every 503: retry later, nothing more.
+UNAVAILABLE: Mapping[str, Any] = {"error": "temporarily unavailable: retry"}
 
 
 class HttpCallee:
@@ -43,13 +49,27 @@ class HttpCallee:
         self,
         processor: Processor,
         requests: RequestStore,
+        replies: StoredReplies,
+        clock: Clock,
         request_type: str,
         failpoints: Failpoints | None = None,
     ) -> None:
         self.processor = processor
         self.requests = requests
+        self.replies = replies
+        self.clock = clock
         self.request_type = request_type
         self._fp = failpoints
+
+    @property
+    def endpoint(self) -> str:
+        """The callee endpoint's name."""
+        return self.processor.endpoint
+
+    @property
+    def request_class(self) -> type | None:
+        """The dataclass a stored request's body decodes to (None: not registered)."""
+        return self.processor.runner.endpoint.messages.get(self.request_type)
 
     def _envelope(self, request_id: uuid.UUID, body: bytes) -> Envelope:
         return Envelope(request_id, self.request_type, body, MappingProxyType({TOKEN_HEADER: "1"}))
@@ -69,7 +89,6 @@ class HttpCallee:
     async def post(self, request_id: uuid.UUID) -> CalleeResponse:
         """Process the request once and answer its stored response (same on every retry);
         404 unknown, 503 on a transient failure (nothing committed), 422 when rejected."""
-        store = self.processor.ports.store
         # a request still unanswered may have a committed, unfinished transaction: processing
         # finishes it first (publication, then "answered"), then the stored reply is read
         stored = await self.requests.get(request_id)
@@ -79,26 +98,26 @@ class HttpCallee:
             except PermanentError as exc:
                 return CalleeResponse(422, {"error": exc.reason})
             except TransientError as exc:
-                return CalleeResponse(503, {"error": str(exc)})
-        reply = await store.stored_reply(request_id)
+                return CalleeResponse(503, UNAVAILABLE, internal=str(exc))
+        reply = await self.replies.stored_reply(request_id)
         if reply is None:
             return CalleeResponse(404, {"error": f"unknown request {request_id}"})
         if self._fp:
             try:
                 await self._fp.hit("before_reply")
             except TransientError as exc:  # the reply is lost: the caller retries
-                return CalleeResponse(503, {"error": str(exc)})
+                return CalleeResponse(503, UNAVAILABLE, internal=str(exc))
         return CalleeResponse(reply.status, reply.body, stored=True)
 
     async def get(self, request_id: uuid.UUID) -> CalleeResponse:
         """The stored response, or 404."""
-        reply = await self.processor.ports.store.stored_reply(request_id)
+        reply = await self.replies.stored_reply(request_id)
         if reply is None:
             return CalleeResponse(404, {"error": f"no response for {request_id}"})
         return CalleeResponse(reply.status, reply.body, stored=True)
 
     async def delete(self, request_id: uuid.UUID) -> CalleeResponse:
         """Remove request and response, keep a tombstone (also for an unknown ID): 204."""
-        await self.requests.remove(request_id, self.processor.ports.clock.now())
-        await self.processor.ports.store.delete_reply(request_id)
+        await self.requests.remove(request_id, self.clock.now())
+        await self.replies.delete_reply(request_id)
         return CalleeResponse(204, {})

@@ -1,14 +1,18 @@
-"""The caller's half of HTTP request/response (protocol 6): response classification."""
+"""The caller's half of HTTP request/response (protocol 6): POSTing a follow-up's request and
+classifying the answer, and the race of a 404 with `finish`."""
 
 from __future__ import annotations
 
-from application.errors import PermanentError, TransientError
+from application.envelope import REQUEST_URL_HEADER, Envelope, capped
+from application.errors import Conflict, Duplicate, PermanentError, TransientError
 from application.failpoints import Failpoints
-from application.ports import HttpRequests
+from application.ports import HttpRequests, IncomingTokens, PartitionStore
 from domain.context import HttpResponse
 
 #: Response header marking a stored business response.
 STORED_RESPONSE_HEADER = "EO-Stored-Response"
+#: The most of a callee's error body a permanent error (a dead-letter reason) quotes.
+MAX_ERROR_BODY_CHARS = 200
 
 
 async def collect_response(
@@ -30,4 +34,45 @@ async def collect_response(
         return None
     if result.status >= 500:
         raise TransientError(f"callee answered {result.status} for {url}")
-    raise PermanentError(f"callee answered {result.status} for {url}: {dict(result.body)}")
+    # a callee's body is its to choose: a bounded prefix goes into the dead-letter reason
+    body = capped(str(dict(result.body)), MAX_ERROR_BODY_CHARS)
+    raise PermanentError(f"callee answered {result.status} for {url}: {body}")
+
+
+class HttpCaller:
+    """What an endpoint that calls HTTP callees does with its follow-up messages.
+
+    `http` is None when the endpoint calls nobody (a follow-up then is a permanent error);
+    `tokens` and `store` are the endpoint's, read to decide a 404's meaning. A follow-up's
+    request URL is trusted because it comes from the follow-up's token (the claim check our
+    own endpoint wrote, addressed to this endpoint), never from a delivery's headers.
+    """
+
+    def __init__(self, http: HttpRequests | None, tokens: IncomingTokens, store: PartitionStore,
+                 failpoints: Failpoints | None = None) -> None:
+        self.http, self.tokens, self.store, self._fp = http, tokens, store, failpoints
+
+    async def follow_up_response(self, stored: Envelope, partition: str) -> HttpResponse | None:
+        """The callee's stored response for a follow-up message (None for any other message).
+
+        Raises `PermanentError` when no HTTP client is configured or the request is unknown
+        to the callee while the follow-up's token exists, `Duplicate` when the token is gone,
+        and `Conflict` when the 404 races with a concurrent copy's `finish`: that copy may be
+        between its DELETE and its token delete, so the TR is read BEFORE the token (`finish`
+        consumes the token before it clears the TR: an idle TR with the token still there
+        means the request is really unknown). Protocol 6 checks the token alone, which races
+        with finish (project amendment).
+        """
+        url = stored.header(REQUEST_URL_HEADER)
+        if url is None:
+            return None
+        if self.http is None:
+            raise PermanentError("HTTP follow-up received but no HTTP client is configured")
+        result = await collect_response(self.http, url, self._fp)
+        if result is not None:
+            return result
+        if (await self.store.load_tr(partition)).is_committed:
+            raise Conflict(f"request {url} deleted by a committed copy")
+        if not await self.tokens.exists(stored.message_id):
+            raise Duplicate
+        raise PermanentError(f"request {url} unknown on the callee")

@@ -16,18 +16,27 @@ TOKEN_CONSUMED: Final = "token.consumed"
 MESSAGE_DEAD_LETTERED: Final = "message.dead_lettered"
 MESSAGE_RETRIED: Final = "message.retried"
 SETTLEMENT_FAILED: Final = "message.settlement_failed"
+#: the dead-letter queue refused a dead letter (full): the message waits in a retry queue
+#: (`reason`: why it was to be dead-lettered). Alert on it: the dead-letter queue needs
+#: draining.
+MESSAGE_DEAD_LETTER_REFUSED: Final = "message.dead_letter_refused"
 #: fault injection (protocol 10): a failpoint fired (`failpoint`, `action`)
 FAULT_INJECTED: Final = "fault.injected"
 #: the inbox relay (application/inbox_relay.py): one per row published and marked relayed,
 #: one per relay round that failed
 INBOX_RELAYED: Final = "inbox.relayed"
 INBOX_RELAY_FAILED: Final = "inbox.relay_failed"
+#: consumption supervised (adapters/rabbitmq/consumer.py): the work queue's consumer is gone
+#: (`reason`: channel_closed, cancelled, no_consumer, stalled), then re-created (`after_s`)
+CONSUMER_LOST: Final = "consumer.lost"
+CONSUMER_RESTARTED: Final = "consumer.restarted"
 
 EVENTS: Final = (
     MESSAGE_RECEIVED, MESSAGE_DUPLICATE, HANDLER_INVOKED, TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT, SIDE_EFFECT_PUBLISHED, SIDE_EFFECT_CLEANED, TOKEN_CONSUMED,
-    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, INBOX_RELAYED,
-    INBOX_RELAY_FAILED,
+    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, MESSAGE_DEAD_LETTER_REFUSED,
+    INBOX_RELAYED,
+    INBOX_RELAY_FAILED, CONSUMER_LOST, CONSUMER_RESTARTED,
 )
 
 

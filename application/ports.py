@@ -6,7 +6,7 @@ import enum
 import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ from application.records import (
     DeferredCleanup,
     ProcessedMessage,
     SideEffectRecord,
+    StateEntry,
     TransactionRecord,
 )
 from domain.decisions import Reply
@@ -43,13 +44,39 @@ class Committed:
 class TokenStore(Protocol):
     """Tokens: a row per in-flight message whose existence authorises processing it.
 
-    The row holds the message (claim check), so reading the body and checking the token are
-    one read. All methods are idempotent. Raises `TransientError` when the store is
-    unreachable.
+    A token is *addressed*: it names the endpoint the message was sent to, and only that
+    endpoint may read, check or consume it (every method takes the `endpoint`). A message ID
+    alone never reaches another endpoint's token, so a delivery to one endpoint whose ID
+    equals another's live token (an outside producer can read IDs in logs) finds no token
+    (project amendment to protocol 3; tokens written before the amendment have no address
+    and stay readable by any endpoint of the token path until they drain). The row holds the
+    message (claim check), so reading the body and checking the token are one read. All
+    methods are idempotent. Raises `TransientError` when the store is unreachable.
     """
 
-    async def create(self, envelopes: Sequence[Envelope]) -> None:
-        """Create a token per envelope; an existing token is left as it is."""
+    async def create(self, endpoint: str, envelopes: Sequence[Envelope]) -> None:
+        """Create a token addressed to `endpoint` per envelope; an existing token is left as
+        it is."""
+
+    async def get(self, endpoint: str, message_id: uuid.UUID) -> Envelope | None:
+        """The stored message of the token addressed to `endpoint`, or None when there is no
+        such token (a duplicate, consumed, or addressed to another endpoint)."""
+
+    async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
+        """Whether the token addressed to `endpoint` exists."""
+
+    async def delete(self, endpoint: str, message_id: uuid.UUID) -> None:
+        """Delete the token addressed to `endpoint` (consume); a missing token is a no-op."""
+
+    async def count(self) -> int:
+        """Tokens in flight, all endpoints (a gauge, and the I9 check)."""
+
+
+class IncomingTokens(Protocol):
+    """The tokens one endpoint may consume: what its token path reads, checks after the TR
+    load, and deletes last in `finish` (protocol 3.1). For a consumer, its addressed tokens
+    in the `TokenStore` (`application.token_path.AddressedTokens`); for an HTTP callee, its
+    stored requests (`RequestStore`). Raises `TransientError` when unreachable."""
 
     async def get(self, message_id: uuid.UUID) -> Envelope | None:
         """The stored message, or None when no token exists (duplicate or consumed)."""
@@ -58,19 +85,51 @@ class TokenStore(Protocol):
         """Whether the token exists."""
 
     async def delete(self, message_id: uuid.UUID) -> None:
-        """Delete the token (consume); deleting a missing token is a no-op."""
-
-    async def count(self) -> int:
-        """Tokens in flight (a gauge, and the I9 check)."""
+        """Consume the token; a missing token is a no-op."""
 
 
-class TransactionalStore(Protocol):
-    """The endpoint's transactional store: business state and protocol state per partition.
+@dataclass(frozen=True)
+class CommitRequest:
+    """Everything one commit writes (protocol 3.1), in one transaction:
 
-    Every method is one atomic transaction. Optimistic writes take the transaction record's
-    version the caller loaded and raise `Conflict` when it moved. Raises `TransientError`
-    when the store is unreachable or a commit's outcome is unknown.
+    - `partition`, `expected_version`: the optimistic check (the TR idle at that version);
+    - `state`: the partition's new business state;
+    - `message_id`, `attempt_id`: the TR becomes committed to them;
+    - `records`: side-effect records needing no artifact (inserted by the commit);
+    - `reply`: an HTTP callee's stored business response (protocol 6);
+    - `processed`: the processed-message row (positive-proof path, protocol 4);
+    - `tokens`: outgoing tokens the commit inserts itself (co-located fast path, 3.2), as
+      (destination endpoint, envelope): each addressed to its destination.
     """
+
+    partition: str
+    expected_version: int
+    state: Any
+    message_id: uuid.UUID
+    attempt_id: uuid.UUID
+    records: Sequence[SideEffectRecord] = ()
+    reply: Reply | None = None
+    processed: ProcessedMessage | None = None
+    tokens: Sequence[tuple[str, Envelope]] = ()
+
+
+class PartitionStore(Protocol):
+    """Processing one partition (protocol 3): the transaction record, the business state and
+    the side-effect records, read and written atomically. Optimistic writes take the TR
+    version the caller loaded and raise `Conflict` when it moved. Raises `TransientError`
+    when the store is unreachable or a commit's outcome is unknown."""
+
+    #: Whether tokens live in this store's database (protocol 3.2's co-located fast path):
+    #: then `load` can check a token, `commit` can insert tokens and `clear` can consume one,
+    #: each inside the same statement.
+    holds_tokens: bool
+
+    async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
+        """The transaction record (created idle when missing) and the business state, in one
+        read; with `token` and `holds_tokens`, also whether that token, addressed to this
+        store's endpoint, exists (same snapshot:
+        `finish` consumes a token before it clears the TR, so a reader never sees an idle TR
+        beside the token of a finished message)."""
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         """The partition's transaction record, created idle at version 0 when missing."""
@@ -80,21 +139,6 @@ class TransactionalStore(Protocol):
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
         """The transaction record and all side-effect records of the partition, in one read."""
 
-    #: Whether tokens live in this store's database (protocol 3.2's co-located fast path):
-    #: then `load` can check a token, `commit` can insert tokens and `clear` can consume one,
-    #: each inside the same statement.
-    holds_tokens: bool
-
-    async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
-        """The transaction record (created idle when missing) and the business state, in one
-        read; with `token` and `holds_tokens`, also whether that token exists (same snapshot:
-        `finish` consumes a token before it clears the TR, so a reader never sees an idle TR
-        beside the token of a finished message)."""
-
-    async def load_state(self, partition: str) -> tuple[Any, int]:
-        """The partition's business state (None when never written) and the transaction
-        record's version it belongs to, read together (one consistent snapshot)."""
-
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         """Insert `record` and bump the version, only while the TR is idle at
         `expected_version`. Returns the new version; raises `Conflict` otherwise."""
@@ -102,24 +146,12 @@ class TransactionalStore(Protocol):
     async def registration_valid(self, record: SideEffectRecord) -> bool:
         """The re-check of protocol 3.2: the record still exists and the TR is idle."""
 
-    async def commit(
-        self,
-        partition: str,
-        expected_version: int,
-        state: Any,
-        message_id: uuid.UUID,
-        attempt_id: uuid.UUID,
-        records: Sequence[SideEffectRecord],
-        reply: Reply | None = None,
-        processed: ProcessedMessage | None = None,
-        tokens: Sequence[Envelope] = (),
-    ) -> Committed:
-        """One transaction: write `state`, mark the TR committed to (message, attempt), bump
-        the version, insert `records` (those needing no artifact), store `reply` (HTTP callee),
-        insert `processed` (inbox row; `Conflict` when the message ID already has one) and,
-        with `holds_tokens`, insert `tokens`. Raises `Conflict` unless the TR is idle at
-        `expected_version`. Returns the committed TR's version and every side-effect record
-        of the partition (the transaction's and its losers'): what `finish` would read."""
+    async def commit(self, request: CommitRequest) -> Committed:
+        """Write everything of `request` in one transaction (see `CommitRequest`). Raises
+        `Conflict` unless the TR is idle at `expected_version` (and, with `processed`, the
+        message has no processed-message row yet). Returns the committed TR's version and
+        every side-effect record of the partition (the transaction's and its losers'): what
+        `finish` would read."""
 
     async def clear(
         self,
@@ -133,16 +165,29 @@ class TransactionalStore(Protocol):
         """Compare-and-clear (protocol 3.1): only if the TR is still at `expected_version`,
         make it idle, bump the version, delete exactly `records` and list `aborted` for
         deferred clean-up at `cleanup_due`; with `consume` (and `holds_tokens`) delete that
-        token in the same transaction. Returns whether it cleared."""
+        token, addressed to this store's endpoint, in the same transaction. Returns whether
+        it cleared."""
+
+
+class ProcessedMessages(Protocol):
+    """Processed-message rows of the positive-proof path (protocol 4), written by `commit`."""
 
     async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
-        """The inbox row of `message_id` (positive-proof path), or None."""
+        """The processed-message row of `message_id`, or None."""
+
+
+class StoredReplies(Protocol):
+    """An HTTP callee's stored business responses (protocol 6), written by `commit`."""
 
     async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
-        """The HTTP callee's stored response to request `message_id`, or None."""
+        """The stored response to request `message_id`, or None."""
 
     async def delete_reply(self, message_id: uuid.UUID) -> None:
         """Delete a stored response (idempotent)."""
+
+
+class SweeperQueries(Protocol):
+    """What the sweeper (protocol 8) reads and repairs. Each method is one transaction."""
 
     async def committed_before(self, cutoff: datetime) -> Sequence[TransactionRecord]:
         """Transaction records committed before `cutoff` (sweeper step 1)."""
@@ -161,13 +206,25 @@ class TransactionalStore(Protocol):
         deferred clean-up) take abandoned registrations over. Returns False on conflict."""
 
     async def purge_processed(self, before: datetime) -> int:
-        """Delete inbox rows processed before `before`; returns how many (sweeper step 4)."""
+        """Delete processed-message rows written before `before`; returns how many (sweeper
+        step 4)."""
+
+
+class StoreGauges(Protocol):
+    """Counts for gauges and checks at rest."""
 
     async def unfinished_count(self) -> int:
         """Committed-but-unfinished transaction records."""
 
     async def cleanup_count(self) -> int:
         """Deferred clean-ups still listed (aborted artifacts not yet deleted for good)."""
+
+
+class TransactionalStore(PartitionStore, ProcessedMessages, StoredReplies, SweeperQueries,
+                         StoreGauges, Protocol):
+    """The endpoint's transactional store: business state and protocol state per partition,
+    in one database. Adapters implement every role; each collaborator of the protocol is
+    given only the role it uses (application/assembly.py)."""
 
 
 class MessageDispatcher(Protocol):
@@ -219,7 +276,9 @@ class Inbox(Protocol):
 
 
 class Delivery(Protocol):
-    """One broker delivery of an envelope, to be settled exactly once."""
+    """One broker delivery of an envelope, to be settled exactly once. A copy (retry or dead
+    letter) carries the envelope's headers (the protocol's and the kept ones, each capped:
+    `application.envelope.known_headers`) plus its own, every value capped too."""
 
     envelope: Envelope
     #: 1 on first delivery, incremented by each delayed redelivery.
@@ -231,8 +290,13 @@ class Delivery(Protocol):
     async def retry(self, delay_s: float, reason: str) -> None:
         """Redeliver after `delay_s` seconds (delayed-retry queue), counting an attempt."""
 
-    async def dead_letter(self, reason: str, endpoint: str) -> None:
-        """Move to the dead-letter queue with reason, endpoint and attempt headers."""
+    async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
+                          ) -> None:
+        """Move to the dead-letter queue with reason, endpoint and attempt headers; with
+        `body_limit`, the copy carries at most that many bytes of the body plus its size and
+        SHA-256 (`application.envelope.clipped_body`: a message no replay can use). Raises
+        `DeadLetterRefused` (the delivery untouched) when the dead-letter queue is full,
+        `TransientError` when the broker fails."""
 
 
 class BlobStore(Protocol):
@@ -318,10 +382,10 @@ class PutResult(enum.StrEnum):
     GONE = "gone"  # deleted before (tombstone): 410
 
 
-class RequestStore(TokenStore, Protocol):
-    """The HTTP callee's stored requests. As a `TokenStore` a request is a token: `get` and
-    `exists` see it while stored and not answered, `delete` marks it answered (the consume
-    step). Tombstones of deleted requests are kept for the retention window."""
+class RequestStore(IncomingTokens, Protocol):
+    """The HTTP callee's stored requests. As its `IncomingTokens` a request is a token: `get`
+    and `exists` see it while stored and not answered, `delete` marks it answered (the
+    consume step). Tombstones of deleted requests are kept for the retention window."""
 
     async def put(self, request_id: uuid.UUID, envelope: Envelope) -> PutResult:
         """Store a request create-only; see `PutResult`."""
@@ -337,3 +401,65 @@ class RequestStore(TokenStore, Protocol):
 
     async def count(self) -> int:
         """Requests stored, answered or not (what the caller has yet to DELETE)."""
+
+
+class StateStream(Protocol):
+    """An append-only stream of state snapshots per partition, for one endpoint (the state
+    strategy, application/state_path.py). Every method is one atomic read or write. Raises
+    `TransientError` when unreachable."""
+
+    async def load(
+        self, partition: str, message_id: uuid.UUID
+    ) -> tuple[Any, int, StateEntry | None]:
+        """One consistent read. When `message_id` has no entry: (newest state or None,
+        newest version or 0, None). Otherwise: (the state just before that entry, its
+        version - 1, the entry); raises `OutsideRetention` when that earlier entry was
+        truncated."""
+
+    async def append(
+        self,
+        partition: str,
+        expected_version: int,
+        message_id: uuid.UUID,
+        state: Any,
+        recorded: Mapping[str, Any],
+    ) -> int:
+        """Append entry `expected_version + 1`, only while the newest version is
+        `expected_version` and `message_id` has no entry; returns the new version, raises
+        `Conflict` otherwise."""
+
+    async def truncate(self, before: datetime) -> int:
+        """Drop every entry whose next entry was appended before `before` (the newest entry
+        of a partition always stays). Returns how many were dropped."""
+
+
+@dataclass
+class Ports:
+    """The adapters one endpoint is assembled from (application/assembly.py hands each
+    collaborator only the ports it uses). Built by the composition root per profile."""
+
+    tokens: TokenStore
+    store: TransactionalStore
+    dispatcher: MessageDispatcher
+    clock: Clock
+    ids: IdGenerator
+    events: EventSink
+    blobs: BlobStore | None = None
+    http: HttpRequests | None = None
+    #: callee name -> base URL of its HTTP callee (protocol 6), e.g. {"payments": "http://..."}
+    services: dict[str, str] = field(default_factory=dict)
+    #: renders `Document` blob contents (PDF); required only by handlers that ask for one
+    renderer: DocumentRenderer | None = None
+    #: `tokens` is the token table of `store`'s database (`store.holds_tokens`): the
+    #: co-located fast path of protocol 3.2 (tokens checked, created and consumed inside the
+    #: store's own statements). False keeps the general path.
+    colocated_tokens: bool = False
+    #: the endpoint's state stream; required by (and used only by) `Strategy.STATE`
+    state_stream: StateStream | None = None
+    #: the tokens this endpoint consumes when they are not its addressed tokens in `tokens`:
+    #: an HTTP callee's stored requests (`RequestStore`)
+    incoming: IncomingTokens | None = None
+    #: the endpoints that receive messages with tokens (the `token` strategy): only those
+    #: get a token per message; the others (outbox, state) deduplicate by message ID and
+    #: consume no token. None: every destination gets one.
+    token_receivers: frozenset[str] | None = None

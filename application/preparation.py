@@ -13,6 +13,15 @@ from application.codec import encode
 from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
 from application.errors import Conflict, PermanentError
 from application.failpoints import Failpoints
+from application.ports import (
+    BlobStore,
+    Clock,
+    DocumentRenderer,
+    HttpRequests,
+    IdGenerator,
+    PartitionStore,
+    TokenStore,
+)
 from application.records import Kind, SideEffectRecord
 from application.side_effects import message_payload
 from domain.decisions import CallHttp, CreateBlob, Decision, Outgoing
@@ -20,19 +29,18 @@ from domain.decisions import CallHttp, CreateBlob, Decision, Outgoing
 if TYPE_CHECKING:
     import uuid
 
-    from application.processor import Ports
-
 
 @dataclass(frozen=True)
 class Prepared:
     """What the commit needs: the expected TR version after the registrations, the records
-    the commit inserts itself, and the outgoing messages (for the inbox row)."""
+    the commit inserts itself, and the outgoing messages (for the processed-message row)."""
 
     version: int
     records: tuple[SideEffectRecord, ...]
     outgoing: tuple[Mapping[str, str], ...]
-    #: tokens the commit inserts itself (co-located fast path), else empty
-    tokens: tuple[Envelope, ...] = ()
+    #: tokens the commit inserts itself (co-located fast path), else empty: (destination
+    #: endpoint, envelope), each addressed to its destination
+    tokens: tuple[tuple[str, Envelope], ...] = ()
 
 
 class Preparation:
@@ -43,9 +51,32 @@ class Preparation:
     artifacts are deleted by the winner's clean-up or, after a failed re-check, here).
     """
 
-    def __init__(self, endpoint: str, ports: Ports, failpoints: Failpoints | None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        store: PartitionStore,
+        tokens: TokenStore,
+        clock: Clock,
+        ids: IdGenerator,
+        failpoints: Failpoints | None = None,
+        blobs: BlobStore | None = None,
+        http: HttpRequests | None = None,
+        services: Mapping[str, str] | None = None,
+        renderer: DocumentRenderer | None = None,
+        colocated_tokens: bool = False,
+        token_receivers: frozenset[str] | None = None,
+    ) -> None:
+        """`services`: callee name -> base URL; `colocated_tokens`: outgoing tokens are
+        inserted by the commit (protocol 3.2's fast path), not registered and created;
+        `token_receivers`: the destinations that consume tokens (None: all). A message to
+        any other destination (an outbox or state receiver, which deduplicates by message
+        ID) gets no token and no token header: nobody would consume it."""
         self._endpoint = endpoint
-        self._ports = ports
+        self._store, self._tokens, self._clock, self._ids = store, tokens, clock, ids
+        self._blobs, self._http, self._renderer = blobs, http, renderer
+        self._services = dict(services or {})
+        self._colocated = colocated_tokens
+        self._token_receivers = token_receivers
         self._fp = failpoints
 
     async def run(
@@ -57,9 +88,8 @@ class Preparation:
         decision: Decision[Any],
     ) -> Prepared:
         """Register, create and re-check every artifact of `decision`; see the class doc."""
-        ports = self._ports
         seq = iter(range(1_000_000))
-        now = ports.clock.now()
+        now = self._clock.now()
 
         def record(
             kind: Kind, key: str, payload: Mapping[str, str] | None = None
@@ -67,7 +97,7 @@ class Preparation:
             return SideEffectRecord(partition, kind, key, incoming.message_id, attempt,
                                     next(seq), MappingProxyType(dict(payload or {})), now)
 
-        blobs = ports.blobs
+        blobs = self._blobs
         for blob in decision.blobs:
             if blobs is None:
                 raise PermanentError("the handler asked for a blob but no blob store is configured")
@@ -84,24 +114,29 @@ class Preparation:
             follow_up_headers[REQUEST_URL_HEADER] = url
         payloads: list[Mapping[str, str]] = []
         extra: list[SideEffectRecord] = []
-        tokens: list[Envelope] = []
+        tokens: list[tuple[str, Envelope]] = []
         for index, out in enumerate(outgoing):
-            headers = {TOKEN_HEADER: "1"}
+            destination = out.destination
+            tokened = self._token_receivers is None or destination in self._token_receivers
+            headers = {TOKEN_HEADER: "1"} if tokened else {}
             if follow_up_headers and index == len(outgoing) - 1:
                 headers.update(follow_up_headers)
-            envelope = Envelope(ports.ids(), type(out.message).__name__, encode(out.message),
+            envelope = Envelope(self._ids(), type(out.message).__name__, encode(out.message),
                                 MappingProxyType(headers))
-            payload = message_payload(out.destination, envelope)
+            payload = message_payload(destination, envelope)
             payloads.append(MappingProxyType({**payload, "message_id": str(envelope.message_id)}))
             message_record = record(Kind.MESSAGE, str(envelope.message_id), payload)
-            if ports.colocated_tokens:  # the token exists exactly when the commit does (3.2)
+            if not tokened:  # no artifact: the commit inserts the record, finish dispatches
                 extra.append(message_record)
-                tokens.append(envelope)
+                continue
+            if self._colocated:  # the token exists exactly when the commit does (3.2)
+                extra.append(message_record)
+                tokens.append((destination, envelope))
                 continue
             version = await self._artifact(
                 message_record, version,
-                create=partial(ports.tokens.create, [envelope]),
-                delete=partial(ports.tokens.delete, envelope.message_id))
+                create=partial(self._tokens.create, destination, [envelope]),
+                delete=partial(self._tokens.delete, destination, envelope.message_id))
         request_url = incoming.header(REQUEST_URL_HEADER)
         if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)
             extra.append(record(Kind.HTTP_DELETE, request_url))
@@ -110,7 +145,7 @@ class Preparation:
     def _content(self, blob: CreateBlob) -> tuple[bytes, str]:
         if isinstance(blob.content, bytes):
             return blob.content, blob.media_type
-        renderer = self._ports.renderer
+        renderer = self._renderer
         if renderer is None:
             raise PermanentError("the handler asked for a document but no renderer is configured")
         try:
@@ -124,11 +159,11 @@ class Preparation:
         version: int,
         call: CallHttp,
     ) -> tuple[str, int]:
-        ports, http = self._ports, self._ports.http
-        base = ports.services.get(call.service)
+        http = self._http
+        base = self._services.get(call.service)
         if http is None or base is None:
             raise PermanentError(f"no HTTP callee configured for service {call.service!r}")
-        url = f"{base.rstrip('/')}/requests/{ports.ids()}"
+        url = f"{base.rstrip('/')}/requests/{self._ids()}"
         body = json.dumps(call.body, sort_keys=True, default=str).encode()
 
         async def put() -> None:
@@ -148,7 +183,7 @@ class Preparation:
         delete: Callable[[], Awaitable[None]],
     ) -> int:
         """register -> create -> re-check one artifact; returns the new expected version."""
-        store, fp = self._ports.store, self._fp
+        store, fp = self._store, self._fp
         version = await store.register(rec, version)
         if fp:
             await fp.hit(f"after_register:{rec.kind}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 
 class Kind(StrEnum):
@@ -73,16 +74,19 @@ class DeferredCleanup:
 
 @dataclass(frozen=True)
 class ProcessedMessage:
-    """Inbox row of the positive-proof path (protocol 4): the stored outgoing messages.
+    """Processed-message row of the positive-proof path (protocol 4): the proof that
+    `message_id` was processed, with the stored outgoing messages.
 
     `outgoing` holds (destination, envelope fields) per message, byte-identical on every
-    re-publication.
+    re-publication; `body_sha256` the processed body's SHA-256 (hex), so a known ID with
+    another body is told from a copy (None on rows written before it was kept).
     """
 
     message_id: uuid.UUID
     partition: str
     outgoing: tuple[Mapping[str, str], ...]
     processed_at: datetime
+    body_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,17 @@ class Abandoned:
     partition: str
     version: int
     records: tuple[SideEffectRecord, ...]
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One entry of a partition's state stream (state strategy): the message applied at
+    `version` (1, 2, ...), the state after it, and the context recorded at its first
+    processing (`now`, `attempt_id`)."""
+
+    partition: str
+    version: int
+    message_id: uuid.UUID
+    state: Any
+    recorded: Mapping[str, Any]
+    appended_at: datetime

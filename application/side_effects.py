@@ -60,10 +60,12 @@ class SideEffects:
             return True
         return False
 
-    async def clean_up(self, kind: Kind, key: str) -> None:
-        """Delete the artifact of an aborted attempt (a no-op when it was never created)."""
+    async def clean_up(self, kind: Kind, key: str, payload: Mapping[str, str]) -> None:
+        """Delete the artifact of an aborted attempt (a no-op when it was never created):
+        `key` and `payload` are its side-effect record's (a message's token is addressed to
+        the payload's `destination`)."""
         if kind is Kind.MESSAGE:
-            await self.tokens.delete(uuid.UUID(key))
+            await self.tokens.delete(payload["destination"], uuid.UUID(key))
         elif kind is Kind.BLOB:
             if self.blobs is not None:
                 await self.blobs.delete(key)

@@ -7,14 +7,14 @@ from datetime import timedelta
 
 from application.finisher import Finisher
 from application.observability import SIDE_EFFECT_CLEANED
-from application.ports import Clock, EventSink, Inbox, RequestStore, TransactionalStore
+from application.ports import Clock, EventSink, Inbox, RequestStore, SweeperQueries
 
 
 @dataclass(frozen=True)
 class SweepReport:
     """Counts of one sweep: transactions finished, deferred clean-ups done, abandoned
-    registrations taken over, inbox rows (of processed messages), tombstones and relayed
-    boundary inbox rows purged."""
+    registrations taken over, processed-message rows, HTTP tombstones and relayed boundary
+    inbox rows purged."""
 
     finished: int = 0
     deferred_cleaned: int = 0
@@ -31,14 +31,14 @@ class Sweeper:
     - `stale_after`: a committed transaction older than this is finished (step 1);
     - `grace`: longer than any attempt can live; deferred clean-ups are due after it and
       registrations on an idle TR older than it are abandoned (steps 2, 3);
-    - `retention`: inbox rows, HTTP tombstones (with `requests`) and relayed rows of a
-      boundary endpoint's inbox (with `inbox`) older than this are purged (step 4).
+    - `retention`: processed-message rows, HTTP tombstones (with `requests`) and relayed
+      rows of a boundary endpoint's inbox (with `inbox`) older than this are purged (step 4).
     """
 
     def __init__(
         self,
         endpoint: str,
-        store: TransactionalStore,
+        store: SweeperQueries,
         finisher: Finisher,
         clock: Clock,
         events: EventSink,
@@ -69,7 +69,7 @@ class Sweeper:
         cleaned = 0
         due = await self.store.due_cleanups(now)
         for item in due:
-            await self.finisher.effects.clean_up(item.kind, item.key)
+            await self.finisher.effects.clean_up(item.kind, item.key, item.payload)
             self.events.emit(SIDE_EFFECT_CLEANED, endpoint=self.endpoint, kind=str(item.kind),
                              key=item.key, deferred=True)
             cleaned += 1
@@ -79,7 +79,7 @@ class Sweeper:
             # the write fences the registering attempt out first: it can no longer commit
             if await self.store.take_over(abandoned, now + self.grace):
                 for rec in abandoned.records:
-                    await self.finisher.effects.clean_up(rec.kind, rec.key)
+                    await self.finisher.effects.clean_up(rec.kind, rec.key, rec.payload)
                     self.events.emit(SIDE_EFFECT_CLEANED, endpoint=self.endpoint,
                                      kind=str(rec.kind), key=rec.key, partition=rec.partition,
                                      abandoned=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,3 +41,14 @@ class Context:
         handler stays deterministic (protocol 3.2 step 2 and 5).
         """
         return f"{prefix}/{uuid.uuid5(self.attempt_id, f'{prefix}/{index}')}"
+
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def is_artifact_key(key: str, prefixes: Collection[str]) -> bool:
+    """Whether `key` is one `Context.artifact_key` makes under one of `prefixes`:
+    `"<prefix>/<uuid5>"`. What a clean-up of a bucket may touch; any other object (a shared
+    bucket's) is not the service's."""
+    prefix, slash, rest = key.rpartition("/")
+    return bool(slash) and prefix in prefixes and _UUID.match(rest) is not None

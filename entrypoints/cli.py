@@ -1,285 +1,248 @@
-"""The `eo` command line."""
+"""The `eo` command line. Imports stay light at module level (`eo consume --help` starts in a
+fraction of a second): each command imports what it runs, and the tools (`demo`, `chaos`,
+`bench`, `pipeline`) are loaded only when invoked, from the `tools` package when present."""
 
 from __future__ import annotations
 
 import asyncio
-import random
-import tempfile
-from collections.abc import Callable, Coroutine
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import aio_pika
-import asyncpg
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typer import _click as click
+from typer._click.exceptions import UsageError
+from typer.core import TyperCommand, TyperGroup
 
-from application.envelope import Envelope
-from application.errors import PermanentError, TransientError
-from application.failpoints import NAMES, PREFIXES, parse
-from application.observability import CountingSink
-from entrypoints.chaos.cli import chaos
-from entrypoints.container import EmbeddedContainer
-from entrypoints.demo.local import demo_settings, run_local_demo
-from entrypoints.demo.run import DemoReport, DuplicatingDispatcher, run_demo
-from entrypoints.demo.spark_ingest import derived_envelopes, export_input
-from entrypoints.demo.tpch import TpchSample, generate
-from entrypoints.embedded import ENDPOINTS
-from entrypoints.logging import StructlogEventSink, configure_logging
-from entrypoints.operations import inspect, migrate_all
-from entrypoints.pipeline.cli import pipeline_app
-from entrypoints.pipeline.spark import JdbcDriverMissing
-from entrypoints.service import run_consumer, run_payments
-from entrypoints.settings import Settings, SettingsError, load_settings
+if TYPE_CHECKING:
+    from entrypoints.settings import Service, Settings
 
-app = typer.Typer(help="Exactly-once service template: run the demo, inspect the protocol.",
-                  no_args_is_help=True, add_completion=False)
-console = Console(stderr=False)
-app.add_typer(pipeline_app, name="pipeline")
-app.command(name="chaos")(chaos)
+#: The tools' commands: name -> (module, attribute: a Typer app, short help). Listed by
+#: `eo --help` without importing them.
+TOOLS: dict[str, tuple[str, str, str]] = {
+    "demo": ("tools.demo.cli", "demo_app",
+             "The sample end to end with duplicates and faults, checked by its oracle."),
+    "chaos": ("tools.chaos.cli", "chaos_app",
+              "Randomized fault campaign on the sample with real processes."),
+    "bench": ("tools.bench.cli", "bench_app",
+              "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
+    "pipeline": ("tools.pipeline.cli", "pipeline_app",
+                 "The sample's data pipeline on Spark: ingest, audit, sweep, bench."),
+}
+#: The dependency group each tool needs beyond the service's own.
+TOOL_GROUPS = {"demo": "demo", "chaos": "demo", "bench": "dev", "pipeline": "pipeline"}
 
 
-def _settings(**overrides: object) -> Settings:
+class _LazyTool(TyperCommand):
+    """A tool's command, imported when invoked (its short help is known without)."""
+
+    def __init__(self, name: str, module: str, attribute: str, short_help: str) -> None:
+        super().__init__(name, help=short_help, short_help=short_help)
+        self._module, self._attribute = module, attribute
+
+    def _load(self) -> click.Command:
+        try:
+            app = getattr(importlib.import_module(self._module), self._attribute)
+        except ImportError as exc:
+            group = TOOL_GROUPS.get(self.name or "", "dev")
+            raise UsageError(
+                f"`eo {self.name}` needs the `{group}` dependency group ({exc}): "
+                f"`uv sync --group {group}`, or run it through ./dev") from exc
+        command = typer.main.get_command(app)
+        command.name = self.name
+        return command
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        return self._load().make_context(info_name, args, parent=parent, **extra)
+
+
+class _WithTools(TyperGroup):
+    """`eo`'s commands plus the tools present in this installation (lazily loaded)."""
+
+    def _tools(self) -> Iterator[str]:
+        for name, (module, _, _) in TOOLS.items():
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:  # the tools package itself is absent
+                found = False
+            if found:
+                yield name
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *self._tools()]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in TOOLS and cmd_name in set(self._tools()):
+            module, attribute, short_help = TOOLS[cmd_name]
+            command = _LazyTool(cmd_name, module, attribute, short_help)
+        return command
+
+
+app = typer.Typer(cls=_WithTools, no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None,
+                  help="Exactly-once service template: run your service's endpoints, "
+                       "operate them, and (where installed) the tools.")
+
+_PROFILE = Annotated[str | None, typer.Option(
+    help="local or production (default: EO_PROFILE; embedded means local here)")]
+_ENDPOINT = Annotated[str, typer.Option(help="the endpoint's name (see `eo endpoints`)")]
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    """Print `message` in red on stderr; the `typer.Exit(code)` to raise."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[red]{message}[/red]", highlight=False)
+    return typer.Exit(code)
+
+
+def load(profile: str | None = None, services: bool = False, **overrides: object
+         ) -> tuple[Settings, Service]:
+    """Settings (with `profile` and `overrides`) and the service they name; with `services`,
+    the `embedded` profile becomes `local` (commands that need PostgreSQL and RabbitMQ).
+    Exits 2 naming the variable when a setting or the registry is invalid."""
+    from entrypoints.settings import SettingsError, load_settings, resolve_service
+
+    if profile is not None:
+        overrides["profile"] = profile
     try:
-        return load_settings(**overrides)
+        settings = load_settings(**overrides)
+        if services and settings.profile == "embedded":
+            settings = load_settings(**{**overrides, "profile": "local"})
+        return settings, resolve_service(settings)
     except SettingsError as exc:
-        Console(stderr=True).print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc), 2) from exc
 
 
-def _strategies(values: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for value in values:
-        name, sep, strategy = value.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"expected ENDPOINT=STRATEGY, got {value!r}")
-        out[name] = strategy
-    return out
+def run_service(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a service process; exit 69 when the broker stayed away, 2 for a bad setting, 3
+    when a server cannot be reached at start."""
+    from adapters.rabbitmq.connection import BrokerUnavailable
+    from application.errors import PermanentError, TransientError
+    from entrypoints.service import EXIT_BROKER_UNAVAILABLE
+    from entrypoints.settings import SettingsError
+
+    try:
+        asyncio.run(coro)
+    except BrokerUnavailable as exc:  # after start: the orchestrator should restart us
+        raise fail(f"broker unavailable, exiting: {exc}", EXIT_BROKER_UNAVAILABLE) from exc
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from exc
+    except (TransientError, PermanentError) as exc:
+        raise fail(f"cannot start: {exc}", 3) from exc
 
 
 @app.command()
-def demo(
-    sf: Annotated[float, typer.Option(help="TPC-H scale factor (0.001: 1,500 orders)")] = 0.001,
-    consumers: Annotated[int, typer.Option(
-        help="competing consumers per endpoint (local: orders processes, at least 2)")] = 3,
-    duplicates: Annotated[float, typer.Option(help="share of messages re-published")] = 0.15,
-    seed: Annotated[int, typer.Option(help="seed of shuffling and duplicate injection")] = 1,
-    strategy: Annotated[list[str], typer.Option(
-        help="ENDPOINT=token|outbox, repeatable (e.g. ledger=outbox)")] = [],  # noqa: B006
-    log_file: Annotated[Path | None, typer.Option(
-        help="write protocol events as JSON lines here")] = None,
-    profile: Annotated[str, typer.Option(
-        help="embedded (in-process) or local (RabbitMQ, PostgreSQL, processes)")] = "embedded",
-    ingest: Annotated[str, typer.Option(
-        help="how the commands enter: publish (to the gateway's queue) or spark (`eo "
-             "pipeline ingest` into the gateway's inbox, twice; the gateway relays)")]
-        = "publish",
+def consume(endpoint: _ENDPOINT, profile: _PROFILE = None) -> None:
+    """Run one endpoint's consumer (a consumer or a gateway) on RabbitMQ and PostgreSQL: the
+    service's main process, with its sweeper and its status port (/metrics, /ready). Run
+    several for competing consumers. SIGTERM stops it gracefully."""
+    settings, service = load(profile, services=True)
+    if endpoint not in service.registry:
+        raise fail(f"no endpoint {endpoint!r}; the service has {service.registry.names()}", 2)
+    from entrypoints.service import run_consumer
+
+    run_service(run_consumer(settings, service, endpoint))
+
+
+@app.command()
+def serve(endpoint: _ENDPOINT, profile: _PROFILE = None) -> None:
+    """Serve an HTTP callee endpoint (protocol 6: PUT/POST/GET/DELETE /requests/{id}, bearer
+    token `EO_CALLEES__<NAME>__TOKEN`, OpenAPI at /openapi.json) with uvicorn."""
+    settings, service = load(profile, services=True)
+    if endpoint not in service.registry:
+        raise fail(f"no endpoint {endpoint!r}; the service has {service.registry.names()}", 2)
+    from entrypoints.service import run_callee
+
+    run_service(run_callee(settings, service, endpoint))
+
+
+@app.command()
+def embedded(
+    messages: Annotated[str, typer.Argument(
+        help="a JSON-lines file of messages, or - for standard input")] = "-",
+    output: Annotated[str, typer.Option("--format", help="json or text")] = "text",
+    blob_dir: Annotated[Path | None, typer.Option(
+        help="where blobs go (default: a new temporary directory)")] = None,
 ) -> None:
-    """Run the sample end to end with duplicates and out-of-order delivery, check the oracle.
+    """Run every endpoint of the service in this process on the memory adapters, feed them
+    the messages (outside producers' format: one JSON object per line with queue,
+    message_id, type, body), and print the states, the messages sent, the dead letters and
+    what is left at rest. Exits 1 when a message was dead-lettered or rejected."""
+    import tempfile
 
-    Exits 1 when the oracle fails or anything is left behind.
-    """
-    if profile not in ("embedded", "local"):
-        raise typer.BadParameter("embedded or local", param_hint="--profile")
-    if ingest not in ("publish", "spark"):
-        raise typer.BadParameter("publish or spark", param_hint="--ingest")
-    strategies = {name: str(value) for name, value in _settings().strategies.items()}
-    strategies.update(_strategies(strategy))
-    blob_dir = Path(tempfile.mkdtemp(prefix="eo-demo-blobs-"))
-    settings = _settings(strategies=strategies, blob_dir=blob_dir)
-    with console.status(f"generating TPC-H sf={sf} with DuckDB"):
-        sample = generate(sf)
-    ingest_dir = feed = None
-    if ingest == "spark":
-        with console.status(f"exporting TPC-H sf={sf} for the Spark ingest"):
-            ingest_dir = export_input(sf)
-        if profile == "embedded":  # no PostgreSQL: Spark's commands go to the memory inbox
-            with console.status("deriving the commands with Spark"):
-                feed = _spark_commands(settings, ingest_dir)
-    with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        bar = progress.add_task("orders", total=len(sample.expected))
+    from entrypoints.run_embedded import run_embedded
 
-        def advance(done: int) -> None:
-            progress.update(bar, completed=done)
+    if output not in ("json", "text"):
+        raise typer.BadParameter("json or text", param_hint="--format")
+    blobs = blob_dir or Path(tempfile.mkdtemp(prefix="eo-embedded-blobs-"))
+    settings, service = load("embedded", blob_dir=blobs)
+    if messages == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        try:
+            lines = Path(messages).read_text().splitlines()
+        except OSError as exc:
+            raise fail(f"cannot read {messages}: {exc}", 2) from exc
+    report = asyncio.run(run_embedded(settings, service, lines))
+    if output == "json":
+        typer.echo(json.dumps(report.as_json(), indent=2, default=str))
+    else:
+        from entrypoints.report import print_embedded
 
-        if profile == "local":
-            report = _local_demo(settings, sample, consumers, duplicates, seed, advance,
-                                 ingest_dir)
-        else:
-            report = _embedded_demo(settings, sample, consumers, duplicates, seed, log_file,
-                                    advance, feed)
-    workers = (f"1 gateway, {max(consumers, 2)} orders and 1 ledger process"
-               if profile == "local" else f"{consumers} consumers per endpoint")
-    _print_report(report, sf, workers, strategies)
-    if not report.ok:
+        print_embedded(report)
+    if report.rejected or any(report.dead_letters.values()):
         raise typer.Exit(1)
 
 
-def _spark_commands(settings: Settings, input_dir: Path) -> list[Envelope]:
-    try:
-        return derived_envelopes(settings, input_dir)
-    except JdbcDriverMissing as exc:
-        Console(stderr=True).print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+@app.command()
+def endpoints(profile: _PROFILE = None) -> None:
+    """List the service's endpoints: role, strategy (with EO_STRATEGIES applied), queues,
+    what each uses."""
+    from entrypoints.report import print_endpoints
 
-
-def _embedded_demo(settings: Settings, sample: TpchSample, consumers: int, duplicates: float,
-                   seed: int, log_file: Path | None, advance: Callable[[int], None],
-                   feed: list[Envelope] | None = None) -> DemoReport:
-    if log_file is not None:
-        configure_logging(settings.log_level, log_file.open("w"))
-    rng = random.Random(seed)
-    container = EmbeddedContainer(settings=settings)
-    container.broker.override(EmbeddedContainer.broker.cls(shuffle=random.Random(seed + 1)))
-    container.events.override(CountingSink(StructlogEventSink() if log_file else None))
-    duplicating = DuplicatingDispatcher(container.broker(), duplicates, rng)
-    container.dispatcher.override(duplicating)
-    return asyncio.run(run_demo(container.system(), sample, duplicating, consumers, rng,
-                                advance, inbox_feed=feed))
-
-
-def _local_demo(settings: Settings, sample: TpchSample, consumers: int, duplicates: float,
-                seed: int, advance: Callable[[int], None],
-                ingest_dir: Path | None = None) -> DemoReport:
-    local = demo_settings(_service_settings("local"), settings.blob_dir)
-    local = local.model_copy(update={"strategies": settings.strategies})
-    log_dir = Path(tempfile.mkdtemp(prefix="eo-demo-logs-"))
-    console.print(f"consumer logs: {log_dir}")
-    try:
-        return asyncio.run(run_local_demo(local, sample, max(consumers, 2), duplicates, seed,
-                                          log_dir, advance, ingest_dir=ingest_dir))
-    except JdbcDriverMissing as exc:
-        Console(stderr=True).print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
-    except (OSError, asyncpg.PostgresError, TransientError) as exc:
-        Console(stderr=True).print(f"[red]local demo failed: {type(exc).__name__}: {exc}[/red]")
-        raise typer.Exit(3) from exc
-
-
-def _print_report(report: DemoReport, sf: float, workers: str,
-                  strategies: dict[str, str]) -> None:
-    s = report.settlements
-    shown = ", ".join(f"{name}={value}" for name, value in strategies.items())
-    table = Table(title=f"eo demo: TPC-H sf={sf}, {workers}, {shown}",
-                  show_header=False)
-    rows = [
-        ("deliveries settled", f"{report.deliveries:,} in {report.seconds:.1f} s "
-                               f"({report.deliveries / report.seconds:,.0f}/s)"),
-        ("  processed (distinct messages)", f"{s['processed']:,}"),
-        ("  duplicates dropped", f"{s['duplicate']:,}"),
-        ("  retried (delayed)", f"{s['retried']:,}"),
-        ("  dead-lettered", f"{s['dead_lettered']:,}"),
-        ("duplicates injected", f"{report.duplicates_injected:,} "
-                                f"({report.duplicates_injected / report.deliveries:.1%} "
-                                "of deliveries)"),
-        ("conflicts retried", f"{report.conflicts:,}"),
-        ("handler runs", f"{report.handler_runs:,}"),
-        ("orders confirmed / rejected", f"{report.oracle.confirmed:,} / "
-                                        f"{report.oracle.rejected:,} of {report.orders:,}"),
-        *((f"{name} left", str(n)) for name, n in report.leftovers.items()),
-        ("oracle", "PASS" if report.ok else "FAIL"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    console.print(table)
-    for violation in report.oracle.violations:
-        console.print(f"[red]violation:[/red] {violation}")
-    for note in report.notes:
-        console.print(note)
-
-
-def _service_settings(profile: str | None) -> Settings:
-    overrides: dict[str, object] = {}
-    if profile is not None:
-        overrides["profile"] = profile
-    settings = _settings(**overrides)
-    if settings.profile == "embedded":
-        settings = _settings(**{**overrides, "profile": "local"})
-    return settings
-
-
-def _run_service(coro: Coroutine[Any, Any, None]) -> None:
-    try:
-        asyncio.run(coro)
-    except (TransientError, PermanentError) as exc:
-        Console(stderr=True).print(f"[red]cannot start: {exc}[/red]")
-        raise typer.Exit(3) from exc
+    _, service = load(profile)
+    print_endpoints(service)
 
 
 @app.command()
-def consume(
-    endpoint: Annotated[str, typer.Option(help="the endpoint whose queue to consume")],
-    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
-) -> None:
-    """Run one endpoint's consumer on RabbitMQ and PostgreSQL (the service's main process),
-    with its sweeper and its status port (/metrics, /ready). SIGTERM stops it gracefully."""
-    if endpoint not in ENDPOINTS:
-        raise typer.BadParameter(f"one of {sorted(ENDPOINTS)}", param_hint="--endpoint")
-    _run_service(run_consumer(_service_settings(profile), endpoint))
-
-
-@app.command()
-def gateway(
-    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
-) -> None:
-    """Run the boundary gateway: outside commands (natural message IDs, no tokens) in,
-    token-protected messages out (the inbox/outbox path)."""
-    _run_service(run_consumer(_service_settings(profile), "gateway"))
-
-
-@app.command(name="serve-payments")
-def serve_payments(
-    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
-) -> None:
-    """Serve the payments callee over HTTP (PUT/POST/GET/DELETE /requests/{id}, bearer
-    token EO_PAYMENTS_TOKEN, OpenAPI at /openapi.json) on EO_PAYMENTS_HOST:EO_PAYMENTS_PORT."""
-    settings = _service_settings(profile)
-    if settings.payments_token is None:
-        Console(stderr=True).print("[red]invalid setting EO_PAYMENTS_TOKEN: required to "
-                                   "serve payments[/red]")
-        raise typer.Exit(2)
-    _run_service(run_payments(settings))
-
-
-@app.command()
-def migrate(
-    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
-) -> None:
+def migrate(profile: _PROFILE = None) -> None:
     """Create the databases if missing and apply the schema migrations (alembic)."""
-    settings = _service_settings(profile)
+    import asyncpg
+
+    from entrypoints.operations import migrate_all
+
+    settings, _ = load(profile, services=True)
     try:
         created = asyncio.run(migrate_all(settings))
     except (OSError, asyncpg.PostgresError) as exc:
-        Console(stderr=True).print(f"[red]migration failed: {type(exc).__name__}: {exc}[/red]")
-        raise typer.Exit(3) from exc
+        raise fail(f"migration failed: {type(exc).__name__}: {exc}", 3) from exc
     for name in created:
-        console.print(f"created database {name}")
-    console.print("schema is up to date")
+        typer.echo(f"created database {name}")
+    typer.echo("schema is up to date")
 
 
 @app.command(name="inspect")
-def inspect_command(
-    profile: Annotated[str | None, typer.Option(help="local or production")] = None,
-) -> None:
+def inspect_command(profile: _PROFILE = None) -> None:
     """Tokens in flight, unfinished transaction records, deferred clean-ups, dead letters."""
-    settings = _service_settings(profile)
+    import aio_pika
+    import asyncpg
+
+    from entrypoints.operations import inspect
+    from entrypoints.report import print_inspection
+
+    settings, service = load(profile, services=True)
     try:
-        found = asyncio.run(inspect(settings, [*ENDPOINTS]))
+        found = asyncio.run(inspect(settings, service.registry.consuming()))
     except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
-        Console(stderr=True).print(f"[red]inspection failed: {type(exc).__name__}: {exc}[/red]")
-        raise typer.Exit(3) from exc
-    table = Table("endpoint", "unfinished TRs", "oldest (s)", "deferred clean-ups",
-                  "dead letters", title=f"tokens in flight: {found.tokens}")
-    for name in ENDPOINTS:
-        dlq = found.dead_letters.get(name)
-        table.add_row(name, str(found.unfinished.get(name, 0)),
-                      f"{found.oldest_unfinished_s.get(name, 0.0):.1f}",
-                      str(found.deferred_cleanups.get(name, 0)),
-                      "no queue" if dlq is None else str(dlq))
-    console.print(table)
+        raise fail(f"inspection failed: {type(exc).__name__}: {exc}", 3) from exc
+    print_inspection(service, found)
 
 
 @app.command()
@@ -287,56 +250,30 @@ def failpoints(
     spec: Annotated[str | None, typer.Argument(help="an EO_FAILPOINTS value to check")] = None,
 ) -> None:
     """List the failpoint names (protocol 10), or check an EO_FAILPOINTS value."""
+    from application.failpoints import NAMES, PREFIXES, parse
+
     if spec is not None:
         try:
             rules = parse(spec)
         except ValueError as exc:
-            Console(stderr=True).print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from exc
+            raise fail(str(exc), 2) from exc
         for rule in rules.values():
             when = {"@": f"on hit {rule.n}", "*": f"on the first {rule.n} hits"}
-            console.print(f"{rule.name}: {rule.action} {when.get(rule.mode or '', 'always')}")
+            typer.echo(f"{rule.name}: {rule.action} {when.get(rule.mode or '', 'always')}")
         return
     for name in sorted(NAMES):
-        console.print(name)
+        typer.echo(name)
     for prefix in PREFIXES:
-        console.print(f"{prefix}<{'k' if 'publish' in prefix else 'kind'}>")
+        typer.echo(f"{prefix}<{'k' if 'publish' in prefix else 'kind'}>")
 
 
-@app.command()
-def bench(
-    messages: Annotated[int, typer.Option(min=1, help="messages per path")] = 3_000,
-    partitions: Annotated[int, typer.Option(min=1, help="accounts (partitions)")] = 1_000,
-    in_flight: Annotated[int, typer.Option(min=1, help="deliveries in flight (prefetch)")] = 8,
-    json_path: Annotated[Path, typer.Option("--json", help="where to write the results")] = Path(
-        "var/bench.json"),
-    database_dsn: Annotated[str, typer.Option(help="a database of the bench's own")] = (
-        "postgresql://postgres@127.0.0.1:5432/eo_bench"),
-    amqp_url: Annotated[str | None, typer.Option(
-        help="RabbitMQ (default: the local profile's)")] = None,
-) -> None:
-    """At-least-once baseline, outbox path and token path side by side on PostgreSQL and
-    RabbitMQ: messages/s, end-to-end latency, DB round trips per message, dedup rows at rest."""
-    from entrypoints.bench.report import Params, print_table, write_json
-    from entrypoints.bench.run import run_bench
-
-    url = amqp_url or _settings(profile="local").amqp()
-    params = Params(messages, partitions, in_flight, database_dsn, url)
-    try:
-        result = asyncio.run(run_bench(params))
-    except (TransientError, OSError, asyncpg.PostgresError, RuntimeError) as exc:
-        Console(stderr=True).print(f"[red]bench failed: {type(exc).__name__}: {exc}[/red]")
-        raise typer.Exit(3) from exc
-    print_table(result, console)
-    write_json(result, json_path)
-    console.print(f"results written to {json_path}")
-
-
-@app.command()
-def settings() -> None:
-    """Print the effective settings (from EO_* variables) and exit 2 if one is invalid."""
-    for name, value in _settings().model_dump(mode="json").items():
-        console.print(f"EO_{name.upper()}={value}")
+@app.command(name="settings")
+def settings_command() -> None:
+    """Print the effective settings (from EO_* variables; secrets hidden) and exit 2 if one
+    is invalid."""
+    settings, _ = load()
+    for name, value in settings.model_dump(mode="json").items():
+        typer.echo(f"EO_{name.upper()}={json.dumps(value) if isinstance(value, dict) else value}")
 
 
 def main() -> None:

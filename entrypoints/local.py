@@ -1,5 +1,5 @@
-"""The `local` and `production` profiles: PostgreSQL and RabbitMQ (blobs and the payments
-callee stay in the process until the S3 and HTTP adapters exist)."""
+"""The `local` and `production` profiles: PostgreSQL, RabbitMQ, an S3 API for blobs, HTTP
+callees in-process or over HTTP (`EO_CALLEES__<NAME>__URL`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dependency_injector import containers, providers
 
 from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.pdf import document_renderer
 from adapters.postgres.inbox import PostgresInbox
 from adapters.postgres.pool import create_pool
 from adapters.postgres.request_store import PostgresRequestStore
@@ -21,18 +22,16 @@ from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
-from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
-from application.failpoints import Failpoints
 from application.observability import CountingSink
-from application.ports import BlobStore, Clock, EventSink, HttpRequests, MessageDispatcher
-from application.processor import Strategy
-from domain.sample import PAYMENTS
-from entrypoints.container import crash_process, fault_logger
-from entrypoints.embedded import BOUNDARY, ENDPOINTS, SampleSystem
-from entrypoints.http_status import Metrics
+from application.ports import BlobStore, Clock, HttpRequests
+from application.registry import Registry, Role
+from application.strategy import Strategy
+from entrypoints.faults import failpoints_from, with_duplicates
 from entrypoints.logging import StructlogEventSink
-from entrypoints.settings import Settings
+from entrypoints.settings import Service, Settings
+from entrypoints.status import Metrics
+from entrypoints.system import System
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,15 @@ async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
         await endpoint.close()
 
 
-async def blob_resource(settings: Settings) -> AsyncIterator[BlobStore]:
-    """dependency-injector `Resource`: the blob store. S3 at `EO_S3_ENDPOINT_URL`; in the
-    local profile without an endpoint, a moto server this process starts (and stops); in
-    production without one, AWS. A directory when `EO_BLOB_STORE=directory`."""
+async def blob_resource(settings: Settings, registry: Registry
+                        ) -> AsyncIterator[BlobStore | None]:
+    """dependency-injector `Resource`: the blob store, None when no endpoint makes blobs.
+    S3 at `EO_S3_ENDPOINT_URL`; in the local profile without an endpoint, a moto server this
+    process starts (and stops: moto is a development dependency); in production without
+    one, AWS. A directory when `EO_BLOB_STORE=directory`."""
+    if not any(r.blobs for r in registry):
+        yield None
+        return
     if not settings.blobs_in_s3():
         yield LocalDirectoryBlobStore(settings.blob_dir)
         return
@@ -74,21 +78,27 @@ async def blob_resource(settings: Settings) -> AsyncIterator[BlobStore]:
     access = settings.s3_access_key.get_secret_value() if settings.s3_access_key else None
     secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
     if endpoint is None and settings.profile == "local":
+        from adapters.s3.moto_server import MotoServer
+
         moto = MotoServer()
         endpoint = moto.start()
         access, secret = access or "local", secret or "local"
     try:
+        bucket, owner = settings.bucket(), settings.s3_expected_bucket_owner
         async with s3_client_resource(endpoint, settings.s3_region, access, secret) as client:
-            await ensure_bucket(client, settings.s3_bucket)
-            yield S3BlobStore(client, settings.s3_bucket)
+            # production finds its bucket (a typo must not create a new one); local makes it
+            await ensure_bucket(client, bucket, owner, create=settings.profile != "production")
+            yield S3BlobStore(client, bucket, expected_owner=owner)
     finally:
         if moto is not None:
             moto.stop()
 
 
-async def rabbit_resource(url: str) -> AsyncIterator[RabbitConnection]:
-    """dependency-injector `Resource`: a started robust connection, closed on shutdown."""
-    connection = RabbitConnection(url)
+async def rabbit_resource(settings: Settings, name: str) -> AsyncIterator[RabbitConnection]:
+    """dependency-injector `Resource`: a started, supervised connection named `name` (the
+    broker shows it), giving up after `EO_BROKER_GIVE_UP_S`; closed on shutdown."""
+    connection = RabbitConnection(settings.amqp(), give_up_after_s=settings.broker_give_up_s,
+                                  name=name)
     await connection.start()
     try:
         yield connection
@@ -96,101 +106,78 @@ async def rabbit_resource(url: str) -> AsyncIterator[RabbitConnection]:
         await connection.close()
 
 
-def postgres_stores(pool: Any, clock: Clock, holds_tokens: bool = False
+def postgres_stores(pool: Any, clock: Clock, registry: Registry, holds_tokens: bool = False
                     ) -> dict[str, PostgresTransactionalStore]:
-    """One store per sample endpoint (payments included), sharing the pool; `holds_tokens`
-    when the token store is the same database (protocol 3.2's fast path)."""
-    endpoints = {**ENDPOINTS, "payments": PAYMENTS}
-    return {name: PostgresTransactionalStore(pool, name, endpoint.state_type, clock,
-                                             holds_tokens=holds_tokens and name != "payments")
-            for name, endpoint in endpoints.items()}
+    """One store per endpoint of `registry` (callees included), sharing the pool;
+    `holds_tokens` when the token store is the same database (protocol 3.2's fast path; a
+    callee's tokens are its stored requests, never the token table)."""
+    return {r.name: PostgresTransactionalStore(
+                pool, r.name, r.endpoint.state_type, clock,
+                holds_tokens=holds_tokens and r.role is not Role.CALLEE)
+            for r in registry}
 
 
-class DuplicatingDispatcher:
-    """Fault injection (`EO_DUPLICATE_RATE`): publishes a share of dispatches twice in a row
-    with the same message ID, so two consumers may get concurrent copies. Each copy emits
-    `fault.duplicate_injected`."""
-
-    def __init__(self, inner: MessageDispatcher, rate: float, events: EventSink) -> None:
-        self.inner, self.rate, self.events = inner, rate, events
-        self._count = 0
-
-    async def dispatch(self, destination: str, envelope: Any) -> None:
-        await self.inner.dispatch(destination, envelope)
-        self._count += 1
-        # deterministic spacing: every 1/rate-th dispatch is doubled
-        if int(self._count * self.rate) != int((self._count - 1) * self.rate):
-            await self.inner.dispatch(destination, envelope)
-            self.events.emit("fault.duplicate_injected", destination=destination,
-                             message_id=str(envelope.message_id))
-
-
-def dispatcher(rabbit: RabbitConnection, settings: Settings,
-               events: EventSink) -> MessageDispatcher:
-    """The RabbitMQ dispatcher, wrapped by duplicate injection when configured."""
-    real = RabbitDispatcher(rabbit)
-    if not settings.duplicate_rate:
-        return real
-    return DuplicatingDispatcher(real, settings.duplicate_rate, events)
-
-
-def failpoints(settings: Settings, rabbit: RabbitConnection, events: EventSink
-               ) -> Failpoints | None:
-    """`EO_FAILPOINTS` with `crash` exiting the process and `drop_conn` dropping RabbitMQ;
-    each firing is logged first as `fault.injected` (name, action)."""
-    return Failpoints.from_spec(settings.failpoints, crash_process, rabbit.drop,
-                                on_fire=fault_logger(events))
-
-
-def postgres_streams(pool: Any, clock: Clock, settings: Settings
+def postgres_streams(pool: Any, clock: Clock, service: Service
                      ) -> dict[str, PostgresStateStream]:
-    """The state streams (`eo_state_entry`) of the endpoints configured as `state`."""
-    return {name: PostgresStateStream(pool, name, endpoint.state_type, clock)
-            for name, endpoint in ENDPOINTS.items()
-            if settings.strategy(name) is Strategy.STATE}
+    """The state streams (`eo_state_entry`) of the endpoints whose strategy is `state`."""
+    return {r.name: PostgresStateStream(pool, r.name, r.endpoint.state_type, clock)
+            for r in service.registry if service.strategy(r.name) is Strategy.STATE}
+
+
+def callee_urls(settings: Settings) -> dict[str, str]:
+    """Base URLs of the callees served elsewhere (`EO_CALLEES__<NAME>__URL`)."""
+    return {name: c.url for name, c in settings.callees.items() if c.url}
 
 
 def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
-    """The HTTP caller when payments is a separate service (`EO_PAYMENTS_URL`), else None
-    (in-process callee)."""
-    if not settings.payments_url or settings.payments_token is None:
-        return None
-    return HttpxRequests(client, settings.payments_token.get_secret_value(),
-                         allowed_bases=[settings.payments_url])
+    """The HTTP client of the callees served elsewhere, each with its own bearer token; None
+    when every callee runs in this process."""
+    credentials = {c.url: c.token.get_secret_value() for c in settings.callees.values()
+                   if c.url and c.token is not None}
+    return HttpxRequests(client, credentials) if credentials else None
 
 
-def services(settings: Settings) -> dict[str, str] | None:
-    """Base URLs of the HTTP callees, or None for the in-process ones."""
-    return {"payments": settings.payments_url} if settings.payments_url else None
+def local_system(service: Service, settings: Settings, pools: Pools, clock: Clock,
+                 events: Any, dispatcher: Any, failpoints: Any, blobs: BlobStore | None,
+                 http: HttpRequests | None) -> System:
+    """The service on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob store."""
+    registry = service.registry
+    return System(
+        service, settings, clock, uuid.uuid4, events, dispatcher,
+        tokens=PostgresTokenStore(pools.tokens),
+        stores=postgres_stores(pools.endpoint, clock, registry, pools.colocated),
+        requests={name: PostgresRequestStore(pools.endpoint, name)
+                  for name in registry.names(Role.CALLEE)},
+        inboxes={name: PostgresInbox(pools.endpoint, name, clock)
+                 for name in registry.names(Role.GATEWAY)},
+        streams=postgres_streams(pools.endpoint, clock, service),
+        blobs=blobs, failpoints=failpoints, colocated_tokens=pools.colocated, http=http,
+        urls=callee_urls(settings),
+        renderer=document_renderer() if any(r.blobs for r in registry) else None)
 
 
 class LocalContainer(containers.DeclarativeContainer):
-    """Pools and the broker connection are async resources (`init_resources()` on start,
+    """The `local` and `production` profiles' composition root. Pools, the broker connection,
+    the blob store and the HTTP client are async resources (`init_resources()` on start,
     `shutdown_resources()` on stop); nothing is created at import time."""
 
     settings = providers.Dependency(instance_of=Settings)
+    service = providers.Dependency(instance_of=Service)
+    registry = providers.Callable(lambda service: service.registry, service)
     clock = providers.Singleton(SystemClock)
-    ids = providers.Object(uuid.uuid4)
     metrics = providers.Singleton(Metrics, inner=providers.Singleton(StructlogEventSink))
     events = providers.Singleton(CountingSink, inner=metrics)
     pools = providers.Resource(pools_resource, settings)
-    pool = providers.Callable(lambda pools: pools.endpoint, pools)
-    token_pool = providers.Callable(lambda pools: pools.tokens, pools)
-    rabbit = providers.Resource(rabbit_resource, settings.provided.amqp.call())
-    failpoints = providers.Singleton(failpoints, settings, rabbit, events)
-    dispatcher = providers.Singleton(dispatcher, rabbit, settings, events)
-    tokens = providers.Singleton(PostgresTokenStore, token_pool)
-    requests = providers.Singleton(PostgresRequestStore, pool, "payments")
-    inbox = providers.Singleton(PostgresInbox, pool, BOUNDARY, clock)
-    colocated = providers.Callable(lambda pools: pools.colocated, pools)
-    stores = providers.Singleton(postgres_stores, pool, clock, colocated)
-    blobs = providers.Resource(blob_resource, settings)
+    #: the name the broker shows for this process's connection
+    connection_name = providers.Object("eo")
+    rabbit = providers.Resource(rabbit_resource, settings, connection_name)
+    failpoints = providers.Singleton(
+        failpoints_from, settings, events, rabbit.provided.drop)
+    dispatcher = providers.Singleton(
+        with_duplicates, providers.Singleton(RabbitDispatcher, rabbit), settings, events)
+    blobs = providers.Resource(blob_resource, settings, registry)
     http_client = providers.Resource(http_client_resource, settings.provided.http_timeout_s)
     http = providers.Callable(http_requests, settings, http_client)
     system = providers.Singleton(
-        SampleSystem, settings=settings, clock=clock, ids=ids, events=events, broker=None,
-        http=http, services=providers.Callable(services, settings),
-        streams=providers.Callable(postgres_streams, pool, clock, settings),
-        tokens=tokens, blobs=blobs, requests=requests, failpoints=failpoints,
-        dispatcher=dispatcher, stores=stores, colocated_tokens=colocated, inbox=inbox,
-    )
+        local_system, service=service, settings=settings, pools=pools, clock=clock,
+        events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http)

@@ -1,10 +1,12 @@
-"""The service's main process: one endpoint's consumer on RabbitMQ and PostgreSQL, its
-sweeper, its status port, and a graceful shutdown on SIGTERM."""
+"""The service's processes: one endpoint's consumer on RabbitMQ and PostgreSQL (its sweeper,
+its status port, a gateway's inbox relay), or one HTTP callee served with uvicorn; both stop
+gracefully on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
@@ -16,23 +18,36 @@ import uvicorn
 
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq import topology
+from adapters.rabbitmq.connection import BrokerUnavailable, RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from application.errors import PermanentError, TransientError
+from application.registry import Role
+from application.strategy import Strategy
 from application.sweeper import Sweeper
-from entrypoints.embedded import BOUNDARY, ENDPOINTS, SampleSystem
-from entrypoints.http_status import EmbeddedServer, Metrics, StatusServer, status_app
+from entrypoints.callee_app import create_callee_app
 from entrypoints.local import LocalContainer
 from entrypoints.logging import configure_logging
-from entrypoints.payments_app import create_payments_app
-from entrypoints.settings import Settings
+from entrypoints.settings import FIRST_STATUS_PORT, Service, Settings, SettingsError
+from entrypoints.status import (
+    EmbeddedServer,
+    Metrics,
+    StatusServer,
+    bound_port,
+    listening_socket,
+    status_app,
+)
+from entrypoints.system import System
 
 log = structlog.get_logger("eo.service")
+#: Exit status of a consumer whose broker stayed unreachable (or whose work queue could not
+#: be consumed) for `EO_BROKER_GIVE_UP_S`: EX_UNAVAILABLE of sysexits.h. Restart it.
+EXIT_BROKER_UNAVAILABLE = 69
 
 
-async def preflight(settings: Settings) -> None:
+async def preflight(settings: Settings, broker: bool = True) -> None:
     """Fail fast, naming what is wrong, before any resource starts: the databases exist and
-    answer, RabbitMQ answers. Raises `PermanentError` (missing database: run `eo migrate`)
-    or `TransientError` (a server does not answer)."""
+    answer, RabbitMQ answers (when `broker`). Raises `PermanentError` (missing database: run
+    `eo migrate`) or `TransientError` (a server does not answer)."""
     for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
         name = urlsplit(dsn).path.lstrip("/")
         try:
@@ -43,6 +58,8 @@ async def preflight(settings: Settings) -> None:
             raise TransientError(f"PostgreSQL database {name!r}: {type(exc).__name__}: "
                                  f"{exc}") from exc
         await conn.close()
+    if not broker:
+        return
     try:
         connection = await asyncio.wait_for(aio_pika.connect(settings.amqp()), 10)
     except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
@@ -56,7 +73,7 @@ async def migrate(settings: Settings) -> None:
         await upgrade_async(dsn)
 
 
-async def _sweep_forever(sweeper: Sweeper, system: SampleSystem, metrics: Metrics,
+async def _sweep_forever(sweeper: Sweeper, system: System, metrics: Metrics,
                          interval_s: float) -> None:
     name = sweeper.endpoint
     retention = system.state_retention(name) if name in system.streams else None
@@ -79,32 +96,59 @@ async def _sweep_forever(sweeper: Sweeper, system: SampleSystem, metrics: Metric
         await asyncio.sleep(interval_s)
 
 
-async def run_consumer(settings: Settings, endpoint: str) -> None:
-    """Consume `endpoint`'s work queue until SIGTERM or SIGINT: then stop consuming, let the
-    deliveries in flight finish, and close. The gateway also relays its inbox to its work
-    queue every `inbox_poll_s` seconds (a relay cancelled mid-round leaves its claimed rows
-    pending: they are published again, and the gateway drops the copy). Raises
-    `TransientError` when PostgreSQL or RabbitMQ cannot be reached at start."""
+async def _container(settings: Settings, service: Service, name: str) -> LocalContainer:
     configure_logging(settings.log_level)
     if settings.migrate_on_start:
         await migrate(settings)
     await preflight(settings)
-    container = LocalContainer(settings=settings)
+    container = LocalContainer(settings=settings, service=service)
+    container.connection_name.override(f"eo {name} pid {os.getpid()}")
     await container.init_resources()  # type: ignore[misc]
+    return container
+
+
+async def run_consumer(settings: Settings, service: Service, endpoint: str) -> None:
+    """Consume `endpoint`'s work queue until SIGTERM or SIGINT: then stop consuming, let the
+    deliveries in flight finish, and close. A gateway also relays its inbox to its work
+    queue every `inbox_poll_s` seconds (a relay cancelled mid-round leaves its claimed rows
+    pending: they are published again, and the gateway drops the copy). The status server
+    listens on `EO_METRICS_PORT`, or on the first free port from 9464 when unset (printed in
+    `consumer.started`). Raises `SettingsError` when `endpoint` has no work queue or the
+    status port is taken, `TransientError` when PostgreSQL or RabbitMQ cannot be reached at
+    start, and `BrokerUnavailable` (after the deliveries in flight finished) when
+    consumption could not be restored within `EO_BROKER_GIVE_UP_S` (the CLI exits 69)."""
+    registration = service.registry[endpoint]
+    if registration.role is Role.CALLEE:
+        raise SettingsError(f"{endpoint} is an HTTP callee: serve it with `eo serve "
+                            f"--endpoint {endpoint}`")
+    sock = None
+    if settings.metrics_port != 0:
+        try:
+            sock = listening_socket(settings.metrics_host, settings.metrics_port,
+                                    FIRST_STATUS_PORT)
+        except OSError as exc:
+            raise SettingsError(f"invalid setting {exc}") from exc
+    container = await _container(settings, service, endpoint)
+    lost: BrokerUnavailable | None = None
     try:
-        rabbit = await container.rabbit()  # type: ignore[misc]
-        for name in dict.fromkeys([endpoint, *ENDPOINTS[endpoint].outputs]):
-            await topology.declare(rabbit.channel, name, settings.retry_delays_s,
-                                   settings.delivery_limit)
-        system: SampleSystem = await container.system()  # type: ignore[misc]
+        rabbit: RabbitConnection = await container.rabbit()  # type: ignore[misc]
+        for name in service.registry.queues_of(endpoint):
+            await topology.declare(rabbit, name, settings.retry_delays_s,
+                                   settings.delivery_limit, settings.dead_letter_max_bytes,
+                                   inbound=service.registry[name].role is Role.GATEWAY)
+        system: System = await container.system()  # type: ignore[misc]
         metrics: Metrics = container.metrics()
         source = RabbitSource(rabbit, endpoint, settings.retry_delays_s,
-                              settings.max_body_bytes, system.events)
+                              settings.max_body_bytes, system.events,
+                              watchdog_s=settings.consumer_watchdog_s,
+                              dead_letter_body_bytes=settings.dead_letter_body_bytes,
+                              kept_headers=settings.kept_headers)
         consumer = system.consumer(endpoint)
-        started = asyncio.Event()
 
         async def ready() -> dict[str, bool]:
-            checks = {"consuming": started.is_set()}
+            # consuming: a live consumer on the work queue; publishing: the connection and
+            # its publisher-confirm channel are open (outputs, retries, dead letters)
+            checks = {"consuming": source.consuming, "publishing": rabbit.connected}
             try:
                 await system.stores[endpoint].load_tr("__ready__")
                 checks["postgres"] = True
@@ -113,22 +157,29 @@ async def run_consumer(settings: Settings, endpoint: str) -> None:
             return checks
 
         server = None
-        if settings.metrics_port:
-            server = StatusServer(status_app(metrics, ready), settings.metrics_host,
-                                  settings.metrics_port)
+        if sock is not None:
+            server = StatusServer(status_app(metrics, ready), sock)
             server.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(source.stop()))
         background = [asyncio.create_task(_sweep_forever(
             system.sweeper(endpoint), system, metrics, settings.sweep_interval_s))]
-        if endpoint == BOUNDARY:  # outside producers' commands: inbox rows to the work queue
-            background.append(asyncio.create_task(system.relay().run(settings.inbox_poll_s)))
-        log.info("consumer.started", endpoint=endpoint, prefetch=settings.prefetch)
-        started.set()
-        await consumer.serve(source.deliveries(settings.prefetch), settings.prefetch)
+        if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
+            background.append(asyncio.create_task(
+                system.relay(endpoint).run(settings.inbox_poll_s)))
+        await source.start(settings.prefetch)
+        status = f"http://{settings.metrics_host}:{server.port}" if server else None
+        log.info("consumer.started", endpoint=endpoint, prefetch=settings.prefetch,
+                 strategy=str(service.strategy(endpoint)), status_url=status)
+        try:
+            await consumer.serve(source.deliveries(settings.prefetch), settings.prefetch)
+        except BrokerUnavailable as exc:
+            lost = exc
+            log.error("consumer.broker_unavailable", endpoint=endpoint, reason=str(exc))
         log.info("consumer.stopped", endpoint=endpoint,
-                 **{str(k): v for k, v in consumer.counts.items()}, rejected=source.rejected)
+                 **{str(k): v for k, v in consumer.counts.items()}, rejected=source.rejected,
+                 restarts=source.restarts)
         for task in background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -137,40 +188,53 @@ async def run_consumer(settings: Settings, endpoint: str) -> None:
             await server.stop()
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
+    if lost is not None:
+        raise lost
 
 
-async def run_payments(settings: Settings) -> None:
-    """Serve the payments callee (protocol 6) over HTTP with uvicorn until SIGTERM/SIGINT
-    (uvicorn's graceful shutdown: in-flight requests finish), with the payments sweeper
-    (stale committed transactions, tombstone retention). Raises `SettingsError`-like
-    ValueError when `EO_PAYMENTS_TOKEN` is missing."""
-    if settings.payments_token is None:
-        raise ValueError("EO_PAYMENTS_TOKEN is required to serve payments")
-    configure_logging(settings.log_level)
-    if settings.migrate_on_start:
-        await migrate(settings)
-    await preflight(settings)
-    # the callee itself calls nobody over HTTP, and blobs are none of its business
-    container = LocalContainer(settings=settings.model_copy(
-        update={"payments_url": None, "blob_store": "directory"}))
-    await container.init_resources()  # type: ignore[misc]
+async def run_callee(settings: Settings, service: Service, endpoint: str) -> None:
+    """Serve callee `endpoint` (protocol 6) over HTTP with uvicorn until SIGTERM/SIGINT
+    (uvicorn's graceful shutdown: in-flight requests finish), with its sweeper (stale
+    committed transactions, tombstone retention), on `EO_CALLEES__<NAME>__HOST` / `PORT`
+    (port 0: a free one, printed in `callee.serving`). Raises `SettingsError` when
+    `endpoint` is not a callee, its token is missing or its port is taken."""
+    registration = service.registry[endpoint]
+    if registration.role is not Role.CALLEE:
+        raise SettingsError(f"{endpoint} is not an HTTP callee: consume it with `eo consume "
+                            f"--endpoint {endpoint}`")
+    own = settings.callee(endpoint)
+    variable = f"EO_CALLEES__{endpoint.upper()}"
+    if own.token is None:
+        raise SettingsError(f"invalid setting {variable}__TOKEN: required to serve {endpoint}")
     try:
-        system: SampleSystem = await container.system()  # type: ignore[misc]
-        app = create_payments_app(system.callee, settings.payments_token.get_secret_value(),
-                                  settings.payments_max_body_bytes)
-        server = EmbeddedServer(uvicorn.Config(app, host=settings.payments_host,
-                                               port=settings.payments_port,
-                                               log_level="warning", lifespan="off",
+        sock = listening_socket(own.host, own.port, setting=f"{variable}__PORT")
+    except OSError as exc:
+        raise SettingsError(f"invalid setting {exc}") from exc
+    # a callee serving its own requests does not call itself over HTTP
+    settings = settings.model_copy(update={"callees": {
+        name: c for name, c in settings.callees.items() if name != endpoint}})
+    container = await _container(settings, service, endpoint)
+    try:
+        system: System = await container.system()  # type: ignore[misc]
+        app = create_callee_app(system.callees[endpoint], own.token.get_secret_value(),
+                                own.max_body_bytes)
+        server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                timeout_graceful_shutdown=20))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # finish in-flight requests, exit 0
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         sweeper = asyncio.create_task(_sweep_forever(
-            system.sweeper("payments"), system, container.metrics(), settings.sweep_interval_s))
-        log.info("payments.serving", host=settings.payments_host, port=settings.payments_port)
-        await server.serve()
+            system.sweeper(endpoint), system, container.metrics(), settings.sweep_interval_s))
+        log.info("callee.serving", endpoint=endpoint,
+                 url=f"http://{own.host}:{bound_port(sock)}")
+        await server.serve(sockets=[sock])
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
+
+
+def state_endpoints(service: Service) -> list[str]:
+    """The endpoints whose strategy is `state` (their state lives in a stream)."""
+    return [r.name for r in service.registry if service.strategy(r.name) is Strategy.STATE]

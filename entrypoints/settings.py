@@ -1,62 +1,90 @@
-"""Settings from the environment (prefix `EO_`), validated at start-up."""
+"""Settings from the environment (prefix `EO_`), validated at start-up, and the service they
+name (its registry)."""
 
 from __future__ import annotations
 
+import importlib
 import re
-from decimal import Decimal
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from application.failpoints import parse
-from application.processor import Strategy
-from application.state_based import state_wiring_errors
-from domain.decisions import Endpoint
-from domain.sample import LEDGER, ORDERS
-from domain.sample.gateway import GATEWAY
+from application.registry import Registry, RegistryError, Role
+from application.strategy import Strategy
 
 Profile = Literal["embedded", "local", "production"]
 LOCAL_DATABASE = "postgresql://postgres@127.0.0.1:5432/eo"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
-DEFAULT_STRATEGIES = {"gateway": Strategy.OUTBOX, "orders": Strategy.TOKEN,
-                      "ledger": Strategy.TOKEN}
-#: The sample's endpoints as the state-strategy check sees them (who sends to whom).
-SAMPLE_ENDPOINTS: dict[str, Endpoint[Any]] = {"gateway": GATEWAY, "orders": ORDERS,
-                                               "ledger": LEDGER}
-#: Endpoints whose handlers create blobs or call HTTP services: never `state`.
-ARTIFACT_ENDPOINTS = frozenset({"orders", "payments"})
+#: The blobs' bucket of the embedded and local profiles (production names its own).
+LOCAL_BUCKET = "eo-invoices"
+#: Where the service's registry is, unless `EO_SERVICE` says otherwise.
+DEFAULT_SERVICE = "service.registry:REGISTRY"
+#: The first status port tried when `EO_METRICS_PORT` is unset (then the next free one).
+FIRST_STATUS_PORT = 9464
+
+
+S = TypeVar("S", bound="Settings")
 
 
 class SettingsError(Exception):
     """A setting is invalid; the message names the environment variable."""
 
 
-class Settings(BaseSettings):
-    """Every setting of the service; the environment variable is `EO_<NAME>` (upper case).
+class CalleeSettings(BaseModel):
+    """One HTTP callee (protocol 6), by endpoint name: `EO_CALLEES__<NAME>__<FIELD>`.
 
-    Strategies are per endpoint (`EO_STRATEGIES='{"ledger": "outbox"}'`); the gateway always
-    uses `outbox` (protocol 4: outside producers create no tokens). `state` is refused for an
-    endpoint that uses artifacts (blobs, HTTP) or sends to a token-based receiver
-    (application/state_based.py): in the sample only the ledger may use it.
+    - `url`: its base URL, for callers (unset: the callee runs inside each caller's process,
+      on the same stores: the embedded and local profiles' default);
+    - `token`: its bearer token (required to serve it and to call it at `url`);
+    - `host`, `port`: where `eo serve --endpoint <name>` listens (port 0: a free port,
+      printed at start-up);
+    - `max_body_bytes`: larger requests get 413.
     """
 
-    model_config = SettingsConfigDict(env_prefix="EO_", extra="ignore")
+    url: str | None = None
+    token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+    max_body_bytes: int = Field(65536, ge=1)
+
+    @model_validator(mode="after")
+    def _url_needs_token(self) -> CalleeSettings:
+        if self.url and self.token is None:
+            raise ValueError("token: required when the callee's url is set")
+        return self
+
+
+class Settings(BaseSettings):
+    """Every setting of the framework; the environment variable is `EO_<NAME>` (upper case),
+    nested ones `EO_<NAME>__<KEY>__<FIELD>` (e.g. `EO_CALLEES__PAYMENTS__URL`).
+
+    Strategies are per endpoint (`EO_STRATEGIES='{"ledger": "outbox"}'`) over the registry's
+    defaults, checked against the registry at start-up (`resolve_service`).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="EO_", env_nested_delimiter="__",
+                                      extra="ignore")
 
     profile: Profile = "embedded"
+    service: str = Field(DEFAULT_SERVICE, pattern=r"^[\w.]+:\w+$",
+                         description="the service's registry, as module:attribute")
     failpoints: str = Field("", description="protocol 10 rules, e.g. after_commit=crash@3")
-    strategies: dict[str, Strategy] = Field(default_factory=lambda: dict(DEFAULT_STRATEGIES))
+    strategies: dict[str, Strategy] = Field(
+        default_factory=dict, description="per endpoint, over the registry's defaults")
     conflict_retries: int = Field(3, ge=0, description="immediate retries after a conflict")
     max_attempts: int = Field(5, ge=1, description="deliveries before dead-lettering")
     retry_delays_s: tuple[float, ...] = (0.05, 0.2, 1.0, 5.0)
     prefetch: int = Field(8, ge=1, description="deliveries in flight per consumer")
     cleanup_grace_s: float = Field(1800.0, gt=0, description="longer than any attempt lives")
     stale_after_s: float = Field(30.0, gt=0, description="finish committed TRs older than this")
-    retention_days: float = Field(7.0, gt=0, description="inbox rows and HTTP tombstones")
+    retention_days: float = Field(7.0, gt=0,
+                                  description="processed-message rows and HTTP tombstones")
     sweep_interval_s: float = Field(10.0, gt=0)
-    credit_limit: Decimal = Field(Decimal("1000000"), ge=0, description="payments accounts")
     blob_dir: Path = Path("var/blobs")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     database_dsn: SecretStr | None = Field(None, description="the endpoint's PostgreSQL")
@@ -65,48 +93,53 @@ class Settings(BaseSettings):
     pool_size: int = Field(8, ge=1, description="PostgreSQL connections per pool")
     migrate_on_start: bool = False
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(9464, ge=0, le=65535, description="0 turns the server off")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="status port; unset: the first free one from 9464; 0 turns it off")
     delivery_limit: int = Field(20, ge=1, description="x-delivery-limit of work queues")
+    broker_give_up_s: float = Field(
+        120.0, gt=0, description="exit with status 69 when the broker cannot be reached, or "
+        "the work queue not consumed, for this long (the orchestrator restarts the process)")
+    consumer_watchdog_s: float = Field(
+        30.0, gt=0, description="re-create the consumer when its queue has ready messages, "
+        "the consumer free slots, and no delivery came for this long")
     max_body_bytes: int = Field(1_048_576, ge=1, description="larger bodies are dead-lettered")
+    dead_letter_body_bytes: int = Field(
+        4096, ge=0, description="the most of a malformed or oversize body a dead letter keeps "
+        "(with the body's size and SHA-256)")
+    dead_letter_max_bytes: int = Field(
+        268_435_456, ge=0, description="byte bound of a new dead-letter queue (reject-publish: "
+        "a refused dead letter waits in a retry queue); 0: unbounded")
+    kept_headers: tuple[str, ...] = Field(
+        (), description="producers' headers a delivery keeps (and its retry and dead-letter "
+        "copies), e.g. [\"traceparent\"]; every other non-protocol header is dropped")
     blob_store: Literal["directory", "s3"] | None = Field(
         None, description="default: directory for embedded, s3 otherwise")
     s3_endpoint_url: str | None = Field(
         None, description="S3 API; unset: a moto server (local) or AWS (production)")
-    s3_bucket: str = Field("eo-invoices", min_length=3, max_length=63)
+    s3_bucket: str | None = Field(
+        None, min_length=3, max_length=63,
+        description="the blobs' bucket; local: eo-invoices; production: required")
+    s3_expected_bucket_owner: str | None = Field(
+        None, pattern=r"^\d{12}$", description="the AWS account that must own the bucket "
+        "(S3's ExpectedBucketOwner on every request)")
     s3_region: str = "us-east-1"
     s3_access_key: SecretStr | None = None
     s3_secret_key: SecretStr | None = None
-    payments_url: str | None = Field(
-        None, description="payments callee base URL; unset: in-process callee")
-    payments_token: SecretStr | None = Field(None, description="bearer token of payments")
-    payments_host: str = "127.0.0.1"
-    payments_port: int = Field(8470, ge=1, le=65535)
-    payments_max_body_bytes: int = Field(65536, ge=1)
+    callees: dict[str, CalleeSettings] = Field(
+        default_factory=dict, description="HTTP callees by endpoint name")
     http_timeout_s: float = Field(10.0, gt=0, description="caller's HTTP timeouts")
     inbox_poll_s: float = Field(1.0, gt=0,
-                                description="gateway: how often the inbox relay looks for rows")
-    inbox_batch: int = Field(200, ge=1, description="gateway: inbox rows relayed per round")
+                                description="gateways: how often the inbox relay looks for rows")
+    inbox_batch: int = Field(200, ge=1, description="gateways: inbox rows relayed per round")
     duplicate_rate: float = Field(0.0, ge=0, le=1,
                                   description="fault injection: share of dispatches re-published")
-    spark_master: str = Field("local[*]", min_length=1,
-                              description="Spark master of `eo pipeline` (local[*], spark://...)")
-    spark_driver_memory: str = Field("1g", pattern=r"^\d+[kmgt]?$",
-                                     description="spark.driver.memory, e.g. 1g")
-    spark_jdbc_jar: Path | None = Field(
-        None, description="PostgreSQL JDBC driver jar; default: Debian's libpostgresql-jdbc-java")
-    audit_older_than_s: float = Field(
-        3600.0, ge=0, description="audit: orphans, tokens and unfinished TRs older than this")
 
     @field_validator("failpoints")
     @classmethod
     def _valid_failpoints(cls, value: str) -> str:
         parse(value)
         return value
-
-    @field_validator("strategies")
-    @classmethod
-    def _over_defaults(cls, value: dict[str, Strategy]) -> dict[str, Strategy]:
-        return {**DEFAULT_STRATEGIES, **value}  # naming one endpoint keeps the others
 
     @field_validator("retry_delays_s")
     @classmethod
@@ -116,31 +149,17 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _gateway_is_outbox(self) -> Settings:
-        if self.strategies.get("gateway", Strategy.OUTBOX) is not Strategy.OUTBOX:
-            raise ValueError("strategies: the gateway must use 'outbox' (outside producers "
-                             "create no tokens)")
-        return self
-
-    @model_validator(mode="after")
-    def _state_wiring(self) -> Settings:
-        errors = state_wiring_errors(SAMPLE_ENDPOINTS, self.strategies, ARTIFACT_ENDPOINTS)
-        if errors:
-            raise ValueError("strategies: " + "; ".join(errors))
-        return self
-
-    @model_validator(mode="after")
     def _production_needs_services(self) -> Settings:
         if self.profile == "production":
             for name in ("database_dsn", "amqp_url"):
                 if getattr(self, name) is None:
                     raise ValueError(f"{name}: required by the production profile")
-        return self
-
-    @model_validator(mode="after")
-    def _payments_url_needs_token(self) -> Settings:
-        if self.payments_url and self.payments_token is None:
-            raise ValueError("payments_token: required when EO_PAYMENTS_URL is set")
+            if self.failpoints.strip():
+                raise ValueError("failpoints: fault injection is refused by the production "
+                                 "profile")
+            if self.duplicate_rate:
+                raise ValueError("duplicate_rate: fault injection is refused by the "
+                                 "production profile")
         return self
 
     def database(self) -> str:
@@ -157,31 +176,98 @@ class Settings(BaseSettings):
         """The RabbitMQ URL (the local profile defaults to guest on localhost)."""
         return self.amqp_url.get_secret_value() if self.amqp_url else LOCAL_AMQP
 
+    def bucket(self) -> str:
+        """The blobs' bucket: `EO_S3_BUCKET`, else (embedded and local profiles only) the
+        local default. Raises `SettingsError` in production without one."""
+        if self.s3_bucket is not None:
+            return self.s3_bucket
+        if self.profile == "production":
+            raise SettingsError("invalid setting EO_S3_BUCKET: required by the production "
+                                "profile (there is no default bucket)")
+        return LOCAL_BUCKET
+
     def blobs_in_s3(self) -> bool:
         """Whether blobs go to an S3 API (else to `blob_dir`)."""
         if self.blob_store is not None:
             return self.blob_store == "s3"
         return self.profile != "embedded"
 
-    def strategy(self, endpoint: str) -> Strategy:
-        """The configured strategy of `endpoint` (token by default)."""
-        return self.strategies.get(endpoint, Strategy.TOKEN)
+    def callee(self, name: str) -> CalleeSettings:
+        """The settings of callee `name` (its defaults when none are set)."""
+        return self.callees.get(name) or CalleeSettings.model_validate({})
 
 
-def load_settings(**overrides: object) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment plus `overrides`; raises `SettingsError` naming the
     `EO_...` variable of the first invalid setting."""
+    return load_settings_as(Settings, **overrides)
+
+
+def load_settings_as(cls: type[S], **overrides: Any) -> S:
+    """`load_settings` for a subclass of `Settings` (a tool's, with settings of its own)."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return cls(**overrides)
     except ValidationError as exc:
         first = exc.errors()[0]
         message = str(first["msg"]).removeprefix("Value error, ")
-        if first["loc"]:
-            field = str(first["loc"][0])
-        else:  # a model validator: its message starts with "<field>: "
+        loc = [str(part) for part in first["loc"]]
+        if not loc:  # a model validator: its message starts with "<field>: "
             field, _, message = message.partition(": ")
-        raise SettingsError(f"invalid setting EO_{field.upper()}: {message}") from exc
+            loc = [field]
+        elif loc[0] == "callees" and len(loc) == 2:  # a callee's own validator
+            field, _, message = message.partition(": ")
+            loc.append(field)
+        raise SettingsError(f"invalid setting EO_{'__'.join(loc).upper()}: {message}") from exc
     except PydanticSettingsError as exc:  # a JSON-valued variable that is not JSON
         match = re.search(r'field "(\w+)"', str(exc))
         name = f"EO_{match.group(1).upper()}" if match else "an EO_ variable"
         raise SettingsError(f"invalid setting {name}: not valid JSON") from exc
+
+
+@dataclass(frozen=True)
+class Service:
+    """The service the settings name: its registry and each endpoint's strategy."""
+
+    registry: Registry
+    strategies: dict[str, Strategy]
+
+    def strategy(self, name: str) -> Strategy:
+        """The strategy of endpoint `name` (KeyError when it is not registered)."""
+        return self.strategies[name]
+
+
+def load_registry(spec: str) -> Registry:
+    """The `Registry` at `module:attribute`; raises `SettingsError` naming `EO_SERVICE` when
+    it cannot be imported, is missing, is not a registry, or cannot run."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SettingsError(f"invalid setting EO_SERVICE: cannot import {module_name!r}: "
+                            f"{exc}") from exc
+    except RegistryError as exc:
+        raise SettingsError(f"invalid setting EO_SERVICE: {exc}") from exc
+    registry: Any = getattr(module, attribute, None)
+    if not isinstance(registry, Registry):
+        raise SettingsError(f"invalid setting EO_SERVICE: {spec} is not a Registry")
+    return registry
+
+
+def resolve_service(settings: Settings, registry: Registry | None = None) -> Service:
+    """The service of `settings` (`registry` given, else the one `EO_SERVICE` names) with
+    the strategies of `EO_STRATEGIES`; raises `SettingsError` naming the variable when the
+    registry cannot be loaded, a strategy does not fit, a callee setting names no
+    registered callee, or blobs go to S3 in production without `EO_S3_BUCKET`."""
+    registry = registry or load_registry(settings.service)
+    try:
+        strategies = registry.strategies(settings.strategies)
+    except RegistryError as exc:
+        raise SettingsError(f"invalid setting EO_STRATEGIES: {exc}") from exc
+    if any(r.blobs for r in registry) and settings.blobs_in_s3():
+        settings.bucket()  # production names its bucket: refused at start-up otherwise
+    callees = set(registry.names(Role.CALLEE))
+    for name in settings.callees:
+        if name not in callees:
+            raise SettingsError(f"invalid setting EO_CALLEES__{name.upper()}: {name!r} is not "
+                                f"a registered callee (callees: {sorted(callees)})")
+    return Service(registry, strategies)

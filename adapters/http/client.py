@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx
@@ -40,29 +40,31 @@ def _json_body(response: httpx.Response) -> Mapping[str, Any]:
 
 class HttpxRequests(HttpRequests):
     """The caller's side of protocol 6 on one shared `httpx.AsyncClient` (its timeouts and
-    connection limits apply: see `http_client_resource`).
+    connection limits apply: see `http_client_resource`), for several callees.
 
-    Every request carries `Authorization: Bearer <token>`; the token is never logged nor put
-    in an error message. With `allowed_bases`, a URL under none of them raises
-    `PermanentError` before anything is sent. Network errors and timeouts raise
-    `TransientError`; a URL httpx cannot send (bad scheme) raises `PermanentError`.
+    `credentials` maps each callee's base URL to its bearer token. A request goes only to a
+    URL under one of those bases, with that callee's `Authorization: Bearer <token>`; any
+    other URL raises `PermanentError` before anything is sent, so a credential never leaves
+    for a URL a message named. Tokens are never logged nor put in an error message. Network
+    errors and timeouts raise `TransientError`; a URL httpx cannot send (bad scheme) raises
+    `PermanentError`.
     """
 
-    def __init__(self, client: httpx.AsyncClient, token: str,
-                 allowed_bases: Sequence[str] = ()) -> None:
+    def __init__(self, client: httpx.AsyncClient, credentials: Mapping[str, str]) -> None:
         self._client = client
-        self._headers = {"Authorization": f"Bearer {token}"}
-        #: when given, only URLs under these base URLs are called (the configured callees):
-        #: the credential never leaves for a URL a message named
-        self._allowed = tuple(base.rstrip("/") + "/" for base in allowed_bases)
+        # longest base first: a base nested in another gets its own credential
+        self._bases = sorted(((base.rstrip("/") + "/", {"Authorization": f"Bearer {token}"})
+                              for base, token in credentials.items()),
+                             key=lambda item: -len(item[0]))
 
-    def __repr__(self) -> str:  # keep the token out of reprs and tracebacks' locals
-        return "HttpxRequests(token=<hidden>)"
+    def __repr__(self) -> str:  # keep the tokens out of reprs and tracebacks' locals
+        return f"HttpxRequests(bases={[base for base, _ in self._bases]}, tokens=<hidden>)"
 
     async def _send(self, method: str, url: str, body: bytes | None = None) -> httpx.Response:
-        if self._allowed and not url.startswith(self._allowed):
+        found = next((headers for base, headers in self._bases if url.startswith(base)), None)
+        if found is None:
             raise PermanentError(f"{method} {url}: not under a configured callee's base URL")
-        headers = dict(self._headers)
+        headers = dict(found)
         if body is not None:
             headers["Content-Type"] = "application/json"
         try:

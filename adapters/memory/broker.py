@@ -16,7 +16,10 @@ from application.envelope import (
     REASON_HEADER,
     RETRY_REASON_HEADER,
     Envelope,
+    capped,
+    clipped_body,
 )
+from application.errors import DeadLetterRefused
 from application.ports import Delivery, MessageDispatcher
 
 
@@ -42,16 +45,24 @@ class MemoryDelivery(Delivery):
     async def retry(self, delay_s: float, reason: str) -> None:
         if self._broker._settle(self):
             headers = {**self.envelope.headers, ATTEMPTS_HEADER: str(self.attempt),
-                       RETRY_REASON_HEADER: reason}
+                       RETRY_REASON_HEADER: capped(reason)}
             copy = replace(self.envelope, headers=MappingProxyType(headers))
             self._broker._later(self._queue, copy, self.attempt + 1, delay_s)
 
-    async def dead_letter(self, reason: str, endpoint: str) -> None:
-        if self._broker._settle(self):
-            headers = {**self.envelope.headers, REASON_HEADER: reason, ENDPOINT_HEADER: endpoint,
-                       ATTEMPTS_HEADER: str(self.attempt)}
-            self._broker.dead_letters[self._queue].append(
-                replace(self.envelope, headers=MappingProxyType(headers)))
+    async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
+                          ) -> None:
+        headers = {**self.envelope.headers, REASON_HEADER: capped(reason),
+                   ENDPOINT_HEADER: endpoint, ATTEMPTS_HEADER: str(self.attempt)}
+        body = self.envelope.body
+        if body_limit is not None:
+            body, sizes = clipped_body(body, body_limit)
+            headers.update(sizes)
+        copy = replace(self.envelope, body=body, headers=MappingProxyType(headers))
+        broker = self._broker
+        if not broker.dead_letter_fits(self._queue, copy):
+            raise DeadLetterRefused(f"dead-letter queue of {self._queue} is full")
+        if broker._settle(self):
+            broker.dead_letters[self._queue].append(copy)
 
 
 class MemoryBroker(MessageDispatcher):
@@ -59,10 +70,14 @@ class MemoryBroker(MessageDispatcher):
     to a named consumer; `drop_consumer` puts that consumer's unsettled deliveries back
     (redelivery, possibly to another consumer while the first still runs: concurrent
     copies). `publish` re-publishes a copy (duplicate injection). With `shuffle`, each
-    delivery is taken from a random place in the queue (out-of-order delivery)."""
+    delivery is taken from a random place in the queue (out-of-order delivery). With
+    `dead_letter_max_bytes`, a dead-letter queue refuses a copy whose body would take it past
+    that many bytes (RabbitMQ's `x-max-length-bytes` with `reject-publish`)."""
 
-    def __init__(self, shuffle: random.Random | None = None) -> None:
+    def __init__(self, shuffle: random.Random | None = None,
+                 dead_letter_max_bytes: int | None = None) -> None:
         self._shuffle = shuffle
+        self.dead_letter_max_bytes = dead_letter_max_bytes or None  # 0: unbounded
         self._queues: dict[str, _Queue] = defaultdict(_Queue)
         self._in_flight: dict[int, MemoryDelivery] = {}
         self._tags = itertools.count(1)
@@ -91,6 +106,13 @@ class MemoryBroker(MessageDispatcher):
         queue = self._queues[destination]
         async with queue.signal:
             queue.signal.notify_all()
+
+    def dead_letter_fits(self, queue: str, envelope: Envelope) -> bool:
+        """Whether the dead-letter queue of `queue` takes `envelope` within its byte bound."""
+        if self.dead_letter_max_bytes is None:
+            return True
+        held = sum(len(e.body) for e in self.dead_letters[queue])
+        return held + len(envelope.body) <= self.dead_letter_max_bytes
 
     def _settle(self, delivery: MemoryDelivery) -> bool:
         return self._in_flight.pop(delivery.tag, None) is not None

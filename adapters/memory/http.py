@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 
 from application.errors import PermanentError, RequestDeleted, TransientError
 from application.http_callee import HttpCallee
@@ -11,11 +12,17 @@ from application.ports import HttpRequests, HttpResult
 
 
 class InProcessHttp(HttpRequests):
-    """URLs `inproc://<service>/requests/<uuid>` go straight to that service's `HttpCallee`,
-    with the same status handling an HTTP client adapter applies."""
+    """URLs `inproc://<callee>/requests/<uuid>` go straight to that callee's `HttpCallee`,
+    with the same status handling an HTTP client adapter applies; any other URL goes to
+    `outside` (the HTTP client of callees served elsewhere), if given."""
 
-    def __init__(self, callees: dict[str, HttpCallee]) -> None:
+    def __init__(self, callees: Mapping[str, HttpCallee],
+                 outside: HttpRequests | None = None) -> None:
         self.callees = callees
+        self.outside = outside
+
+    def _elsewhere(self, url: str) -> HttpRequests | None:
+        return self.outside if not url.startswith("inproc://") else None
 
     def _route(self, url: str) -> tuple[HttpCallee, uuid.UUID]:
         scheme, _, rest = url.partition("://")
@@ -29,6 +36,8 @@ class InProcessHttp(HttpRequests):
             raise PermanentError(f"no request ID in {url}") from None
 
     async def put(self, url: str, body: bytes) -> None:
+        if (outside := self._elsewhere(url)) is not None:
+            return await outside.put(url, body)
         callee, request_id = self._route(url)
         answer = await callee.put(request_id, body)
         if answer.status >= 500:
@@ -39,11 +48,15 @@ class InProcessHttp(HttpRequests):
             raise PermanentError(f"PUT {url}: {answer.status} {json.dumps(dict(answer.body))}")
 
     async def post(self, url: str) -> HttpResult:
+        if (outside := self._elsewhere(url)) is not None:
+            return await outside.post(url)
         callee, request_id = self._route(url)
         answer = await callee.post(request_id)
         return HttpResult(answer.status, answer.body, answer.stored)
 
     async def delete(self, url: str) -> None:
+        if (outside := self._elsewhere(url)) is not None:
+            return await outside.delete(url)
         callee, request_id = self._route(url)
         answer = await callee.delete(request_id)
         if answer.status >= 500:

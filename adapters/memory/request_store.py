@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from datetime import datetime
 
 from application.envelope import Envelope
@@ -44,10 +43,6 @@ class MemoryRequestStore(RequestStore):
         for k in old:
             del self.tombstones[k]
         return len(old)
-
-    async def create(self, envelopes: Sequence[Envelope]) -> None:
-        for envelope in envelopes:
-            await self.put(envelope.message_id, envelope)
 
     async def get(self, message_id: uuid.UUID) -> Envelope | None:
         await asyncio.sleep(0)

@@ -9,9 +9,9 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from application.errors import Conflict
-from application.ports import Clock
-from application.state_based import OutsideRetention, StateEntry, StateStream
+from application.errors import Conflict, OutsideRetention
+from application.ports import Clock, StateStream
+from application.records import StateEntry
 
 
 class MemoryStateStream(StateStream):

@@ -11,9 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from adapters.memory.token_store import MemoryTokenStore
-from application.envelope import Envelope
 from application.errors import Conflict
-from application.ports import Clock, Committed, Loaded, TransactionalStore
+from application.ports import Clock, CommitRequest, Committed, Loaded, TransactionalStore
 from application.records import (
     Abandoned,
     DeferredCleanup,
@@ -40,9 +39,13 @@ class MemoryTransactionalStore(TransactionalStore):
     then checks and writes without yielding, so it is atomic among coroutines. Conflicts
     are raised exactly where PostgreSQL's single-statement version checks raise them."""
 
-    def __init__(self, clock: Clock, tokens: MemoryTokenStore | None = None) -> None:
-        """`tokens`: the token store to treat as co-located (protocol 3.2's fast path)."""
-        self.clock = clock
+    def __init__(self, clock: Clock, tokens: MemoryTokenStore | None = None,
+                 endpoint: str = "") -> None:
+        """`tokens`: the token store to treat as co-located (protocol 3.2's fast path), whose
+        tokens addressed to `endpoint` (this store's) it checks and consumes."""
+        if tokens is not None and not endpoint:
+            raise ValueError("a co-located token store needs the store's endpoint")
+        self.clock, self.endpoint = clock, endpoint
         self.tokens = tokens
         self.holds_tokens = tokens is not None
         self.partitions: dict[str, _Partition] = {}
@@ -87,13 +90,8 @@ class MemoryTransactionalStore(TransactionalStore):
         p = self._partition(partition)
         exists = None
         if token is not None and self.tokens is not None:
-            exists = token in self.tokens.rows
+            exists = self.tokens.holds(self.endpoint, token)
         return Loaded(p.tr, p.state, exists)
-
-    async def load_state(self, partition: str) -> tuple[Any, int]:
-        await asyncio.sleep(0)
-        p = self._partition(partition)
-        return p.state, p.tr.version
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         await asyncio.sleep(0)
@@ -110,38 +108,29 @@ class MemoryTransactionalStore(TransactionalStore):
         p = self._partition(record.partition)
         return not p.tr.is_committed and any(_same(r, record) for r in p.records)
 
-    async def commit(
-        self,
-        partition: str,
-        expected_version: int,
-        state: Any,
-        message_id: uuid.UUID,
-        attempt_id: uuid.UUID,
-        records: Sequence[SideEffectRecord],
-        reply: Reply | None = None,
-        processed: ProcessedMessage | None = None,
-        tokens: Sequence[Envelope] = (),
-    ) -> Committed:
+    async def commit(self, request: CommitRequest) -> Committed:
         await asyncio.sleep(0)
-        p = self._partition(partition)
-        if p.tr.is_committed or p.tr.version != expected_version:
-            raise Conflict(f"partition {partition}: commit at v{expected_version}, "
+        r = request
+        p = self._partition(r.partition)
+        if p.tr.is_committed or p.tr.version != r.expected_version:
+            raise Conflict(f"partition {r.partition}: commit at v{r.expected_version}, "
                            f"TR at v{p.tr.version}")
-        if processed is not None and processed.message_id in self.processed_rows:
-            raise Conflict(f"message {processed.message_id} already has an inbox row")
-        p.state = state
-        p.records.extend(records)
-        self._bump(p, message_id=message_id, attempt_id=attempt_id,
+        if r.processed is not None and r.processed.message_id in self.processed_rows:
+            raise Conflict(f"message {r.processed.message_id} already has a processed-message "
+                           "row")
+        if r.tokens and self.tokens is None:
+            raise ValueError("tokens passed to commit, but no token store is co-located")
+        p.state = r.state
+        p.records.extend(r.records)
+        self._bump(p, message_id=r.message_id, attempt_id=r.attempt_id,
                    committed_at=self.clock.now())
-        if reply is not None:
-            self.replies[message_id] = reply
-        if processed is not None:
-            self.processed_rows[processed.message_id] = processed
-        if tokens:
-            if self.tokens is None:
-                raise ValueError("tokens passed to commit, but no token store is co-located")
-            for envelope in tokens:
-                self.tokens.rows.setdefault(envelope.message_id, envelope)
+        if r.reply is not None:
+            self.replies[r.message_id] = r.reply
+        if r.processed is not None:
+            self.processed_rows[r.processed.message_id] = r.processed
+        if self.tokens is not None:
+            for destination, envelope in r.tokens:
+                self.tokens.insert(destination, [envelope])
         return Committed(p.tr.version, tuple(p.records))
 
     async def clear(
@@ -160,7 +149,7 @@ class MemoryTransactionalStore(TransactionalStore):
         if consume is not None:
             if self.tokens is None:
                 raise ValueError("consume passed to clear, but no token store is co-located")
-            self.tokens.discard(consume)
+            self.tokens.discard(self.endpoint, consume)
         p.records = [r for r in p.records if not any(_same(r, x) for x in records)]
         self._bump(p, message_id=None, attempt_id=None, committed_at=None)
         self._defer(aborted, cleanup_due)

@@ -4,7 +4,6 @@ while stored and not answered)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
@@ -63,10 +62,6 @@ class PostgresRequestStore(RequestStore):
             return int(await self.pool.fetchval(
                 "WITH gone AS (DELETE FROM eo_http_tombstone WHERE endpoint = $1 AND "
                 "deleted_at < $2 RETURNING 1) SELECT count(*) FROM gone", self.endpoint, before))
-
-    async def create(self, envelopes: Sequence[Envelope]) -> None:
-        for envelope in envelopes:
-            await self.put(envelope.message_id, envelope)
 
     async def get(self, message_id: uuid.UUID) -> Envelope | None:
         async with translated():

@@ -39,8 +39,10 @@ SELECT t.message_id, t.attempt_id, t.version, t.committed_at,
        {_RECORDS_OF.format(extra="")} AS records
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
+# the token addressed to this endpoint ($1), or written before tokens had an address
 _TOKEN_EXISTS = """CASE WHEN $3::uuid IS NULL THEN NULL
-       ELSE EXISTS (SELECT 1 FROM eo_token WHERE message_id = $3) END AS token_exists"""
+       ELSE EXISTS (SELECT 1 FROM eo_token WHERE message_id = $3
+                      AND (endpoint = $1 OR endpoint IS NULL)) END AS token_exists"""
 
 LOAD = f"""
 SELECT message_id, attempt_id, version, committed_at, state, {_TOKEN_EXISTS}
@@ -57,9 +59,6 @@ SELECT x.*, {_TOKEN_EXISTS} FROM (
   SELECT message_id, attempt_id, version, committed_at, state FROM eo_transaction_record
    WHERE endpoint = $1 AND partition_key = $2
   LIMIT 1) AS x"""
-
-SELECT_STATE = """
-SELECT state, version FROM eo_transaction_record WHERE endpoint = $1 AND partition_key = $2"""
 
 REGISTER = """
 WITH bump AS (
@@ -79,8 +78,9 @@ SELECT t.message_id IS NULL AND EXISTS (
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
 # $1 endpoint, $2 partition, $3 expected version, $4 state, $5 message, $6 attempt, $7 now,
-# $8 with inbox row, $9-$15 record columns, $16 reply status, $17 reply body, $18 outgoing,
-# $19-$22 token columns. One statement: the TR update guards every insert (FROM tr).
+# $8 with processed-message row, $9-$15 record columns, $16 reply status, $17 reply body,
+# $18 outgoing, $19-$23 token columns, $24 the processed body's SHA-256. One statement: the
+# TR update guards every insert (FROM tr).
 COMMIT = f"""
 WITH tr AS (
   UPDATE eo_transaction_record
@@ -99,14 +99,16 @@ reply AS (
   INSERT INTO eo_stored_reply (endpoint, message_id, status, body)
   SELECT $1, $5, $16, $17 FROM tr WHERE $16::int IS NOT NULL
   ON CONFLICT (endpoint, message_id) DO NOTHING),
-inbox AS (
-  INSERT INTO eo_processed_message (endpoint, message_id, partition_key, outgoing, processed_at)
-  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7 FROM tr WHERE $8
+processed AS (
+  INSERT INTO eo_processed_message
+    (endpoint, message_id, partition_key, outgoing, processed_at, body_sha256)
+  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8
   ON CONFLICT (endpoint, message_id) DO NOTHING),
 toks AS (
-  INSERT INTO eo_token (message_id, type, body, headers)
-  SELECT m, ty, b, h FROM tr, unnest($19::uuid[], $20::text[], $21::bytea[], $22::jsonb[])
-    AS x(m, ty, b, h)
+  INSERT INTO eo_token (endpoint, message_id, type, body, headers)
+  SELECT d, m, ty, b, h
+    FROM tr, unnest($19::text[], $20::uuid[], $21::text[], $22::bytea[], $23::jsonb[])
+      AS x(d, m, ty, b, h)
   ON CONFLICT (message_id) DO NOTHING)
 SELECT tr.version, {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
                                    .replace("t.partition_key", "$2")} AS records
@@ -134,11 +136,12 @@ def AS (
   INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
   SELECT $1, k, ky, p, $9 FROM tr, unnest($6::text[], $7::text[], $8::jsonb[]) AS x(k, ky, p)),
 tok AS (
-  DELETE FROM eo_token USING tr WHERE message_id = $10::uuid)
+  DELETE FROM eo_token USING tr
+   WHERE message_id = $10::uuid AND (endpoint = $1 OR endpoint IS NULL))
 SELECT count(*) FROM tr"""
 
 SELECT_PROCESSED = """
-SELECT partition_key, outgoing, processed_at FROM eo_processed_message
+SELECT partition_key, outgoing, processed_at, body_sha256 FROM eo_processed_message
  WHERE endpoint = $1 AND message_id = $2"""
 
 SELECT_REPLY = "SELECT status, body FROM eo_stored_reply WHERE endpoint = $1 AND message_id = $2"

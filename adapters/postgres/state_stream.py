@@ -12,9 +12,9 @@ import asyncpg
 
 from adapters.postgres.pool import translated
 from application.codec import from_jsonable, to_jsonable
-from application.errors import Conflict
-from application.ports import Clock
-from application.state_based import OutsideRetention, StateEntry, StateStream
+from application.errors import Conflict, OutsideRetention
+from application.ports import Clock, StateStream
+from application.records import StateEntry
 
 #: The message's own entry, the entry just before it and the newest entry: one snapshot.
 LOAD = """

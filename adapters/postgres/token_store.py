@@ -1,5 +1,5 @@
 """Tokens in PostgreSQL: `TokenStore` on the table `eo_token` (claim check: the row holds the
-message)."""
+message, and names the endpoint it is addressed to)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from adapters.postgres.pool import translated
 from application.envelope import Envelope
 from application.ports import TokenStore
 
+#: The tokens endpoint $1 may consume: its own, and those written before tokens had an
+#: address (migration 0005), until they drain.
+ADDRESSED = "(endpoint = $1 OR endpoint IS NULL)"
+
 
 def envelope_of_row(message_id: uuid.UUID, row: Any) -> Envelope | None:
     """The envelope of a claim-check row (`type`, `body`, `headers`), or None without a row."""
@@ -27,38 +31,45 @@ def envelope_of_row(message_id: uuid.UUID, row: Any) -> Envelope | None:
 
 
 class PostgresTokenStore(TokenStore):
-    """One row per in-flight message. Every method is one statement (one round trip) and
-    idempotent. Its pool may be a different database from the endpoint's (the token store is
-    small and hot: architecture.md)."""
+    """One row per in-flight message, keyed by message ID, with the endpoint it is addressed
+    to. Every method is one statement (one round trip) and idempotent. Its pool may be a
+    different database from the endpoint's (the token store is small and hot:
+    architecture.md)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
-    async def create(self, envelopes: Sequence[Envelope]) -> None:
+    async def create(self, endpoint: str, envelopes: Sequence[Envelope]) -> None:
         if not envelopes:
             return
         async with translated():
             await self.pool.execute(
-                """INSERT INTO eo_token (message_id, type, body, headers)
-                   SELECT * FROM unnest($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[])
+                """INSERT INTO eo_token (endpoint, message_id, type, body, headers)
+                   SELECT $1, m, t, b, h
+                     FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[])
+                       AS x(m, t, b, h)
                    ON CONFLICT (message_id) DO NOTHING""",
-                [e.message_id for e in envelopes], [e.type for e in envelopes],
+                endpoint, [e.message_id for e in envelopes], [e.type for e in envelopes],
                 [e.body for e in envelopes], [dict(e.headers) for e in envelopes])
 
-    async def get(self, message_id: uuid.UUID) -> Envelope | None:
+    async def get(self, endpoint: str, message_id: uuid.UUID) -> Envelope | None:
         async with translated():
             row = await self.pool.fetchrow(
-                "SELECT type, body, headers FROM eo_token WHERE message_id = $1", message_id)
+                f"SELECT type, body, headers FROM eo_token WHERE message_id = $2 AND {ADDRESSED}",
+                endpoint, message_id)
         return envelope_of_row(message_id, row)
 
-    async def exists(self, message_id: uuid.UUID) -> bool:
+    async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
         async with translated():
             return bool(await self.pool.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM eo_token WHERE message_id = $1)", message_id))
+                f"SELECT EXISTS (SELECT 1 FROM eo_token WHERE message_id = $2 AND {ADDRESSED})",
+                endpoint, message_id))
 
-    async def delete(self, message_id: uuid.UUID) -> None:
+    async def delete(self, endpoint: str, message_id: uuid.UUID) -> None:
         async with translated():
-            await self.pool.execute("DELETE FROM eo_token WHERE message_id = $1", message_id)
+            await self.pool.execute(
+                f"DELETE FROM eo_token WHERE message_id = $2 AND {ADDRESSED}",
+                endpoint, message_id)
 
     async def count(self) -> int:
         async with translated():

@@ -1,5 +1,5 @@
 """The transactional store in PostgreSQL: state, transaction records, side-effect records,
-deferred clean-ups, inbox rows and stored replies of one endpoint."""
+deferred clean-ups, processed-message rows and stored replies of one endpoint."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import asyncpg
 from adapters.postgres import sql
 from adapters.postgres.pool import translated
 from application.codec import from_jsonable, to_jsonable
-from application.envelope import Envelope
 from application.errors import Conflict, TransientError
-from application.ports import Clock, Committed, Loaded, TransactionalStore
+from application.ports import Clock, CommitRequest, Committed, Loaded, TransactionalStore
 from application.records import (
     Abandoned,
     DeferredCleanup,
@@ -86,13 +85,6 @@ class PostgresTransactionalStore(TransactionalStore):
             return TransactionRecord(partition, None, None, 0), ()
         return _tr(partition, row), tuple(_record(partition, r) for r in row["records"])
 
-    async def load_state(self, partition: str) -> tuple[Any, int]:
-        async with translated():
-            row = await self.pool.fetchrow(sql.SELECT_STATE, self.endpoint, partition)
-        if row is None:
-            return None, 0
-        return from_jsonable(self.state_type, row["state"]), row["version"]
-
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         async with translated():
             version = await self.pool.fetchval(
@@ -109,35 +101,28 @@ class PostgresTransactionalStore(TransactionalStore):
                 sql.REGISTRATION_VALID, self.endpoint, record.partition, str(record.kind),
                 record.key, record.attempt_id))
 
-    async def commit(
-        self,
-        partition: str,
-        expected_version: int,
-        state: Any,
-        message_id: uuid.UUID,
-        attempt_id: uuid.UUID,
-        records: Sequence[SideEffectRecord],
-        reply: Reply | None = None,
-        processed: ProcessedMessage | None = None,
-        tokens: Sequence[Envelope] = (),
-    ) -> Committed:
-        if tokens and not self.holds_tokens:
+    async def commit(self, request: CommitRequest) -> Committed:
+        r = request
+        if r.tokens and not self.holds_tokens:
             raise ValueError("tokens passed to commit, but the token store is not co-located")
         now = self.clock.now()
+        processed, reply, tokens = r.processed, r.reply, r.tokens
         async with translated():
             row = await self.pool.fetchrow(
-                sql.COMMIT, self.endpoint, partition, expected_version, to_jsonable(state),
-                message_id, attempt_id, now, processed is not None,
-                *sql.record_arrays(records, now),
+                sql.COMMIT, self.endpoint, r.partition, r.expected_version,
+                to_jsonable(r.state), r.message_id, r.attempt_id, now, processed is not None,
+                *sql.record_arrays(r.records, now),
                 reply.status if reply else None, dict(reply.body) if reply else None,
                 [dict(o) for o in processed.outgoing] if processed else [],
-                [e.message_id for e in tokens], [e.type for e in tokens],
-                [e.body for e in tokens], [dict(e.headers) for e in tokens])
+                [d for d, _ in tokens], [e.message_id for _, e in tokens],
+                [e.type for _, e in tokens], [e.body for _, e in tokens],
+                [dict(e.headers) for _, e in tokens],
+                processed.body_sha256 if processed else None)
         if row is None:
-            raise Conflict(f"partition {partition}: commit at v{expected_version} refused "
+            raise Conflict(f"partition {r.partition}: commit at v{r.expected_version} refused "
                            "(version moved, transaction pending, or message processed)")
-        existing = tuple(_record(partition, r) for r in row["records"])
-        return Committed(row["version"], existing + tuple(records))
+        existing = tuple(_record(r.partition, x) for x in row["records"])
+        return Committed(row["version"], existing + tuple(r.records))
 
     async def clear(
         self,
@@ -164,7 +149,7 @@ class PostgresTransactionalStore(TransactionalStore):
         if row is None:
             return None
         return ProcessedMessage(message_id, row["partition_key"], tuple(row["outgoing"]),
-                                row["processed_at"])
+                                row["processed_at"], row["body_sha256"])
 
     async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
         async with translated():

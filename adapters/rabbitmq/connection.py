@@ -1,15 +1,27 @@
-"""A robust RabbitMQ connection: one publisher-confirm channel, consuming channels, drop."""
+"""A RabbitMQ connection the service supervises: reconnection with backoff, one
+publisher-confirm channel, and a give-up deadline after which the process should exit.
+
+aio-pika's robust connection restores channels and consumers by itself, but a connection can
+come back while a consumer does not (aio-pika issues #231, #563, #577, #668; reproduced here
+by deleting and re-declaring a work queue under its consumers). So this connection is a plain
+one, and recovery is the project's: `RabbitConnection` reconnects and reopens its publishing
+channel; each consuming channel belongs to a `RabbitSource`, which re-creates its channel and
+consumer itself (adapters/rabbitmq/consumer.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import aio_pika
 import pamqp.exceptions
-from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError, PublishError
 from yarl import URL
 
@@ -21,8 +33,23 @@ log = logging.getLogger(__name__)
 #: TimeoutError is the builtin one on 3.11 (an OSError); both are named for clarity.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     AMQPError, ChannelInvalidStateError, pamqp.exceptions.PAMQPException, ConnectionError,
-    OSError, asyncio.TimeoutError,
+    OSError, asyncio.TimeoutError, RuntimeError,
 )
+#: Pauses between reconnection attempts (seconds); the last one repeats.
+RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+#: Bound on opening a connection or a channel (seconds): an open on a connection that is
+#: closing under our feet must not wait forever.
+OPEN_TIMEOUT_S = 10.0
+
+
+class PublishRefused(TransientError):
+    """The broker nacked a publish: the queue refused it (a bound with `reject-publish`
+    reached, as on the dead-letter queues) or the broker failed to store it."""
+
+
+class BrokerUnavailable(TransientError):
+    """The broker could not be reached, or a queue not consumed, for longer than the
+    give-up time: the process should exit and let its orchestrator restart it."""
 
 
 @contextmanager
@@ -40,58 +67,190 @@ def redacted(url: str) -> str:
     return str(parsed.with_password("******")) if parsed.password else url
 
 
-class RabbitConnection:
-    """One robust AMQP connection (reconnects by itself after a loss, restoring channels,
-    queues and consumers) with one publisher-confirm channel shared by every publish.
+def _alive(connection: AbstractConnection | None) -> bool:
+    """Whether `connection` and its AMQP transport are open (aio-pika may not have noticed
+    yet that the transport closed)."""
+    if connection is None or connection.is_closed:
+        return False
+    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+    return transport is not None and not transport.connection.is_closed
 
-    `reconnect_interval_s`: pause between reconnection attempts (seconds).
-    `publish_timeout_s`: bound on one publish including its confirm, also while reconnecting.
+
+def backoff(delays_s: Sequence[float], attempt: int) -> float:
+    """The pause before reconnection attempt `attempt` (0-based): `delays_s[attempt]`, the
+    last delay repeating."""
+    return delays_s[min(attempt, len(delays_s) - 1)]
+
+
+class RabbitConnection:
+    """One AMQP connection with one publisher-confirm channel, supervised: when the broker or
+    the network closes the connection (or the publishing channel), a background task
+    reconnects with backoff (`reconnect_delays_s`) and reopens the channel. If that does not
+    succeed within `give_up_after_s` seconds, `failed` is set and `failure` says why: the
+    process should exit (`BrokerUnavailable`).
+
+    - `publish_timeout_s`: bound on one publish including its confirm, also while
+      reconnecting (the publish waits for the connection that long);
+    - `name`: the connection name the broker shows (`rabbitmqctl list_connections
+      client_properties`), e.g. "eo orders pid 4242".
+
     Methods raise `TransientError` when the broker is unreachable or the channel fails.
     """
 
-    def __init__(self, url: str, reconnect_interval_s: float = 1.0,
-                 publish_timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, publish_timeout_s: float = 10.0,
+                 give_up_after_s: float = 120.0,
+                 reconnect_delays_s: Sequence[float] = RECONNECT_DELAYS_S,
+                 name: str | None = None) -> None:
+        if give_up_after_s <= 0 or not reconnect_delays_s:
+            raise ValueError("give_up_after_s must be > 0 and reconnect_delays_s non-empty")
         self._url = url
-        self._reconnect_interval_s = reconnect_interval_s
-        self._publish_timeout_s = publish_timeout_s
-        self._connection: AbstractRobustConnection | None = None
-        self._channel: AbstractRobustChannel | None = None
+        self.publish_timeout_s = publish_timeout_s
+        self.give_up_after_s = give_up_after_s
+        self.reconnect_delays_s = tuple(reconnect_delays_s)
+        self.name = name or f"eo pid {os.getpid()}"
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._up = asyncio.Event()
+        self._trouble = asyncio.Event()
+        #: set when reconnection gave up; `failure` holds the reason
+        self.failed = asyncio.Event()
+        self.failure: str | None = None
+        #: successful reconnections since `start`
+        self.reconnections = 0
+        self._closing = False
+        self._supervisor: asyncio.Task[None] | None = None
         self._publishing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def __repr__(self) -> str:
         return f"RabbitConnection({redacted(self._url)!r})"
 
+    @property
+    def url(self) -> str:
+        """The broker URL (with its password: never log it, see `redacted`)."""
+        return self._url
+
     async def start(self) -> None:
-        """Connect and open the publishing channel (publisher confirms, and unroutable
-        mandatory messages raise instead of being returned silently)."""
+        """Connect, open the publishing channel (publisher confirms; an unroutable mandatory
+        message raises instead of being returned silently) and start supervising. Raises
+        `TransientError` when the first connection fails."""
         with translated(f"connecting to {redacted(self._url)}"):
-            self._connection = await aio_pika.connect_robust(
-                self._url, reconnect_interval=self._reconnect_interval_s)
-            self._channel = await self._connection.channel(
-                publisher_confirms=True, on_return_raises=True)
+            await self._connect()
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"{self.name} supervisor")
         log.info("connected to %s", redacted(self._url))
 
+    async def _connect(self) -> None:
+        connection = await aio_pika.connect(
+            self._url, timeout=OPEN_TIMEOUT_S, client_properties={"connection_name": self.name})
+        try:
+            async with asyncio.timeout(OPEN_TIMEOUT_S):
+                channel = await connection.channel(publisher_confirms=True,
+                                                   on_return_raises=True)
+        except BaseException:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await connection.close()
+            raise
+        self._connection, self._channel = connection, channel
+        connection.close_callbacks.add(self._on_close)
+        channel.close_callbacks.add(self._on_close)
+        self._up.set()
+
+    def _on_close(self, sender: Any, exc: BaseException | None = None) -> None:
+        if self._closing:
+            return
+        if sender is not self._connection and sender is not self._channel:
+            return  # a connection or channel this one replaced already
+        self._up.clear()
+        self._trouble.set()
+
+    async def _supervise(self) -> None:
+        while not self._closing:
+            await self._trouble.wait()
+            self._trouble.clear()
+            if self._closing:
+                return
+            await self._recover()
+
+    async def _recover(self) -> None:
+        await asyncio.sleep(0)  # let the close callbacks of the whole connection run first
+        loop = asyncio.get_running_loop()
+        started, attempt = loop.time(), 0
+        log.warning("connection to %s (or its publishing channel) lost: recovering",
+                    redacted(self._url))
+        while not self._closing:
+            connection = self._connection
+            try:
+                if _alive(connection):
+                    # only the publishing channel went (a channel-level error): reopen it,
+                    # the consuming channels on this connection are unaffected
+                    async with asyncio.timeout(OPEN_TIMEOUT_S):
+                        channel = await connection.channel(  # type: ignore[union-attr]
+                            publisher_confirms=True, on_return_raises=True)
+                    self._channel = channel
+                    channel.close_callbacks.add(self._on_close)
+                    self._up.set()
+                else:
+                    await self._connect()
+            except DRIVER_ERRORS as exc:
+                waited = loop.time() - started
+                if waited >= self.give_up_after_s:
+                    self.failure = (f"the broker at {redacted(self._url)} stayed unreachable "
+                                    f"for {waited:.0f} s: {type(exc).__name__}: {exc}")
+                    log.error("%s", self.failure)
+                    self.failed.set()
+                    return
+                await asyncio.sleep(backoff(self.reconnect_delays_s, attempt))
+                attempt += 1
+                continue
+            self.reconnections += 1
+            log.warning("recovered the connection to %s after %.1f s", redacted(self._url),
+                        loop.time() - started)
+            return
+
     @property
-    def channel(self) -> AbstractRobustChannel:
-        """The publishing channel (declare topology on it); RuntimeError before `start`."""
+    def connected(self) -> bool:
+        """Whether the connection and its publishing channel are open now."""
+        return (self._up.is_set() and self._channel is not None
+                and not self._channel.is_closed)
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Wait until connected, at most `timeout_s` seconds; False when still down (or the
+        supervisor gave up)."""
+        if self.connected:
+            return True
+        waiter = asyncio.ensure_future(self._up.wait())
+        failed = asyncio.ensure_future(self.failed.wait())
+        try:
+            await asyncio.wait({waiter, failed}, timeout=timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            failed.cancel()
+        return self.connected
+
+    @property
+    def channel(self) -> AbstractChannel:
+        """The publishing channel now (declare topology on it); RuntimeError before `start`.
+        After a reconnection it is a new channel: ask again rather than keep it."""
         if self._channel is None:
             raise RuntimeError("RabbitConnection.start() was not awaited")
         return self._channel
 
     async def publish(self, queue: str, message: aio_pika.Message) -> None:
         """Publish `message` on the default exchange to `queue` (mandatory) and wait for the
-        publisher confirm. Raises `TransientError` on a nack, an unroutable message (no such
-        queue), a timeout or a lost channel; the message may then have arrived or not."""
-        channel = self.channel
+        publisher confirm, waiting for a reconnection first if need be. Raises
+        `PublishRefused` on a nack (the message did not arrive), `TransientError` on an
+        unroutable message (no such queue), a timeout or a lost channel (the message may then
+        have arrived or not)."""
         try:
             async with self._one_at_a_time(message.message_id), \
-                    asyncio.timeout(self._publish_timeout_s):
-                await channel.default_exchange.publish(message, routing_key=queue,
-                                                       mandatory=True)
+                    asyncio.timeout(self.publish_timeout_s):
+                await self._up.wait()
+                await self.channel.default_exchange.publish(message, routing_key=queue,
+                                                            mandatory=True)
         except PublishError as exc:
             raise TransientError(f"publish to {queue!r}: unroutable (no such queue)") from exc
         except DeliveryError as exc:
-            raise TransientError(f"publish to {queue!r}: nacked by the broker") from exc
+            raise PublishRefused(f"publish to {queue!r}: nacked by the broker") from exc
         except DRIVER_ERRORS as exc:
             raise TransientError(f"publish to {queue!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -113,20 +272,64 @@ class RabbitConnection:
             if not users[0]:
                 del self._publishing[message_id]
 
-    async def channel_for_consuming(self, prefetch: int) -> AbstractRobustChannel:
-        """A new channel with at most `prefetch` unacked deliveries (restored with its qos and
-        consumers after a reconnection). Closed by `close`."""
-        if self._connection is None:
-            raise RuntimeError("RabbitConnection.start() was not awaited")
-        with translated("opening a consuming channel"):
-            channel = await self._connection.channel(publisher_confirms=False)
-            await channel.set_qos(prefetch_count=prefetch)
+    async def open_channel(self, prefetch: int | None = None) -> AbstractChannel:
+        """A new plain channel on the current connection (no publisher confirms), with at most
+        `prefetch` unacked deliveries when given. Its owner watches and re-creates it: it is
+        not restored after a reconnection. Raises `TransientError` while disconnected."""
+        connection = self._connection
+        if not _alive(connection) or not self._up.is_set():
+            raise TransientError(f"not connected to {redacted(self._url)}")
+        with translated("opening a channel"):
+            async with asyncio.timeout(OPEN_TIMEOUT_S):
+                channel = await connection.channel(  # type: ignore[union-attr]
+                    publisher_confirms=False)
+                if prefetch is not None:
+                    await channel.set_qos(prefetch_count=prefetch)
         return channel
 
+    async def queue_counts(self, queue: str) -> tuple[int, int]:
+        """(ready messages, consumers) of `queue` as the broker counts them now, through a
+        passive declare on a channel of its own (a missing queue closes that channel only).
+        Raises `TransientError` when disconnected or the queue does not exist."""
+        channel = await self.open_channel()
+        try:
+            with translated(f"inspecting {queue!r}"):
+                declared = await channel.declare_queue(queue, passive=True)
+            result = declared.declaration_result
+            return result.message_count or 0, result.consumer_count or 0
+        finally:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                if not channel.is_closed:
+                    await channel.close()
+
+    async def queue_exists(self, queue: str) -> bool:
+        """Whether `queue` exists, through a passive declare on a channel of its own. Raises
+        `TransientError` when disconnected or the broker fails otherwise."""
+        channel = await self.open_channel()
+        try:
+            with translated(f"looking for {queue!r}"):
+                try:
+                    await channel.declare_queue(queue, passive=True)
+                except aio_pika.exceptions.ChannelNotFoundEntity:
+                    return False
+            return True
+        finally:
+            with contextlib.suppress(*DRIVER_ERRORS):
+                if not channel.is_closed:
+                    await channel.close()
+
     async def close(self) -> None:
-        """Close the connection and its channels; unacked deliveries return to their queues.
-        Idempotent; errors of an already broken connection are logged, not raised."""
+        """Stop supervising and close the connection and its channels; unacked deliveries
+        return to their queues. Idempotent; errors of a broken connection are logged."""
+        self._closing = True
+        self._trouble.set()
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
         connection, self._connection, self._channel = self._connection, None, None
+        self._up.clear()
         if connection is None:
             return
         try:
@@ -137,8 +340,9 @@ class RabbitConnection:
     async def drop(self) -> None:
         """Close the underlying AMQP connection as a network failure would (the `drop_conn`
         failpoint): the broker requeues unacked deliveries, settling them afterwards raises
-        `TransientError`, and the robust connection reconnects after `reconnect_interval_s`."""
-        transport = self._connection.transport if self._connection is not None else None
+        `TransientError`, and the supervisor reconnects."""
+        connection = self._connection
+        transport = getattr(connection, "transport", None) if connection is not None else None
         if transport is None:
             return
         log.warning("dropping the connection to %s (failpoint)", redacted(self._url))

@@ -1,19 +1,30 @@
-"""Manual-ack consumption of an endpoint's work queue: `RabbitSource` and `RabbitDelivery`."""
+"""Manual-ack consumption of an endpoint's work queue, supervised: `RabbitSource` re-creates
+its channel and consumer whenever they are gone, and `RabbitDelivery` settles one delivery."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import replace
+from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from aio_pika.exceptions import ChannelInvalidStateError
 
-from adapters.rabbitmq.connection import DRIVER_ERRORS, RabbitConnection, translated
+from adapters.rabbitmq.connection import (
+    DRIVER_ERRORS,
+    BrokerUnavailable,
+    PublishRefused,
+    RabbitConnection,
+    backoff,
+    translated,
+)
 from adapters.rabbitmq.dispatcher import (
-    NO_MESSAGE_ID_HEADER,
     amqp_message,
     attempt_of,
     envelope_message,
@@ -23,60 +34,35 @@ from adapters.rabbitmq.dispatcher import (
 from adapters.rabbitmq.topology import queue_names, retry_index
 from application.envelope import (
     ATTEMPTS_HEADER,
+    BODY_BYTES_HEADER,
     ENDPOINT_HEADER,
+    NO_MESSAGE_ID_HEADER,
     REASON_HEADER,
     RETRY_REASON_HEADER,
     Envelope,
+    capped,
+    clipped_body,
+    known_headers,
 )
-from application.errors import MalformedMessage, TransientError
-from application.observability import MESSAGE_DEAD_LETTERED
+from application.errors import DeadLetterRefused, MalformedMessage, TransientError
+from application.observability import (
+    CONSUMER_LOST,
+    CONSUMER_RESTARTED,
+    MESSAGE_DEAD_LETTER_REFUSED,
+    MESSAGE_DEAD_LETTERED,
+)
 from application.ports import Delivery, EventSink
 
 log = logging.getLogger(__name__)
 
-class RabbitDelivery(Delivery):
-    """One unacked delivery of the work queue. Retry and dead-letter publish a copy, wait for
-    its publisher confirm, THEN ack the original: a crash in between leaves two copies (the
-    protocol drops one), the reverse order could lose the message. Settling twice is a
-    no-op; `TransientError` when the broker fails (a lost channel: the broker redelivers)."""
 
-    def __init__(self, message: AbstractIncomingMessage, envelope: Envelope, attempt: int,
-                 source: RabbitSource) -> None:
-        self.envelope = envelope
-        self.attempt = attempt
-        self._message = message
-        self._source = source
-        self._settled = False
+class LostBecause(enum.StrEnum):
+    """Why a source re-creates its consumer (the `reason` label of the restart metric)."""
 
-    async def ack(self) -> None:
-        """Remove the delivery from the work queue."""
-        await self._settle(None)
-
-    async def retry(self, delay_s: float, reason: str) -> None:
-        """Redeliver after the retry queue delay that is the smallest >= `delay_s` seconds
-        (else the longest), with `eo-attempts` = this attempt and `eo-retry-reason`."""
-        copy = envelope_message(self.envelope, {ATTEMPTS_HEADER: str(self.attempt),
-                                                RETRY_REASON_HEADER: reason})
-        await self._settle((self._source.retry_queue(delay_s), copy))
-
-    async def dead_letter(self, reason: str, endpoint: str) -> None:
-        """Move to `<endpoint>.dlq` with `eo-reason`, `eo-endpoint` and `eo-attempts`."""
-        copy = envelope_message(self.envelope, {REASON_HEADER: reason, ENDPOINT_HEADER: endpoint,
-                                                ATTEMPTS_HEADER: str(self.attempt)})
-        await self._settle((queue_names(endpoint, 0).dead_letter, copy))
-
-    async def _settle(self, copy: tuple[str, aio_pika.Message] | None) -> None:
-        if self._settled:
-            return
-        self._settled = True  # before the first await: a concurrent settle is a no-op
-        if copy is not None:
-            try:
-                await self._source.connection.publish(*copy)
-            except TransientError:
-                self._settled = False  # the original is untouched: settling again is safe
-                raise
-        with translated(f"ack of {self.envelope.message_id}"):
-            await self._message.ack()
+    CHANNEL_CLOSED = "channel_closed"  # the channel closed: connection lost, channel error
+    CANCELLED = "cancelled"  # the broker cancelled the consumer (queue deleted, ...)
+    NO_CONSUMER = "no_consumer"  # the broker lists no consumer on the queue (watchdog)
+    STALLED = "stalled"  # ready messages and free slots, yet no delivery (watchdog)
 
 
 def _channel_lost(message: AbstractIncomingMessage) -> bool:
@@ -86,61 +72,294 @@ def _channel_lost(message: AbstractIncomingMessage) -> bool:
         return True
 
 
+class RabbitDelivery(Delivery):
+    """One unacked delivery of the work queue. Retry and dead-letter publish a copy, wait for
+    its publisher confirm, THEN ack the original: a crash in between leaves two copies (the
+    protocol drops one), the reverse order could lose the message. A delivery whose channel
+    is gone cannot be settled (the broker has requeued it already): settling raises
+    `TransientError` at once and publishes no copy. Settling twice is a no-op."""
+
+    def __init__(self, message: AbstractIncomingMessage, envelope: Envelope, attempt: int,
+                 source: RabbitSource) -> None:
+        self.envelope = envelope
+        self.attempt = attempt
+        self._message = message
+        self._source = source
+        self._settled = False
+        self._counted = False
+
+    async def ack(self) -> None:
+        """Remove the delivery from the work queue."""
+        await self._settle(None)
+
+    async def retry(self, delay_s: float, reason: str) -> None:
+        """Redeliver after the retry queue delay that is the smallest >= `delay_s` seconds
+        (else the longest), with `eo-attempts` = this attempt and `eo-retry-reason`."""
+        copy = envelope_message(self.envelope, {ATTEMPTS_HEADER: str(self.attempt),
+                                                RETRY_REASON_HEADER: capped(reason)})
+        await self._settle((self._source.retry_queue(delay_s), copy))
+
+    async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
+                          ) -> None:
+        """Move to `<endpoint>.dlq` with `eo-reason`, `eo-endpoint` and `eo-attempts` (and,
+        with `body_limit`, a clipped body with its size and SHA-256). Raises
+        `DeadLetterRefused` when the dead-letter queue nacks the copy (full)."""
+        envelope = self.envelope
+        headers = {REASON_HEADER: capped(reason), ENDPOINT_HEADER: endpoint,
+                   ATTEMPTS_HEADER: str(self.attempt)}
+        if body_limit is not None:
+            body, sizes = clipped_body(envelope.body, body_limit)
+            envelope = replace(envelope, body=body)
+            headers.update(sizes)
+        try:
+            await self._settle((queue_names(endpoint, 0).dead_letter,
+                                envelope_message(envelope, headers)))
+        except PublishRefused as exc:
+            raise DeadLetterRefused(str(exc)) from exc
+
+    async def _settle(self, copy: tuple[str, aio_pika.Message] | None) -> None:
+        if self._settled:
+            return
+        self._settled = True  # before the first await: a concurrent settle is a no-op
+        try:
+            if _channel_lost(self._message):
+                raise TransientError(f"{self.envelope.message_id}: its channel is closed, "
+                                     "the broker redelivers it")
+            if copy is not None:
+                try:
+                    await self._source.connection.publish(*copy)
+                except TransientError:
+                    self._settled = False  # the original is untouched: settling again is safe
+                    raise
+            with translated(f"ack of {self.envelope.message_id}"):
+                async with asyncio.timeout(self._source.connection.publish_timeout_s):
+                    await self._message.ack()
+        finally:
+            if not self._counted:  # settled or not, it no longer holds a slot of the channel
+                self._counted = True
+                self._source.settled_one()
+
+
 class RabbitSource:
     """Deliveries of the work queue `endpoint` (declared by `topology.declare` beforehand),
-    with manual acks on a channel of its own. Messages that cannot become an envelope (see
-    `envelope_of`) are dead-lettered here with the reason, never yielded, and counted in
-    `rejected`. `retry_delays_s` must match the declared retry queues (seconds, non-empty)."""
+    with manual acks on a channel of its own, supervised:
+
+    - when the channel closes (the connection dropped, a channel error) or the broker
+      cancels the consumer (the queue was deleted), the source opens a new channel and
+      consumes again, with backoff (`reconnect_delays_s`), counting `restarts` and emitting
+      `consumer.lost` and `consumer.restarted`;
+    - a watchdog looks every `watchdog_interval_s` seconds: when the broker lists no
+      consumer on the queue, or the queue has ready messages, the source free slots, and no
+      delivery came for `watchdog_s` seconds, the consumer is re-created the same way;
+    - when no consumer could be re-created within the connection's `give_up_after_s`, or the
+      connection itself gave up, `deliveries` raises `BrokerUnavailable`.
+
+    Messages that cannot become an envelope (see `envelope_of`) are dead-lettered here with
+    the reason and at most `dead_letter_body_bytes` of their body (plus its size and
+    SHA-256), never yielded, and counted in `rejected`; when the dead-letter queue refuses
+    them (full) they wait in the longest retry queue instead. A delivery keeps only the
+    protocol's headers and those named in `kept_headers`. `retry_delays_s` must match the
+    declared retry queues (seconds, non-empty).
+    """
 
     def __init__(self, connection: RabbitConnection, endpoint: str,
                  retry_delays_s: Sequence[float], max_body_bytes: int = 1_048_576,
-                 events: EventSink | None = None) -> None:
+                 events: EventSink | None = None, watchdog_s: float = 30.0,
+                 watchdog_interval_s: float | None = None, dead_letter_body_bytes: int = 4096,
+                 kept_headers: Collection[str] = ()) -> None:
         if not retry_delays_s:
             raise ValueError("RabbitSource needs at least one retry delay")
+        if watchdog_s <= 0:
+            raise ValueError("watchdog_s must be > 0")
         self.connection = connection
         self.endpoint = endpoint
         self.retry_delays_s = tuple(retry_delays_s)
         self.names = queue_names(endpoint, len(self.retry_delays_s))
         self.max_body_bytes = max_body_bytes
+        self.dead_letter_body_bytes = dead_letter_body_bytes
+        self.kept_headers = frozenset(kept_headers)
         self.events = events
+        self.watchdog_s = watchdog_s
+        self.watchdog_interval_s = watchdog_interval_s or min(5.0, watchdog_s / 3)
         self.rejected = 0
+        #: consumers re-created since `deliveries` started
+        self.restarts = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
+        self._channel: AbstractChannel | None = None
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
+        self._prefetch = 8
+        self._in_flight = 0
+        self._last_delivery = time.monotonic()
+        self._lost = asyncio.Event()
+        self._lost_because = LostBecause.CHANNEL_CLOSED
+        self._lost_detail = ""
+        self._failure: BrokerUnavailable | None = None
+        self._started = False
         self._stopped = False
 
     def retry_queue(self, delay_s: float) -> str:
         """The retry queue for a delay of `delay_s` seconds."""
         return self.names.retries[retry_index(self.retry_delays_s, delay_s)]
 
+    @property
+    def consuming(self) -> bool:
+        """Whether a consumer is registered on an open channel now (readiness)."""
+        channel = self._channel
+        return (self._tag is not None and channel is not None and not channel.is_closed
+                and not self._lost.is_set())
+
     async def deliveries(self, prefetch: int = 8) -> AsyncIterator[RabbitDelivery]:
-        """Deliveries, at most `prefetch` unacked at a time, until `stop`. Survives a lost
-        connection (the consumer is restored; deliveries of the lost channel are redelivered
-        by the broker). The channel stays open for settling after the end, until the
-        connection closes. Raises `TransientError` when the queue cannot be consumed."""
+        """Deliveries, at most `prefetch` unacked at a time (the `start` value when started
+        before), until `stop`. Survives lost
+        channels, connections and consumers (see the class docstring); deliveries of a lost
+        channel are redelivered by the broker. The last channel stays open for settling after
+        the end, until the connection closes. Raises `TransientError` when the queue cannot
+        be consumed at start, `BrokerUnavailable` when consumption could not be restored."""
         if self._stopped:
             return
-        channel = await self.connection.channel_for_consuming(prefetch)
-        try:
-            with translated(f"consuming {self.endpoint!r}"):
-                self._queue = await channel.declare_queue(self.endpoint, passive=True)
-                self._tag = await self._queue.consume(self._on_message, no_ack=False)
-        except TransientError:
-            with contextlib.suppress(*DRIVER_ERRORS):  # else the robust channel reopens itself
-                await channel.close()
-            raise
+        if not self._started:
+            await self.start(prefetch)
+        tasks = [asyncio.create_task(self._supervise(), name=f"{self.endpoint} supervisor"),
+                 asyncio.create_task(self._watch(), name=f"{self.endpoint} watchdog")]
         try:
             while (message := await self._inbox.get()) is not None:
                 if _channel_lost(message):
                     continue  # the broker requeued it when the channel died
                 try:
-                    envelope = envelope_of(message, self.max_body_bytes)
+                    envelope = envelope_of(message, self.max_body_bytes, self.kept_headers)
                 except MalformedMessage as exc:
                     await self._reject(message, exc.reason)
                     continue
+                self._in_flight += 1
                 yield RabbitDelivery(message, envelope, attempt_of(envelope.headers), self)
         finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self.stop()
+        if self._failure is not None:
+            raise self._failure
+
+    async def start(self, prefetch: int = 8) -> None:
+        """Consume the work queue now (`deliveries` does it otherwise), at most `prefetch`
+        unacked at a time. Raises `TransientError` when the queue cannot be consumed."""
+        self._prefetch = prefetch
+        await self._subscribe()
+        self._started = True
+
+    def settled_one(self) -> None:
+        """A yielded delivery was settled, or failed to (its slot is free again)."""
+        self._in_flight = max(0, self._in_flight - 1)
+
+    async def _subscribe(self) -> None:
+        """Open a channel and consume the work queue on it. Raises `TransientError`."""
+        channel = await self.connection.open_channel(self._prefetch)
+        try:
+            with translated(f"consuming {self.endpoint!r}"):
+                queue = await channel.declare_queue(self.endpoint, passive=True)
+                underlay: Any = await channel.get_underlay_channel()  # reports cancels
+                underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+                channel.close_callbacks.add(self._on_channel_close)
+                self._channel, self._queue = channel, queue
+                self._tag = await queue.consume(self._on_message, no_ack=False)
+        except TransientError:
+            self._channel = self._queue = self._tag = None
+            with contextlib.suppress(*DRIVER_ERRORS):
+                if not channel.is_closed:
+                    await channel.close()
+            raise
+        self._last_delivery = time.monotonic()
+
+    def _on_channel_close(self, sender: Any, exc: BaseException | None = None) -> None:
+        if sender is self._channel:
+            self._lose(LostBecause.CHANNEL_CLOSED, f"channel closed: {exc}")
+
+    def _on_cancel(self, frame: Any) -> None:
+        if getattr(frame, "consumer_tag", None) == self._tag:
+            self._lose(LostBecause.CANCELLED, "consumer cancelled by the broker")
+
+    def _lose(self, because: LostBecause, detail: str) -> None:
+        if self._stopped or self._lost.is_set():
+            return
+        self._lost_because, self._lost_detail = because, detail
+        self._lost.set()
+        log.warning("consumer of %s lost (%s): %s", self.endpoint, because, detail)
+        if self.events is not None:
+            self.events.emit(CONSUMER_LOST, endpoint=self.endpoint, reason=str(because),
+                             detail=detail)
+
+    async def _supervise(self) -> None:
+        while not self._stopped:
+            await self._lost.wait()
+            if self._stopped:
+                return
+            await self._resubscribe()
+
+    async def _resubscribe(self) -> None:
+        loop = asyncio.get_running_loop()
+        started, attempt = loop.time(), 0
+        old, self._channel, self._tag = self._channel, None, None
+        if old is not None and not old.is_closed:
+            with contextlib.suppress(*DRIVER_ERRORS):  # a stalled consumer's channel
+                await old.close()
+        give_up = self.connection.give_up_after_s
+        while not self._stopped:
+            remaining = give_up - (loop.time() - started)
+            reason = self.connection.failure
+            if reason is None and remaining > 0:
+                if not await self.connection.wait_connected(remaining):
+                    # down (or closing this very moment): re-check the deadline and the
+                    # connection's failure after a pause
+                    await asyncio.sleep(backoff(self.connection.reconnect_delays_s, attempt))
+                    attempt += 1
+                    continue
+                try:
+                    await self._subscribe()
+                except TransientError as exc:
+                    reason = str(exc)
+                    if loop.time() - started < give_up:
+                        await asyncio.sleep(backoff(self.connection.reconnect_delays_s,
+                                                    attempt))
+                        attempt += 1
+                        continue
+                else:
+                    self._lost.clear()
+                    self.restarts += 1
+                    took = loop.time() - started
+                    log.warning("consuming %s again after %.1f s", self.endpoint, took)
+                    if self.events is not None:
+                        self.events.emit(CONSUMER_RESTARTED, endpoint=self.endpoint,
+                                         reason=str(self._lost_because),
+                                         after_s=round(took, 3))
+                    return
+            self._failure = BrokerUnavailable(
+                f"{self.endpoint}: no consumer for {loop.time() - started:.0f} s "
+                f"({self._lost_detail}); last error: {reason}")
+            self._inbox.put_nowait(None)
+            return
+
+    async def _watch(self) -> None:
+        while not self._stopped:
+            await asyncio.sleep(self.watchdog_interval_s)
+            if not self.consuming:
+                continue
+            try:
+                ready, consumers = await self.connection.queue_counts(self.endpoint)
+            except TransientError:
+                continue  # the connection is down: the channel's close says so
+            if not self.consuming:
+                continue
+            idle = time.monotonic() - self._last_delivery
+            if consumers == 0:
+                self._lose(LostBecause.NO_CONSUMER, "the broker lists no consumer on "
+                           f"{self.endpoint!r}")
+            elif ready and self._in_flight < self._prefetch and idle >= self.watchdog_s:
+                self._lose(LostBecause.STALLED, f"{ready} ready messages, "
+                           f"{self._prefetch - self._in_flight} free slots and no delivery "
+                           f"for {idle:.0f} s")
 
     async def stop(self) -> None:
         """Cancel the consumer and end `deliveries`; deliveries already yielded stay
@@ -148,6 +367,7 @@ class RabbitSource:
         Idempotent; `deliveries` calls it again on its way out, which cancels a consumer
         that was still being registered when `stop` first ran."""
         self._stopped = True
+        self._lost.set()  # wakes the supervisor, which sees `_stopped`
         queue, tag, self._tag = self._queue, self._tag, None
         if queue is not None and tag is not None:
             try:
@@ -161,6 +381,7 @@ class RabbitSource:
         self._inbox.put_nowait(None)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._last_delivery = time.monotonic()
         if not self._stopped:
             self._inbox.put_nowait(message)
         else:  # sent before the broker processed our cancel
@@ -173,14 +394,29 @@ class RabbitSource:
             log.debug("requeue on %s: %s", self.endpoint, exc)
 
     async def _reject(self, message: AbstractIncomingMessage, reason: str) -> None:
-        headers = text_headers(message.headers)
-        headers.update({REASON_HEADER: reason, ENDPOINT_HEADER: self.endpoint,
-                        ATTEMPTS_HEADER: str(attempt_of(headers))})
+        headers = known_headers(text_headers(message.headers), self.kept_headers)
+        attempt = attempt_of(headers)
+        body, sizes = clipped_body(message.body, self.dead_letter_body_bytes)
+        if BODY_BYTES_HEADER in headers:  # clipped before (it waited in a retry queue)
+            sizes = {}
+        headers.update({REASON_HEADER: capped(reason), ENDPOINT_HEADER: self.endpoint,
+                        ATTEMPTS_HEADER: str(attempt), **sizes})
         if not message.message_id:
             headers[NO_MESSAGE_ID_HEADER] = "true"
-        copy = amqp_message(message.message_id, message.type, message.body, headers)
+        parked = False
         try:
-            await self.connection.publish(self.names.dead_letter, copy)
+            try:
+                await self.connection.publish(
+                    self.names.dead_letter,
+                    amqp_message(message.message_id, message.type, body, headers))
+            except PublishRefused:
+                # the dead-letter queue is full: the message waits in the longest retry
+                # queue (it comes back, and is refused again until the queue is drained)
+                headers[RETRY_REASON_HEADER] = capped(f"dead-letter queue full; {reason}")
+                await self.connection.publish(
+                    self.retry_queue(max(self.retry_delays_s)),
+                    amqp_message(message.message_id, message.type, body, headers))
+                parked = True
             with translated("ack of a rejected message"):
                 await message.ack()
         except TransientError as exc:
@@ -188,9 +424,14 @@ class RabbitSource:
             log.warning("dead-lettering an invalid message of %s failed: %s", self.endpoint, exc)
             await self._requeue(message)
             return
+        if parked:
+            if self.events is not None:
+                self.events.emit(MESSAGE_DEAD_LETTER_REFUSED, endpoint=self.endpoint,
+                                 message_id=message.message_id, reason=reason, attempt=attempt)
+            return
         self.rejected += 1
         if self.events is not None:  # counted like every other dead letter (protocol 7, 9)
             self.events.emit(MESSAGE_DEAD_LETTERED, endpoint=self.endpoint,
-                             message_id=message.message_id, reason=reason, attempt=1)
+                             message_id=message.message_id, reason=reason, attempt=attempt)
         else:
             log.warning("invalid message on %s dead-lettered: %s", self.endpoint, reason)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from adapters.rabbitmq.connection import RabbitConnection
-from application.envelope import ATTEMPTS_HEADER, Envelope
-from application.errors import MalformedMessage
+from application.envelope import ATTEMPTS_HEADER, NO_MESSAGE_ID_HEADER, Envelope, admitted
 from application.ports import MessageDispatcher
 
 CONTENT_TYPE = "application/json"
@@ -57,26 +54,17 @@ def attempt_of(headers: Mapping[str, str]) -> int:
         return 1
 
 
-#: Marks a dead-lettered copy of a message that came without a message ID: aiormq gives every
-#: published message an ID, so without this mark a replay would pass as a valid message.
-NO_MESSAGE_ID_HEADER = "eo-no-message-id"
-
-
-def envelope_of(message: AbstractIncomingMessage, max_body_bytes: int) -> Envelope:
-    """The envelope carried by `message`; raises `MalformedMessage` with the reason when the
-    body exceeds `max_body_bytes` or `message_id` (a UUID) or `type` is missing."""
-    if (size := len(message.body)) > max_body_bytes:
-        raise MalformedMessage(f"body of {size} bytes exceeds the limit of {max_body_bytes}")
-    if not message.message_id or NO_MESSAGE_ID_HEADER in (message.headers or {}):
-        raise MalformedMessage("no message_id")
-    try:
-        message_id = uuid.UUID(message.message_id)
-    except ValueError:
-        raise MalformedMessage(f"message_id {message.message_id[:80]!r} is not a UUID") from None
-    if not message.type:
-        raise MalformedMessage("no type")
-    return Envelope(message_id, message.type, message.body,
-                    MappingProxyType(text_headers(message.headers)))
+def envelope_of(message: AbstractIncomingMessage, max_body_bytes: int,
+                kept_headers: Collection[str] = ()) -> Envelope:
+    """The envelope carried by `message` (its protocol headers and `kept_headers` only);
+    raises `MalformedMessage` with the reason when the body exceeds `max_body_bytes` or
+    `message_id` (a UUID) or `type` is missing. A dead-lettered copy of a message that came
+    without an ID carries `NO_MESSAGE_ID_HEADER`: aiormq gives every published message an
+    ID, so without this mark a replay would pass as a valid message."""
+    headers = message.headers or {}
+    message_id = None if NO_MESSAGE_ID_HEADER in headers else message.message_id
+    return admitted(message_id, message.type, message.body, text_headers(headers),
+                    max_body_bytes, kept_headers)
 
 
 class RabbitDispatcher(MessageDispatcher):

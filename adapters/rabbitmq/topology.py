@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from aio_pika import ExchangeType
 from aio_pika.abc import AbstractChannel
 
 from adapters.rabbitmq.connection import translated
@@ -13,11 +15,29 @@ from adapters.rabbitmq.connection import translated
 @dataclass(frozen=True)
 class QueueNames:
     """The queues of one endpoint. Messages go through the default exchange with the queue
-    name as routing key, so no exchange or binding is declared."""
+    name as routing key; a gateway's work queue is also bound to `inbound`, the fanout
+    exchange outside producers may be given the right to publish to (and nothing else)."""
 
     work: str
     retries: tuple[str, ...]
     dead_letter: str
+
+    @property
+    def inbound(self) -> str:
+        """`<endpoint>.in`: a gateway's exchange for outside producers."""
+        return f"{self.work}.in"
+
+
+class Declaring(Protocol):
+    """Where queues are declared: a channel, and a way to ask whether a queue exists without
+    closing it (`adapters.rabbitmq.connection.RabbitConnection` is one)."""
+
+    @property
+    def channel(self) -> AbstractChannel:
+        """The channel to declare on."""
+
+    async def queue_exists(self, queue: str) -> bool:
+        """Whether `queue` exists."""
 
 
 def queue_names(endpoint: str, n_delays: int) -> QueueNames:
@@ -44,9 +64,11 @@ def retry_index(retry_delays_s: Sequence[float], delay_s: float) -> int:
     return max((delay_ms(d), i) for i, d in enumerate(retry_delays_s))[1]
 
 
-async def declare(channel: AbstractChannel, endpoint: str, retry_delays_s: Sequence[float],
-                  delivery_limit: int) -> QueueNames:
-    """Declare `endpoint`'s queues idempotently and return their names.
+async def declare(rabbit: Declaring, endpoint: str, retry_delays_s: Sequence[float],
+                  delivery_limit: int, dead_letter_max_bytes: int | None = None,
+                  inbound: bool = False) -> QueueNames:
+    """Declare `endpoint`'s queues idempotently (on `rabbit`'s channel) and return their
+    names.
 
     - work queue `<endpoint>`: durable quorum queue; after `delivery_limit` redeliveries (a
       message whose processing keeps killing consumers) the broker dead-letters it to the
@@ -54,7 +76,15 @@ async def declare(channel: AbstractChannel, endpoint: str, retry_delays_s: Seque
     - `<endpoint>.retry.<i>`: durable classic queues holding a message for
       `retry_delays_s[i]` seconds (`x-message-ttl`), then dead-lettering it back to the work
       queue: delayed redelivery without a plugin;
-    - `<endpoint>.dlq`: durable quorum queue.
+    - `<endpoint>.dlq`: durable quorum queue; when it does not exist yet and
+      `dead_letter_max_bytes` is set, bounded to that many bytes of bodies
+      (`x-max-length-bytes`) and refusing more (`x-overflow: reject-publish`: nothing is
+      dropped, the consumer parks a refused dead letter in a retry queue). An existing one is
+      kept as it is: queue arguments cannot change, so a dead-letter queue declared before
+      is bounded by a broker policy instead (docs/operations.md);
+    - with `inbound` (a gateway): the durable fanout exchange `<endpoint>.in`, bound to the
+      work queue, so a broker can let outside producers publish there and nowhere else (the
+      default exchange routes to every queue).
 
     Raises ValueError on a negative delay or a `delivery_limit` < 1, `TransientError` when the
     broker fails or a queue already exists with other arguments (the channel is closed then).
@@ -64,15 +94,23 @@ async def declare(channel: AbstractChannel, endpoint: str, retry_delays_s: Seque
     if any(d < 0 for d in retry_delays_s):
         raise ValueError(f"retry delays must be >= 0 s, got {list(retry_delays_s)}")
     names = queue_names(endpoint, len(retry_delays_s))
+    channel = rabbit.channel
     with translated(f"declaring the queues of {endpoint!r}"):
-        await channel.declare_queue(names.dead_letter, durable=True,
-                                    arguments={"x-queue-type": "quorum"})
-        await channel.declare_queue(names.work, durable=True, arguments={
+        if await rabbit.queue_exists(names.dead_letter):
+            await channel.declare_queue(names.dead_letter, passive=True)
+        else:
+            await channel.declare_queue(names.dead_letter, durable=True,
+                                        arguments=dead_letter_arguments(dead_letter_max_bytes))
+        work = await channel.declare_queue(names.work, durable=True, arguments={
             "x-queue-type": "quorum",
             "x-delivery-limit": delivery_limit,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": names.dead_letter,
         })
+        if inbound:
+            exchange = await channel.declare_exchange(names.inbound, ExchangeType.FANOUT,
+                                                      durable=True)
+            await work.bind(exchange)
         for name, delay_s in zip(names.retries, retry_delays_s, strict=True):
             await channel.declare_queue(name, durable=True, arguments={
                 "x-queue-type": "classic",
@@ -83,10 +121,20 @@ async def declare(channel: AbstractChannel, endpoint: str, retry_delays_s: Seque
     return names
 
 
+def dead_letter_arguments(max_bytes: int | None) -> dict[str, Any]:
+    """The arguments of a new dead-letter queue: a quorum queue, bounded to `max_bytes` of
+    message bodies with `reject-publish` when `max_bytes` is set (and not 0)."""
+    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+    if max_bytes:
+        arguments.update({"x-max-length-bytes": max_bytes, "x-overflow": "reject-publish"})
+    return arguments
+
+
 async def delete_queues(amqp_url: str, endpoints: Sequence[str], n_delays: int) -> None:
     """Delete every queue of `endpoints` (work, `n_delays` retry queues, dead-letter queue)
-    on the broker at `amqp_url`, messages included: a demo, campaign or test run starts from
-    nothing. A queue that does not exist is no error. Raises aio_pika's connection errors."""
+    and a gateway's inbound exchange on the broker at `amqp_url`, messages included: a demo,
+    campaign or test run starts from nothing. A queue or exchange that does not exist is no
+    error. Raises aio_pika's connection errors."""
     import aio_pika
 
     connection = await aio_pika.connect(amqp_url)
@@ -97,5 +145,30 @@ async def delete_queues(amqp_url: str, endpoints: Sequence[str], n_delays: int) 
                 channel = await connection.channel()
                 await channel.queue_delete(name)
                 await channel.close()
+            channel = await connection.channel()
+            await channel.exchange_delete(names.inbound)
+            await channel.close()
     finally:
         await connection.close()
+
+
+async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
+                             ) -> dict[str, int | None]:
+    """Messages in each endpoint's dead-letter queue (None: the queue does not exist), read
+    with passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
+    import aio_pika
+
+    depths: dict[str, int | None] = {}
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        for endpoint in endpoints:
+            channel = await connection.channel()
+            try:
+                queue = await channel.declare_queue(
+                    queue_names(endpoint, n_delays).dead_letter, passive=True)
+                depths[endpoint] = queue.declaration_result.message_count or 0
+            except aio_pika.exceptions.ChannelClosed:
+                depths[endpoint] = None
+    finally:
+        await connection.close()
+    return depths

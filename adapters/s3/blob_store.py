@@ -38,6 +38,7 @@ _NETWORK = (BotoConnectionError, HTTPClientError, aiohttp.ClientError, TimeoutEr
 #: left out of ours: we only vouch that what we build names no credentials.
 _HINTS = {
     "NoSuchBucket": "the bucket does not exist",
+    "404": "not found (a HEAD of a missing bucket or key)",
     "AccessDenied": "access denied: check the credentials' permissions on the bucket",
     "InvalidAccessKeyId": "the endpoint does not know the access key",
     "SignatureDoesNotMatch": "the secret key does not match the access key",
@@ -87,30 +88,36 @@ class S3BlobStore(BlobStore):
     per request (S3's maximum is 1000). `exists` needs s3:ListBucket besides s3:GetObject:
     without it S3 answers 403 for a missing key, which raises `PermanentError`. A missing
     bucket makes `put`, `delete` and `keys` raise `PermanentError`, but `exists` return
-    False: a HEAD response carries no error code to tell the two 404s apart.
-    All methods raise as `translated` describes.
+    False: a HEAD response carries no error code to tell the two 404s apart. With
+    `expected_owner` (an AWS account ID), every request carries S3's `ExpectedBucketOwner`:
+    a bucket of another account (a name taken over, a typo) answers 403 instead of taking
+    the blobs. All methods raise as `translated` describes.
     """
 
-    def __init__(self, client: Any, bucket: str, page_size: int = 1000) -> None:
+    def __init__(self, client: Any, bucket: str, page_size: int = 1000,
+                 expected_owner: str | None = None) -> None:
         self.client = client
         self.bucket = bucket
         self.page_size = page_size
+        self._where: dict[str, str] = {"Bucket": bucket}
+        if expected_owner is not None:
+            self._where["ExpectedBucketOwner"] = expected_owner
 
     async def put(self, key: str, content: bytes, media_type: str) -> None:
         with translated(self.bucket, f"put {key!r}"):
-            await self.client.put_object(Bucket=self.bucket, Key=key, Body=content,
+            await self.client.put_object(**self._where, Key=key, Body=content,
                                          ContentType=media_type)
 
     async def delete(self, key: str) -> None:
         # S3 answers 204 for a missing key, so deleting twice needs no special case.
         with translated(self.bucket, f"delete {key!r}"):
-            await self.client.delete_object(Bucket=self.bucket, Key=key)
+            await self.client.delete_object(**self._where, Key=key)
 
     async def exists(self, key: str) -> bool:
         found = True
         with translated(self.bucket, f"head {key!r}"):
             try:
-                await self.client.head_object(Bucket=self.bucket, Key=key)
+                await self.client.head_object(**self._where, Key=key)
             except ClientError as exc:
                 if _status(exc) != 404:
                     raise
@@ -121,7 +128,7 @@ class S3BlobStore(BlobStore):
         found: list[str] = []
         with translated(self.bucket, f"list {prefix!r}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": self.page_size})
+                **self._where, Prefix=prefix, PaginationConfig={"PageSize": self.page_size})
             async for page in pages:
                 found.extend(obj["Key"] for obj in page.get("Contents", ()))
         # S3 lists in UTF-8 byte order, which is code-point order; sorting keeps the port's
@@ -162,16 +169,20 @@ async def s3_client_resource(
         yield client
 
 
-async def ensure_bucket(client: Any, bucket: str) -> None:
-    """Create `bucket` in the client's region unless it exists (idempotent, also when two
-    processes race). Raises `PermanentError` when the name belongs to another account or
-    access is denied, `TransientError` when the endpoint does not answer."""
-    with translated(bucket, "create bucket"):
+async def ensure_bucket(client: Any, bucket: str, expected_owner: str | None = None,
+                        create: bool = True) -> None:
+    """Check that `bucket` exists (owned by `expected_owner` when given), and with `create`
+    create it in the client's region when it does not (idempotent, also when two processes
+    race). Raises `PermanentError` when it is missing and not to be created, the name
+    belongs to another account, or access is denied; `TransientError` when the endpoint does
+    not answer."""
+    owner = {"ExpectedBucketOwner": expected_owner} if expected_owner else {}
+    with translated(bucket, "create bucket" if create else "find bucket"):
         try:
-            await client.head_bucket(Bucket=bucket)
+            await client.head_bucket(Bucket=bucket, **owner)
             return
         except ClientError as exc:
-            if _status(exc) != 404:
+            if _status(exc) != 404 or not create:
                 raise
         region = client.meta.region_name
         # us-east-1 is S3's default location and refuses to be named as a constraint.

@@ -1,4 +1,4 @@
-"""The sample domain: TPC-H orders, payments and a revenue ledger (see design/sample-domain.md)."""
+"""The sample domain: TPC-H orders, payments and a revenue ledger (see docs/sample/index.md)."""
 
 from domain.sample.ledger import LEDGER
 from domain.sample.messages import (

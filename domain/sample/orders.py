@@ -22,6 +22,9 @@ from domain.sample.messages import (
 
 OPEN, AWAITING_PAYMENT, CONFIRMED, REJECTED = "open", "awaiting_payment", "confirmed", "rejected"
 INVOICE_MEDIA_TYPE = "application/pdf"
+#: The most lines an order may have (TPC-H orders have 1 to 7). The state and the work of
+#: every message of an order grow with its lines, so an order announcing more is rejected.
+MAX_LINES = 1000
 OrderMessage = PlaceOrder | AddItem | RemoveItem | SubmitOrder | PaymentResult
 _BUILDING = (PlaceOrder, AddItem, RemoveItem, SubmitOrder)
 
@@ -55,8 +58,9 @@ def _reject(order: Order, reason: str) -> Rejected:
 
 
 def _check_line_number(order: Order, line_number: int) -> None:
-    if line_number < 1 or (order.line_count is not None and line_number > order.line_count):
-        raise _reject(order, f"line {line_number} outside 1..{order.line_count}")
+    last = order.line_count if order.line_count is not None else MAX_LINES
+    if not 1 <= line_number <= last:
+        raise _reject(order, f"line {line_number} outside 1..{last}")
 
 
 def _place(order: Order, m: PlaceOrder) -> Order:
@@ -65,6 +69,8 @@ def _place(order: Order, m: PlaceOrder) -> Order:
         if (order.customer_key, order.order_date, order.priority, order.line_count) == header:
             return order
         raise _reject(order, "PlaceOrder conflicts with the order already placed")
+    if m.line_count > MAX_LINES:
+        raise _reject(order, f"line_count {m.line_count} above the limit of {MAX_LINES}")
     known = [line.line_number for line in order.lines] + list(order.removed)
     if m.line_count < 0 or max(known, default=0) > m.line_count:
         raise _reject(order, f"line_count {m.line_count} below a line already received")
@@ -108,6 +114,8 @@ def _submit(order: Order, m: SubmitOrder) -> Order:
         if order.removal_count == m.removal_count:
             return order
         raise _reject(order, "SubmitOrder conflicts with the one already received")
+    if m.removal_count > MAX_LINES:
+        raise _reject(order, f"removal_count {m.removal_count} above the limit of {MAX_LINES}")
     if m.removal_count < len(order.removed):
         raise _reject(order, f"removal_count {m.removal_count} below the removals received")
     if order.line_count is not None and m.removal_count > order.line_count:
@@ -116,10 +124,13 @@ def _submit(order: Order, m: SubmitOrder) -> Order:
 
 
 def _is_ready(order: Order) -> bool:
+    """Every line 1..line_count added or removed, and the announced removals all in. Work in
+    the lines received, not in `line_count`: they are distinct (a line is added or removed
+    once) and each within 1..line_count (checked on arrival, or by PlaceOrder for those that
+    came first), so counting them is enough."""
     if not (order.placed and order.submitted) or order.line_count is None:
         return False
-    accounted = sorted([x.line_number for x in order.lines] + list(order.removed))
-    complete = accounted == list(range(1, order.line_count + 1))
+    complete = len(order.lines) + len(order.removed) == order.line_count
     return complete and len(order.removed) == order.removal_count
 
 

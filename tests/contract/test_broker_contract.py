@@ -1,5 +1,5 @@
-"""One contract suite for the broker (`MessageDispatcher` + `Delivery`), run against the memory
-broker and RabbitMQ: the at-least-once semantics the consumer and the protocol rely on."""
+"""The broker contract (`MessageDispatcher` + `Delivery`), each adapter a subclass (the memory
+broker, RabbitMQ): the at-least-once semantics the consumer and the protocol rely on."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import MappingProxyType
 
 import pytest
@@ -107,8 +108,8 @@ class RabbitHarness(Harness):
     def __init__(self, url: str) -> None:
         super().__init__()
         self.endpoint = f"contract-{uuid.uuid4().hex[:12]}"
-        self.publisher = RabbitConnection(url, reconnect_interval_s=0.1)
-        self.consumer = RabbitConnection(url, reconnect_interval_s=0.1)
+        self.publisher = RabbitConnection(url, reconnect_delays_s=(0.1,))
+        self.consumer = RabbitConnection(url, reconnect_delays_s=(0.1,))
         self.source = RabbitSource(self.consumer, self.endpoint, DELAYS)
         self.dispatcher = RabbitDispatcher(self.publisher)
         self.names: QueueNames | None = None
@@ -116,7 +117,7 @@ class RabbitHarness(Harness):
 
     async def start(self) -> None:
         await self.publisher.start()
-        self.names = await declare(self.publisher.channel, self.endpoint, DELAYS, 5)
+        self.names = await declare(self.publisher, self.endpoint, DELAYS, 5)
         await self.consumer.start()
         self.start_pump(self.source.deliveries(prefetch=8))
 
@@ -149,108 +150,125 @@ def amqp_url() -> Iterator[str]:
     services.close()
 
 
-@pytest.fixture(params=["memory", "rabbitmq"])
-async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    if request.param == "memory":
-        built: Harness = MemoryHarness()
-    else:
-        rabbit = RabbitHarness(request.getfixturevalue("amqp_url"))
-        built = rabbit
-        await rabbit.start()
-    try:
-        yield built
-    finally:
-        await built.close()
+class BrokerContract:
+    """The broker contract (`MessageDispatcher` and `Delivery`): what the consumer relies
+    on. An adapter's test class subclasses it and gives `make`, the factory hook: a started
+    `Harness` driving that adapter (built with the test's pytest `request`), closed after."""
+
+    def make(self, request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Harness]:
+        raise NotImplementedError
+
+    @pytest.fixture
+    async def harness(self, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+        async with self.make(request) as built:
+            yield built
+
+    async def test_a_dispatched_envelope_arrives_identical(self, harness: Harness) -> None:
+        sent = envelope(**{"eo-request-url": "http://callee/requests/1"})
+        await harness.publish(sent)
+        got = await harness.receive()
+        assert got is not None
+        assert (got.envelope.message_id, got.envelope.type, got.envelope.body) == (
+            sent.message_id, sent.type, sent.body)
+        assert dict(got.envelope.headers) == dict(sent.headers)
+        assert got.attempt == 1
+        await got.ack()
+
+    async def test_ack_removes_the_delivery(self, harness: Harness) -> None:
+        await harness.publish(envelope())
+        got = await harness.receive()
+        assert got is not None
+        await got.ack()
+        assert await harness.receive(QUIET_S) is None
+
+    async def test_retry_redelivers_after_the_delay_as_the_next_attempt(
+        self, harness: Harness) -> None:
+        sent = envelope()
+        await harness.publish(sent)
+        first = await harness.receive()
+        assert first is not None
+        started = time.monotonic()
+        await first.retry(DELAYS[0], "TransientError: store unreachable")
+        again = await harness.receive()
+        assert again is not None
+        assert time.monotonic() - started >= DELAYS[0] * 0.8
+        assert (again.envelope.message_id, again.envelope.body) == (sent.message_id, sent.body)
+        assert again.attempt == 2
+        await again.ack()
+        assert await harness.receive(QUIET_S) is None
+
+    async def test_a_retried_delivery_carries_the_reason(self, harness: Harness) -> None:
+        await harness.publish(envelope())
+        first = await harness.receive()
+        assert first is not None
+        await first.retry(DELAYS[0], "Conflict: partition busy")
+        again = await harness.receive()
+        assert again is not None
+        await again.ack()
+        assert again.envelope.header(RETRY_REASON_HEADER) == "Conflict: partition busy"
+
+    async def test_dead_letter_moves_to_the_dead_letter_queue_with_reason_headers(
+        self,
+        harness: Harness,
+    ) -> None:
+        sent = envelope()
+        await harness.publish(sent)
+        got = await harness.receive()
+        assert got is not None
+        await got.dead_letter("unknown message type OrderPlaced", harness.endpoint)
+        [dead] = await harness.dead_letters(1)
+        assert (dead.message_id, dead.type, dead.body) == (sent.message_id, sent.type, sent.body)
+        assert dead.header(REASON_HEADER) == "unknown message type OrderPlaced"
+        assert dead.header(ENDPOINT_HEADER) == harness.endpoint
+        assert dead.header(ATTEMPTS_HEADER) == "1"
+        assert dead.header(TOKEN_HEADER) == "1"
+        assert await harness.receive(QUIET_S) is None
+
+    async def test_an_unsettled_delivery_of_a_lost_connection_is_delivered_again(
+        self,
+        harness: Harness,
+    ) -> None:
+        sent = envelope()
+        await harness.publish(sent)
+        got = await harness.receive()
+        assert got is not None
+        await harness.lose_connection()
+        again = await harness.receive(5.0)
+        assert again is not None
+        assert (again.envelope.message_id, again.envelope.body) == (sent.message_id, sent.body)
+        assert again.attempt == 1  # a redelivery is not a handler attempt
+        await again.ack()
+        assert await harness.receive(QUIET_S) is None
+
+    async def test_copies_with_one_message_id_are_all_delivered(self, harness: Harness) -> None:
+        sent = envelope()
+        await harness.publish(sent)
+        await harness.publish(sent)
+        first, second = await harness.receive(), await harness.receive()
+        assert first is not None
+        assert second is not None
+        assert first.envelope.message_id == second.envelope.message_id == sent.message_id
+        await first.ack()
+        await second.ack()
+        assert await harness.receive(QUIET_S) is None
 
 
-async def test_a_dispatched_envelope_arrives_identical(harness: Harness) -> None:
-    sent = envelope(**{"eo-request-url": "http://callee/requests/1"})
-    await harness.publish(sent)
-    got = await harness.receive()
-    assert got is not None
-    assert (got.envelope.message_id, got.envelope.type, got.envelope.body) == (
-        sent.message_id, sent.type, sent.body)
-    assert dict(got.envelope.headers) == dict(sent.headers)
-    assert got.attempt == 1
-    await got.ack()
+class TestMemoryBroker(BrokerContract):
+    @asynccontextmanager
+    async def make(self, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+        built = MemoryHarness()
+        try:
+            yield built
+        finally:
+            await built.close()
 
 
-async def test_ack_removes_the_delivery(harness: Harness) -> None:
-    await harness.publish(envelope())
-    got = await harness.receive()
-    assert got is not None
-    await got.ack()
-    assert await harness.receive(QUIET_S) is None
-
-
-async def test_retry_redelivers_after_the_delay_as_the_next_attempt(harness: Harness) -> None:
-    sent = envelope()
-    await harness.publish(sent)
-    first = await harness.receive()
-    assert first is not None
-    started = time.monotonic()
-    await first.retry(DELAYS[0], "TransientError: store unreachable")
-    again = await harness.receive()
-    assert again is not None
-    assert time.monotonic() - started >= DELAYS[0] * 0.8
-    assert (again.envelope.message_id, again.envelope.body) == (sent.message_id, sent.body)
-    assert again.attempt == 2
-    await again.ack()
-    assert await harness.receive(QUIET_S) is None
-
-
-async def test_a_retried_delivery_carries_the_reason(harness: Harness) -> None:
-    await harness.publish(envelope())
-    first = await harness.receive()
-    assert first is not None
-    await first.retry(DELAYS[0], "Conflict: partition busy")
-    again = await harness.receive()
-    assert again is not None
-    await again.ack()
-    assert again.envelope.header(RETRY_REASON_HEADER) == "Conflict: partition busy"
-
-
-async def test_dead_letter_moves_to_the_dead_letter_queue_with_reason_headers(
-    harness: Harness,
-) -> None:
-    sent = envelope()
-    await harness.publish(sent)
-    got = await harness.receive()
-    assert got is not None
-    await got.dead_letter("unknown message type OrderPlaced", harness.endpoint)
-    [dead] = await harness.dead_letters(1)
-    assert (dead.message_id, dead.type, dead.body) == (sent.message_id, sent.type, sent.body)
-    assert dead.header(REASON_HEADER) == "unknown message type OrderPlaced"
-    assert dead.header(ENDPOINT_HEADER) == harness.endpoint
-    assert dead.header(ATTEMPTS_HEADER) == "1"
-    assert dead.header(TOKEN_HEADER) == "1"
-    assert await harness.receive(QUIET_S) is None
-
-
-async def test_an_unsettled_delivery_of_a_lost_connection_is_delivered_again(
-    harness: Harness,
-) -> None:
-    sent = envelope()
-    await harness.publish(sent)
-    got = await harness.receive()
-    assert got is not None
-    await harness.lose_connection()
-    again = await harness.receive(5.0)
-    assert again is not None
-    assert (again.envelope.message_id, again.envelope.body) == (sent.message_id, sent.body)
-    assert again.attempt == 1  # a redelivery is not a handler attempt
-    await again.ack()
-    assert await harness.receive(QUIET_S) is None
-
-
-async def test_copies_with_one_message_id_are_all_delivered(harness: Harness) -> None:
-    sent = envelope()
-    await harness.publish(sent)
-    await harness.publish(sent)
-    first, second = await harness.receive(), await harness.receive()
-    assert first is not None
-    assert second is not None
-    assert first.envelope.message_id == second.envelope.message_id == sent.message_id
-    await first.ack()
-    await second.ack()
-    assert await harness.receive(QUIET_S) is None
+class TestRabbitBroker(BrokerContract):
+    @asynccontextmanager
+    async def make(self, request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+        built = RabbitHarness(request.getfixturevalue("amqp_url"))
+        await built.start()
+        try:
+            yield built
+        finally:
+            await built.close()

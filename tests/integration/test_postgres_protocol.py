@@ -1,11 +1,15 @@
-"""The token protocol (protocol.md 3) running on the real PostgreSQL adapters, on both token
-paths: the general one (outgoing tokens registered, created and re-checked before the commit)
-and protocol 3.2's co-located fast path (the token checked by the TR load, outgoing tokens
+"""The token protocol (protocol.md 3) on the real PostgreSQL adapters, on both token paths.
+
+The general path (outgoing tokens registered, created and re-checked before the commit) and
+protocol 3.2's co-located fast path (the token checked by the TR load, outgoing tokens
 inserted by the commit, the incoming one consumed by the clear).
 
-Every test runs on an endpoint name of its own; `eo_token` is shared by every endpoint of the
-database, so message IDs are fresh uuid4s and the IDs a world generates are seeded per world.
-Each test ends on the exactly-once end state (`assert_exactly_once`).
+The module runs on a database of its own (`eo_it_pg_protocol_<pid>`), every test on an
+endpoint name of its own; `eo_token` is shared by every endpoint of the database, so message
+IDs are fresh uuid4s and the IDs a world generates are seeded per world. The amounts sent to
+one partition are distinct powers of two, so its total says which messages were applied and
+a message applied twice shows. Each test ends on the exactly-once end state
+(`assert_exactly_once`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import random
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
@@ -24,21 +28,23 @@ import asyncpg
 import pytest
 
 from adapters.memory.blob_store import MemoryBlobStore
-from adapters.postgres.migrate import upgrade
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock, SeededIds
+from application.assembly import build_processor, build_sweeper
 from application.codec import decode, encode
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Crash, TransientError
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, CountingSink
-from application.processor import Outcome, Ports, Processor
+from application.ports import Ports
+from application.processor import Outcome, Processor
 from application.sweeper import Sweeper
 from domain.context import Context
 from domain.decisions import Decision, Endpoint, Outgoing
 from tests.support.counter import COUNTER, Add, Added, Tally
+from tests.support.processes import private_database, this_run
 from tests.support.services import discover
 from tests.support.world import RecordingDispatcher, crash
 
@@ -123,9 +129,13 @@ class PgWorld:
     dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
     events: CountingSink = field(default_factory=CountingSink)
     sent: list[uuid.UUID] = field(default_factory=list)
+    #: what each message sent adds: message ID -> (partition, amount)
+    amounts: dict[uuid.UUID, tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.name = f"it-pg-protocol-{uuid.uuid4()}"
+        # an endpoint name of its own: the tables (tokens included) are shared by runs
+        self.endpoint = replace(self.endpoint, name=self.name)
         self.store = PostgresTransactionalStore(self.pool, self.name, self.endpoint.state_type,
                                                 self.clock, holds_tokens=self.colocated)
         self.tokens = PostgresTokenStore(self.pool)
@@ -139,20 +149,22 @@ class PgWorld:
     def processor(self, failpoints: str | None = None) -> Processor:
         """A worker (a "process"); `failpoints` is an `EO_FAILPOINTS` spec whose `crash`
         raises `Crash`."""
-        return Processor(self.endpoint, self.ports(), failpoints=Failpoints.from_spec(
+        return build_processor(self.endpoint, self.ports(), failpoints=Failpoints.from_spec(
             failpoints, crash), cleanup_grace=timedelta(minutes=30))
 
     def sweeper(self) -> Sweeper:
-        return Sweeper(self.endpoint.name, self.store, self.processor().finisher, self.clock,
-                       self.events, stale_after=timedelta(seconds=30),
-                       grace=timedelta(minutes=30))
+        finisher = self.processor().finisher
+        assert finisher is not None
+        return build_sweeper(self.endpoint.name, self.ports(), finisher,
+                             stale_after=timedelta(seconds=30), grace=timedelta(minutes=30))
 
     async def send(self, message: Add) -> Envelope:
         """What a token-based sender does: create the token, return the envelope to deliver."""
         envelope = Envelope(uuid.uuid4(), "Add", encode(message),
                             MappingProxyType({TOKEN_HEADER: "1"}))
         self.sent.append(envelope.message_id)
-        await self.tokens.create([envelope])
+        self.amounts[envelope.message_id] = (message.partition, message.amount)
+        await self.tokens.create(self.endpoint.name, [envelope])
         return envelope
 
     def invoked(self) -> int:
@@ -165,9 +177,11 @@ class PgWorld:
 @pytest.fixture(scope="module")
 def dsn() -> Iterator[str]:
     services = discover(rabbitmq=False)
-    upgrade(services.postgres_dsn)  # alembic runs its own event loop: no loop runs here
-    yield services.postgres_dsn
-    services.close()
+    try:  # alembic runs its own event loop: no loop runs here
+        with private_database(services.postgres_dsn, this_run("eo_it_pg_protocol")) as found:
+            yield found
+    finally:
+        services.close()
 
 
 @pytest.fixture
@@ -213,13 +227,19 @@ def world(make_world: Callable[..., PgWorld]) -> PgWorld:
 
 
 async def assert_exactly_once(world: PgWorld, incoming: list[uuid.UUID]) -> None:
-    """Every message applied once, one output each (identical copies, matching the committed
-    state), nothing of the protocol left, outputs' tokens present, the blobs the committed
-    ones; and a sweep two hours later finds nothing to do."""
+    """Every message applied once (each partition's total the sum of its messages' amounts),
+    one output each (identical copies, matching the committed state), nothing of the
+    protocol left, outputs' tokens present, the blobs the committed ones; and a sweep two
+    hours later finds nothing to do."""
     states: dict[str, Tally] = await world.store.states()
     applied = Counter(m for s in states.values() for m in s.applied)
     assert {str(m): applied[str(m)] for m in incoming} == {str(m): 1 for m in incoming}
     assert sum(applied.values()) == len(incoming)
+    totals: Counter[str] = Counter()
+    for m in incoming:
+        partition, amount = world.amounts[m]
+        totals[partition] += amount
+    assert {p: s.total for p, s in states.items()} == dict(totals)
 
     copies: dict[uuid.UUID, set[tuple[str, str, bytes, tuple[Any, ...]]]] = defaultdict(set)
     by_incoming: dict[str, set[uuid.UUID]] = defaultdict(set)
@@ -237,9 +257,9 @@ async def assert_exactly_once(world: PgWorld, incoming: list[uuid.UUID]) -> None
 
     assert await world.store.record_count() == 0, "side-effect records left"
     assert await world.store.unfinished_count() == 0, "a committed TR was never finished"
-    left = [m for m in incoming if await world.tokens.exists(m)]
+    left = [m for m in incoming if await world.tokens.exists(world.endpoint.name, m)]
     assert left == [], "incoming tokens left"
-    missing = [m for m in copies if not await world.tokens.exists(m)]
+    missing = [m for m in copies if not await world.tokens.exists("audit", m)]
     assert missing == [], "an output's token is missing"
 
     world.clock.advance(timedelta(hours=2))
@@ -284,8 +304,8 @@ async def _as_a_broker_would(processor: Processor, envelope: Envelope, rounds: i
 async def test_concurrent_copies_and_messages_on_one_partition(world: PgWorld) -> None:
     # the partition's TR exists before the burst: its concurrent creation is the next test's
     await world.store.load_tr("p")
-    copied = await world.send(Add("p", 100))
-    others = [await world.send(Add("p", i)) for i in range(10)]
+    copied = await world.send(Add("p", 2 ** 10))
+    others = [await world.send(Add("p", 2 ** i)) for i in range(10)]
     deliveries = [copied] * 10 + others
     random.shuffle(deliveries)
     tasks = [asyncio.create_task(_as_a_broker_would(world.processor(), env))
@@ -303,7 +323,7 @@ async def test_concurrent_copies_and_messages_on_one_partition(world: PgWorld) -
                                                      Outcome.DUPLICATE: 9})
     assert all(by_message[e.message_id] == Counter({Outcome.PROCESSED: 1}) for e in others)
     await assert_exactly_once(world, [copied.message_id] + [e.message_id for e in others])
-    assert (await world.store.states())["p"].total == 100 + sum(range(10))
+    assert (await world.store.states())["p"].total == 2 ** 11 - 1
 
 
 @pytest.mark.parametrize("method", ["load", "load_tr"])

@@ -1,10 +1,15 @@
-"""RabbitMQ adapters against a real broker: invalid input dead-lettered by the source, publisher
-confirms, graceful stop, settlement edge cases, the work queue's delivery limit."""
+"""RabbitMQ adapters against a real broker.
+
+Invalid input dead-lettered by the source, publisher confirms, graceful stop, settlement edge
+cases, the work queue's delivery limit, supervised consumption. Each test declares an
+endpoint's queues of its own (`it-<random>`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -15,12 +20,21 @@ import pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.connection import BrokerUnavailable, RabbitConnection
 from adapters.rabbitmq.consumer import RabbitDelivery, RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.rabbitmq.topology import QueueNames, declare, retry_index
-from application.envelope import ATTEMPTS_HEADER, ENDPOINT_HEADER, REASON_HEADER, Envelope
-from application.errors import TransientError
+from application.envelope import (
+    ATTEMPTS_HEADER,
+    BODY_BYTES_HEADER,
+    BODY_SHA256_HEADER,
+    ENDPOINT_HEADER,
+    MAX_HEADER_CHARS,
+    REASON_HEADER,
+    Envelope,
+)
+from application.errors import DeadLetterRefused, TransientError
+from application.observability import MESSAGE_DEAD_LETTER_REFUSED, CountingSink
 from tests.support.services import discover
 
 DELAYS = (0.05, 0.2)
@@ -64,12 +78,12 @@ def amqp_url() -> Iterator[str]:
 
 
 async def open_rabbit(url: str, delivery_limit: int = 5) -> Rabbit:
-    publisher = RabbitConnection(url, reconnect_interval_s=0.1)
-    consumer = RabbitConnection(url, reconnect_interval_s=0.1)
+    publisher = RabbitConnection(url, reconnect_delays_s=(0.1,))
+    consumer = RabbitConnection(url, reconnect_delays_s=(0.1,))
     await publisher.start()
     await consumer.start()
     endpoint = f"it-{uuid.uuid4().hex[:12]}"
-    names = await declare(publisher.channel, endpoint, DELAYS, delivery_limit)
+    names = await declare(publisher, endpoint, DELAYS, delivery_limit)
     return Rabbit(publisher, consumer, names)
 
 
@@ -108,7 +122,7 @@ async def pumped(source: RabbitSource) -> AsyncIterator[asyncio.Queue[RabbitDeli
 
 
 def valid(**headers: str) -> Envelope:
-    return Envelope(uuid.uuid4(), "OrderPlaced", b'{"order": "o-1"}', headers)
+    return Envelope(uuid.uuid4(), "Add", b'{"counter": "c-1", "amount": 1}', headers)
 
 
 def publish_without_message_id(url: str, queue: str) -> None:
@@ -117,7 +131,7 @@ def publish_without_message_id(url: str, queue: str) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         connection.channel().basic_publish("", queue, b"{}", pika.BasicProperties(
-            type="OrderPlaced", delivery_mode=2))
+            type="Add", delivery_mode=2))
     finally:
         connection.close()
 
@@ -133,10 +147,10 @@ async def test_invalid_messages_are_dead_lettered_and_consumption_goes_on(
 ) -> None:
     work = rabbit.names.work
     await asyncio.to_thread(publish_without_message_id, amqp_url, work)
-    await rabbit.publisher.publish(work, raw(message_id="not-a-uuid", type="OrderPlaced"))
+    await rabbit.publisher.publish(work, raw(message_id="not-a-uuid", type="Add"))
     await rabbit.publisher.publish(work, raw(message_id=str(uuid.uuid4())))
     await rabbit.publisher.publish(work, raw(b"x" * 65, message_id=str(uuid.uuid4()),
-                                             type="OrderPlaced"))
+                                             type="Add"))
     good = valid()
     await RabbitDispatcher(rabbit.publisher).dispatch(work, good)
     source = RabbitSource(rabbit.consumer, work, DELAYS, max_body_bytes=64)
@@ -156,16 +170,94 @@ async def test_invalid_messages_are_dead_lettered_and_consumption_goes_on(
     assert dead[1].message_id == "not-a-uuid"  # the copy keeps what it had, for inspection
 
 
-async def test_header_values_become_strings(rabbit: Rabbit) -> None:
+async def test_kept_header_values_become_strings_and_the_rest_is_dropped(rabbit: Rabbit) -> None:
     message_id = uuid.uuid4()
     await rabbit.publisher.publish(rabbit.names.work, raw(
-        message_id=str(message_id), type="OrderPlaced",
-        headers={"b": bytearray(b"bytes"), "n": 5, "s": "text"}))
-    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+        message_id=str(message_id), type="Add",
+        headers={"b": bytearray(b"bytes"), "n": 5, "s": "text", "other": "dropped"}))
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS,
+                          kept_headers=("b", "n", "s"))
     async with pumped(source) as received:
         delivery = await asyncio.wait_for(received.get(), 3.0)
         await delivery.ack()
     assert dict(delivery.envelope.headers) == {"b": "bytes", "n": "5", "s": "text"}
+
+
+async def test_an_oversize_messages_dead_letter_is_clipped_and_its_foreign_headers_dropped(
+    rabbit: Rabbit,
+) -> None:
+    """The security review measured a dead letter 6x its message: every foreign header was
+    copied, and the body whole. Now: at most `dead_letter_body_bytes` of the body, with its
+    size and SHA-256, and only the protocol's headers, each capped."""
+    body = b'{"pad": "' + b"x" * 200_000 + b'"}'
+    foreign = {f"h{i}": "y" * 10_000 for i in range(8)}  # within one frame (128 KiB)
+    await rabbit.publisher.publish(rabbit.names.work, raw(
+        body, message_id=str(uuid.uuid4()), type="Add",
+        headers={**foreign, "eo-attempts": "9" * 5000}))
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS,
+                          max_body_bytes=65_536, dead_letter_body_bytes=1024)
+    async with pumped(source):
+        for _ in range(150):
+            if source.rejected:
+                break
+            await asyncio.sleep(0.02)
+    assert source.rejected == 1
+    (dead,) = await rabbit.drain(rabbit.names.dead_letter)
+    headers = dead.headers or {}
+    assert dead.body == body[:1024]
+    assert headers[BODY_BYTES_HEADER] == str(len(body))
+    assert headers[BODY_SHA256_HEADER] == hashlib.sha256(body).hexdigest()
+    assert not [k for k in headers if not k.startswith(("eo-", "x-"))]  # x-: the broker's
+    assert all(len(str(v)) <= MAX_HEADER_CHARS for v in headers.values())
+    sent = len(body) + sum(len(k) + len(v) for k, v in foreign.items()) + 5000
+    kept = len(dead.body) + sum(len(str(k)) + len(str(v)) for k, v in headers.items())
+    print(f"\nmessage {sent} bytes, its dead letter {kept} bytes")
+    assert kept < 4096
+
+
+async def test_a_full_dead_letter_queue_refuses_and_the_message_waits(amqp_url: str) -> None:
+    """A dead-letter queue declared with a byte bound refuses (reject-publish) past it: the
+    delivery is untouched and can be parked in a retry queue; an invalid message the source
+    rejects waits in the longest retry queue, counted as `message.dead_letter_refused`."""
+    publisher = RabbitConnection(amqp_url, reconnect_delays_s=(0.1,))
+    consumer = RabbitConnection(amqp_url, reconnect_delays_s=(0.1,))
+    await publisher.start()
+    await consumer.start()
+    endpoint = f"it-{uuid.uuid4().hex[:12]}"
+    names = await declare(publisher, endpoint, DELAYS, 5, dead_letter_max_bytes=300)
+    assert await declare(publisher, endpoint, DELAYS, 5, None) == names  # kept as it is
+    rabbit = Rabbit(publisher, consumer, names)
+    events = CountingSink()
+    try:
+        # the queue refuses once it holds more than its bound: the first takes it past
+        first, second = Envelope(uuid.uuid4(), "Add", b"{" + b" " * 400 + b"}"), valid()
+        dispatcher = RabbitDispatcher(publisher)
+        for envelope in (first, second):
+            await dispatcher.dispatch(names.work, envelope)
+        source = RabbitSource(consumer, names.work, DELAYS, events=events,
+                              dead_letter_body_bytes=10_000)
+        async with pumped(source) as received:
+            one = await asyncio.wait_for(received.get(), 3.0)
+            await one.dead_letter("refused by the handler", names.work)
+            two = await asyncio.wait_for(received.get(), 3.0)
+            with pytest.raises(DeadLetterRefused):
+                await two.dead_letter("refused by the handler", names.work)
+            await two.retry(max(DELAYS), "dead-letter queue full; refused by the handler")
+            assert await rabbit.depth(names.dead_letter) == 1
+            again = await asyncio.wait_for(received.get(), 3.0)  # it waited, nothing lost
+            assert again.envelope.message_id == second.message_id
+            await again.ack()
+            await publisher.publish(names.work, raw(b"x" * 400, message_id="not-a-uuid",
+                                                    type="Add"))
+            for _ in range(150):
+                if events.total(MESSAGE_DEAD_LETTER_REFUSED):
+                    break
+                await asyncio.sleep(0.02)
+        assert events.total(MESSAGE_DEAD_LETTER_REFUSED) == 1
+        assert source.rejected == 0
+        assert await rabbit.depth(names.dead_letter) == 1
+    finally:
+        await close_rabbit(rabbit)
 
 
 async def test_dispatch_returns_once_the_broker_confirmed(rabbit: Rabbit) -> None:
@@ -256,3 +348,108 @@ async def test_a_message_that_keeps_killing_consumers_is_dead_lettered_by_the_br
         assert dead.message_id == str(sent.message_id)
     finally:
         await close_rabbit(rabbit)
+
+
+# ---------------------------------------------------------------------------------------------
+# supervised consumption (issue 15): the source re-creates what the broker or a library lost
+
+
+async def _underlay_consumers(source: RabbitSource) -> dict[str, Any]:
+    assert source._channel is not None  # the channel the source consumes on now
+    underlay: Any = await source._channel.get_underlay_channel()
+    return underlay.consumers  # type: ignore[no-any-return]
+
+
+async def test_watchdog_recreates_a_consumer_the_broker_no_longer_lists(rabbit: Rabbit) -> None:
+    """The consumer vanishes on the broker's side without any notice to the source (cancelled
+    from the client's side, behind its back): the watchdog sees the broker list no consumer,
+    re-creates it, and the next message is delivered."""
+    events = CountingSink()
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS, events=events,
+                          watchdog_s=0.5, watchdog_interval_s=0.1)
+    await source.start(4)
+    async with pumped(source) as received:
+        underlay: Any = await source._channel.get_underlay_channel()  # type: ignore[union-attr]
+        await underlay.basic_cancel(source._tag)
+        sent = valid()
+        await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, sent)
+        delivery = await asyncio.wait_for(received.get(), 5.0)
+        assert delivery.envelope.message_id == sent.message_id
+        await delivery.ack()
+    assert source.restarts == 1
+    assert events.counts[(rabbit.names.work, "consumer.restarted")] == 1
+
+
+async def test_watchdog_recreates_a_consumer_that_receives_but_never_yields(
+    rabbit: Rabbit,
+) -> None:
+    """The failure class of aio-pika issue #231: the broker lists the consumer and delivers to
+    it, but nothing reaches the iterator. With one slot, the swallowed delivery stays unacked
+    and the next message waits, ready. The watchdog sees ready messages, a free slot and no
+    delivery for `watchdog_s`: it closes the channel (the broker requeues the swallowed
+    delivery) and consumes again; both messages are delivered."""
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS,
+                          watchdog_s=0.5, watchdog_interval_s=0.1)
+    received: asyncio.Queue[RabbitDelivery] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for delivery in source.deliveries(prefetch=1):
+            received.put_nowait(delivery)
+
+    await source.start(1)
+    task = asyncio.create_task(pump())
+    try:
+        consumers = await _underlay_consumers(source)
+
+        async def swallow(_message: Any) -> None:
+            return None
+
+        assert source._tag is not None
+        consumers[source._tag] = swallow  # deliveries vanish inside the client library
+        sent = [valid(), valid()]
+        for envelope in sent:
+            await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, envelope)
+        got = []
+        for _ in sent:
+            delivery = await asyncio.wait_for(received.get(), 5.0)
+            got.append(delivery.envelope.message_id)
+            await delivery.ack()
+        assert sorted(got) == sorted(e.message_id for e in sent)
+        assert source.restarts == 1
+    finally:
+        await source.stop()
+        await asyncio.wait_for(task, 2.0)
+
+
+async def test_a_source_that_cannot_consume_again_raises_broker_unavailable(
+    rabbit: Rabbit,
+) -> None:
+    """The work queue is deleted for good: the source retries, then gives up after the
+    connection's give-up time and `deliveries` raises `BrokerUnavailable`."""
+    rabbit.consumer.give_up_after_s = 1.0
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    await source.start(1)
+
+    async def first() -> RabbitDelivery:
+        return await anext(source.deliveries())
+
+    pending = asyncio.create_task(first())
+    await rabbit.publisher.channel.queue_delete(rabbit.names.work)
+    with pytest.raises(BrokerUnavailable, match="no consumer"):
+        await asyncio.wait_for(pending, 10.0)
+    await declare(rabbit.publisher, rabbit.names.work, DELAYS, 5)  # for the teardown
+
+
+async def test_a_delivery_of_a_closed_channel_publishes_no_copy(rabbit: Rabbit) -> None:
+    """Retrying or dead-lettering a delivery whose channel closed would publish a copy
+    beside the broker's own redelivery: it raises at once and publishes nothing."""
+    await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, valid())
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    async with pumped(source) as received:
+        lost = await asyncio.wait_for(received.get(), 3.0)
+        await rabbit.consumer.drop()
+        with pytest.raises(TransientError, match="channel is closed"):
+            await lost.dead_letter("bad", rabbit.names.work)
+        again = await asyncio.wait_for(received.get(), 5.0)
+        await again.ack()
+    assert await rabbit.depth(rabbit.names.dead_letter) == 0

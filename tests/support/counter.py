@@ -11,6 +11,8 @@ from domain.decisions import CreateBlob, Decision, Endpoint, Outgoing
 
 @dataclass(frozen=True)
 class Add:
+    """Add `amount` to `partition`'s total."""
+
     partition: str
     amount: int
 
@@ -27,12 +29,15 @@ class Added:
 
 @dataclass(frozen=True)
 class Tally:
+    """A partition's state: the IDs applied (in order), their sum, their blobs' keys."""
+
     applied: tuple[str, ...] = ()
     total: int = 0
     blobs: tuple[str, ...] = ()
 
 
 def handle(state: Tally | None, message: Add, context: Context) -> Decision[Tally]:
+    """Apply `message`: record it, write its blob, send the state it committed to `audit`."""
     state = state or Tally()
     key = context.artifact_key("receipts")
     applied = (*state.applied, str(context.message_id))

@@ -20,18 +20,19 @@ class ProbedTokenStore(MemoryTokenStore):
         super().__init__()
         self.world, self.incoming, self.violations = world, incoming, []
 
-    def discard(self, message_id: uuid.UUID) -> None:
-        if message_id in self.incoming and message_id in self.rows:
+    def discard(self, endpoint: str, message_id: uuid.UUID) -> None:
+        if message_id in self.incoming and self.holds(endpoint, message_id):
             outs = [o for o in outputs(self.world) if o.incoming == str(message_id)]
             if not outs:
                 self.violations.append(f"I6: {message_id} consumed before its output")
             for out in outs:
                 if out.blob_key not in self.world.blobs.objects:
                     self.violations.append(f"I6: {message_id} consumed before its blob")
-        super().discard(message_id)
+        super().discard(endpoint, message_id)
 
 
 def outputs(world: World) -> list[Added]:
+    """Every `Added` the world's dispatcher published, copies included."""
     return [decode(Added, env.body) for _, env in world.dispatcher.sent]
 
 

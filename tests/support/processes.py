@@ -1,23 +1,29 @@
-"""The service as real processes for tests: `eo consume` and `eo serve-payments` started as
-subprocesses on a database and a RabbitMQ virtual host of the test module's own, and the
-test's view of the broker (publish, queue depths, take dead letters).
+"""The service as real processes for tests, and the test's view of their broker and database.
+
+`eo consume` and `eo serve` run as subprocesses (the counters service by default:
+`EO_SERVICE` = tests/support/counters) on a database and a RabbitMQ virtual host of the test
+module's own; the test publishes, reads queue depths and consumers, and takes dead letters.
 
 Typical use (see tests/integration/test_consumer_process.py)::
 
     @pytest.fixture(scope="module")
     def where() -> Iterator[Where]:
-        with where_for("eo_it_mine", "eo-it-mine", ENDPOINTS, first_port=19464) as found:
+        with where_for("eo_it_mine", "eo-it-mine") as found:  # names get this run's pid
             yield found
 
     fleet = Fleet(where, blob_dir, log_dir)      # kill_all() at teardown
-    orders = fleet.start("orders")               # one `eo consume --endpoint orders`
-    await fleet.ready(orders)                    # 200 on /ready
+    counter = fleet.start("counter")             # one `eo consume --endpoint counter`
+    bank = fleet.serve("bank", token)            # one `eo serve --endpoint bank`, port 0
+    await fleet.ready(counter, bank)             # URL logged, then 200 on /ready or /health
     await until(check, 20, "what we wait for", fleet, rabbit)
 
-Every process gets the settings of `Fleet.env` (retry delays `Fleet.delays`, body limit
-`Fleet.max_body_bytes`, `EO_POOL_SIZE` = `Fleet.pool_size`: the PostgreSQL server is shared,
-keep it small) plus what the caller passes; its stdout and stderr (JSON log lines) go to
-`<log_dir>/<name>.log`, readable through `Proc.events`.
+No port is chosen by the tests: a consumer's status port is left to the process
+(`EO_METRICS_PORT` unset: the first free one from 9464) and a callee listens on port 0; each
+logs its URL (`status_url` of `consumer.started`, `url` of `callee.serving`), which
+`Proc.url` reads. Every process gets the settings of `Fleet.env` (retry delays
+`Fleet.delays`, body limit `Fleet.max_body_bytes`, `EO_POOL_SIZE` = `Fleet.pool_size`: the
+PostgreSQL server is shared, keep it small) plus what the caller passes; its stdout and
+stderr (JSON log lines) go to `<log_dir>/<name>.log`, readable through `Proc.events`.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -47,16 +53,17 @@ import asyncpg
 import pika
 import pytest
 
+from adapters.postgres.admin import drop_database, ensure_database, with_database
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq import topology
 from application.codec import from_jsonable
 from application.envelope import REASON_HEADER, TOKEN_HEADER
-from entrypoints.operations import ensure_database
+from tests.support.counters.registry import REGISTRY, SPEC
 from tests.support.services import discover
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The endpoints `eo consume` serves.
-ENDPOINTS = ("gateway", "orders", "ledger")
+#: The counters' endpoints with a work queue (what `eo consume` serves).
+CONSUMING = tuple(REGISTRY.consuming())
 #: Retry delays (s) of the processes and of the queues the tests declare: they must match.
 DELAYS = (0.05, 0.1)
 #: `x-delivery-limit`, the settings' default: queues a test declares must match the service's.
@@ -67,10 +74,30 @@ MAX_BODY_BYTES = 2048
 TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
           "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone",
           "eo_state_entry", "eo_inbox")
+#: The log line and field where each kind of process says where it answers HTTP.
+CONSUMER_URL = ("consumer.started", "status_url")
+CALLEE_URL = ("callee.serving", "url")
 
 
 # ---------------------------------------------------------------------------------------------
 # where things are
+
+
+def this_run(name: str, separator: str = "_") -> str:
+    """`name` with this test run's process ID: two runs on one machine get different
+    databases and virtual hosts."""
+    return f"{name}{separator}{os.getpid()}"
+
+
+def _local_rabbitmqctl(url: str) -> bool:
+    parts = urlsplit(url)
+    return (parts.hostname in ("127.0.0.1", "localhost") and shutil.which("rabbitmqctl")
+            is not None)
+
+
+def _rabbitmqctl(*args: str) -> str:
+    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                          timeout=30, check=True).stdout
 
 
 def private_vhost(url: str, vhost: str) -> str:
@@ -78,26 +105,31 @@ def private_vhost(url: str, vhost: str) -> str:
     local and `rabbitmqctl` answers; else `url` unchanged (callers delete their queues before
     each test anyway)."""
     parts = urlsplit(url)
-    if (parts.hostname not in ("127.0.0.1", "localhost") or parts.path not in ("", "/")
-            or shutil.which("rabbitmqctl") is None):
+    if not _local_rabbitmqctl(url) or parts.path not in ("", "/"):
         return url
-
-    def ctl(*args: str) -> str:
-        return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                              timeout=30, check=True).stdout
-
     try:
-        if vhost not in ctl("list_vhosts").split():
-            ctl("add_vhost", vhost)
-        ctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*")
+        if vhost not in _rabbitmqctl("list_vhosts").split():
+            _rabbitmqctl("add_vhost", vhost)
+        _rabbitmqctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*",
+                     ".*")
     except (OSError, subprocess.SubprocessError):
         return url
     return urlunsplit(parts._replace(path=f"/{vhost}"))
 
 
+def delete_vhost(url: str) -> None:
+    """Delete the virtual host of `url` (made by `private_vhost`), queues included; nothing
+    when `url` is on the default one or `rabbitmqctl` is not at hand."""
+    vhost = urlsplit(url).path.lstrip("/")
+    if vhost and _local_rabbitmqctl(url):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            _rabbitmqctl("delete_vhost", vhost)
+
+
 def free_ports(count: int, first: int) -> list[int]:
     """`count` fixed ports from `first` on (keep them below 32768, outside the ephemeral
-    range) that nothing listens on now. Raises RuntimeError when 200 ports do not hold them."""
+    range) that nothing listens on now. Raises RuntimeError when 200 ports do not hold them.
+    Prefer letting the process pick (port 0, or `EO_METRICS_PORT` unset) and log it."""
     found: list[int] = []
     for port in range(first, first + 200):
         with socket.socket() as probe:
@@ -120,39 +152,47 @@ def eo_command() -> list[str]:
     return [sys.executable, "-c", "from entrypoints.cli import main; main()"]
 
 
-def with_database(dsn: str, name: str) -> str:
-    """`dsn` pointing at the database `name` on the same server."""
-    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-
-
 async def prepare_database(dsn: str) -> None:
     """Create the database of `dsn` if missing and migrate it to the head revision."""
     await ensure_database(dsn)
     await upgrade_async(dsn)
 
 
+@contextlib.contextmanager
+def private_database(server_dsn: str, database: str) -> Iterator[str]:
+    """The DSN of database `database` on `server_dsn`'s server, created and migrated (from
+    scratch: a left-over of an earlier run with the same name is dropped first), dropped on
+    exit."""
+    dsn = with_database(server_dsn, database)
+    asyncio.run(drop_database(dsn))
+    asyncio.run(prepare_database(dsn))
+    try:
+        yield dsn
+    finally:
+        asyncio.run(drop_database(dsn))
+
+
 @dataclass(frozen=True)
 class Where:
-    """The database, the broker URL (maybe a private vhost) and the processes' ports by name
-    (an endpoint's status port, or e.g. "payments")."""
+    """The database and the broker URL (maybe a private virtual host) of a test module."""
 
     dsn: str
     amqp_url: str
-    ports: dict[str, int]
 
 
 @contextlib.contextmanager
-def where_for(database: str, vhost: str, port_names: Iterable[str], first_port: int,
-              ) -> Iterator[Where]:
-    """Discover the services (tests/support/services.py), create and migrate `database`,
-    make the virtual host `vhost`, and pick a free port per name from `first_port` on."""
+def where_for(database: str, vhost: str) -> Iterator[Where]:
+    """Discover the services (tests/support/services.py), create and migrate the database
+    `<database>_<pid>` and make the virtual host `<vhost>-<pid>` (`this_run`); both are
+    deleted on exit."""
     services = discover()
     try:
-        dsn = with_database(services.postgres_dsn, database)
-        asyncio.run(prepare_database(dsn))
-        names = list(port_names)
-        ports = dict(zip(names, free_ports(len(names), first_port), strict=True))
-        yield Where(dsn, private_vhost(services.amqp_url, vhost), ports)
+        with private_database(services.postgres_dsn, this_run(database)) as dsn:
+            url = private_vhost(services.amqp_url, this_run(vhost, "-"))
+            try:
+                yield Where(dsn, url)
+            finally:
+                delete_vhost(url)
     finally:
         services.close()
 
@@ -163,15 +203,17 @@ def where_for(database: str, vhost: str, port_names: Iterable[str], first_port: 
 
 @dataclass
 class Proc:
-    """One service process; its stdout and stderr (JSON log lines) go to `log`. `port` is
-    where it answers HTTP (status port, or the callee's port), `ready_path` what `Fleet.ready`
-    polls there."""
+    """One service process; its stdout and stderr (JSON log lines) go to `log`. It says
+    where it answers HTTP in the log line `url_event` (field `url_field`); `ready_path` is
+    what `Fleet.ready` polls there."""
 
     name: str
-    port: int
     popen: subprocess.Popen[bytes]
     log: Path
+    url_event: str = CONSUMER_URL[0]
+    url_field: str = CONSUMER_URL[1]
     ready_path: str = "/ready"
+    _url: str | None = None
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -197,12 +239,23 @@ class Proc:
         """The JSON log lines whose `event` is `name`."""
         return [e for e in self.entries() if e.get("event") == name]
 
+    @property
+    def url(self) -> str | None:
+        """The base URL the process logged (None until it did)."""
+        if self._url is None:
+            for entry in self.events(self.url_event):
+                if entry.get(self.url_field):
+                    self._url = str(entry[self.url_field])
+        return self._url
+
     def get(self, path: str, timeout: float = 2.0) -> tuple[int, str]:
-        """GET `path` on `port`: (status, body); (0, error) when nothing answers. Blocking:
-        call it through `asyncio.to_thread` from a test's event loop."""
+        """GET `path` at `url`: (status, body); (0, error) when nothing answers or no URL
+        was logged yet. Blocking: call it through `asyncio.to_thread` from a test's event
+        loop."""
+        if self.url is None:
+            return 0, f"{self.name} logged no {self.url_event} with {self.url_field} yet"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
-                                        timeout=timeout) as response:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(errors="replace")
@@ -210,65 +263,76 @@ class Proc:
             return 0, str(exc)
 
 
+def calling(callee: str, url: str, token: str) -> dict[str, str]:
+    """The environment of a process that calls `callee` over HTTP at `url` with `token`."""
+    prefix = f"EO_CALLEES__{callee.upper()}__"
+    return {f"{prefix}URL": url, f"{prefix}TOKEN": token}
+
+
 @dataclass
 class Fleet:
-    """Starts service processes and kills whatever is left of them at `kill_all`."""
+    """Starts service processes (of `service`, an `EO_SERVICE` value) and kills whatever is
+    left of them at `kill_all`."""
 
     where: Where
     blob_dir: Path
     log_dir: Path
+    service: str = SPEC
     delays: tuple[float, ...] = DELAYS
     max_body_bytes: int = MAX_BODY_BYTES
     pool_size: int = 2
     procs: list[Proc] = field(default_factory=list)
 
-    def env(self, port: int, **extra: str) -> dict[str, str]:
+    def env(self, **extra: str | None) -> dict[str, str]:
         """The environment of a process: this one's without `EO_` variables (but with
-        `EO_TEST_` ones), the local profile on `where`, status port `port`, then `extra`."""
+        `EO_TEST_` ones), the local profile on `where`, then `extra` (None removes a
+        variable). `EO_METRICS_PORT` is not set: the process picks its status port."""
         inherited = {k: v for k, v in os.environ.items()
                      if not k.startswith("EO_") or k.startswith("EO_TEST_")}
         python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        return {**inherited, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
-                "EO_PROFILE": "local", "EO_DATABASE_DSN": self.where.dsn,
-                "EO_AMQP_URL": self.where.amqp_url, "EO_METRICS_PORT": str(port),
-                "EO_RETRY_DELAYS_S": json.dumps(list(self.delays)), "EO_MAX_ATTEMPTS": "2",
-                "EO_SWEEP_INTERVAL_S": "0.5", "EO_STALE_AFTER_S": "1",
-                "EO_BLOB_DIR": str(self.blob_dir), "EO_BLOB_STORE": "directory",
-                "EO_MAX_BODY_BYTES": str(self.max_body_bytes),
-                "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": str(self.pool_size), **extra}
+        env: dict[str, str | None] = {
+            **inherited, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
+            "EO_SERVICE": self.service, "EO_PROFILE": "local",
+            "EO_DATABASE_DSN": self.where.dsn, "EO_AMQP_URL": self.where.amqp_url,
+            "EO_RETRY_DELAYS_S": json.dumps(list(self.delays)), "EO_MAX_ATTEMPTS": "2",
+            "EO_SWEEP_INTERVAL_S": "0.5", "EO_STALE_AFTER_S": "1",
+            "EO_BLOB_DIR": str(self.blob_dir), "EO_BLOB_STORE": "directory",
+            "EO_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": str(self.pool_size), **extra}
+        return {k: v for k, v in env.items() if v is not None}
 
-    def spawn(self, name: str, args: list[str], port: int, ready_path: str = "/ready",
-              **extra_env: str) -> Proc:
-        """Start `eo <args>` as process `name` (log `<log_dir>/<name>.log`)."""
+    def spawn(self, name: str, args: list[str], extra_env: Mapping[str, str | None],
+              url: tuple[str, str] = CONSUMER_URL, ready_path: str = "/ready") -> Proc:
+        """Start `eo <args>` as process `name` (log `<log_dir>/<name>.log`) with `extra_env`
+        over `env()`; it logs its URL in `url` (event, field)."""
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [*eo_command(), *args], cwd=ROOT, env=self.env(port, **extra_env),
+                [*eo_command(), *args], cwd=ROOT, env=self.env(**extra_env),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        proc = Proc(name, port, popen, log, ready_path)
+        proc = Proc(name, popen, log, url[0], url[1], ready_path)
         self.procs.append(proc)
         return proc
 
-    def start(self, endpoint: str, **extra_env: str) -> Proc:
-        """`eo consume --endpoint <endpoint>` on the status port `where.ports[endpoint]`,
-        named `<endpoint>-<n>` (n counts the processes started for it)."""
-        name = f"{endpoint}-{sum(p.name.startswith(endpoint) for p in self.procs)}"
-        return self.spawn(name, ["consume", "--endpoint", endpoint],
-                          self.where.ports[endpoint], **extra_env)
+    def start(self, endpoint: str, **extra_env: str | None) -> Proc:
+        """`eo consume --endpoint <endpoint>`, named `<endpoint>-<n>` (n counts the
+        processes started for it); its status port is its own choice (`Proc.url`)."""
+        name = f"{endpoint}-{sum(p.name.startswith(f'{endpoint}-') for p in self.procs)}"
+        return self.spawn(name, ["consume", "--endpoint", endpoint], extra_env)
 
-    def start_payments(self, token: str, max_body_bytes: int = 65536, **extra_env: str,
-                       ) -> Proc:
-        """`eo serve-payments` on `where.ports["payments"]` with bearer token `token` and
-        body limit `max_body_bytes`; ready when /health answers (it has no status port)."""
-        port = self.where.ports["payments"]
-        return self.spawn("payments", ["serve-payments"], port, "/health", **{
-            "EO_PAYMENTS_HOST": "127.0.0.1", "EO_PAYMENTS_PORT": str(port),
-            "EO_PAYMENTS_TOKEN": token, "EO_PAYMENTS_MAX_BODY_BYTES": str(max_body_bytes),
-            "EO_METRICS_PORT": "0", **extra_env})
+    def serve(self, endpoint: str, token: str, max_body_bytes: int = 65536,
+              **extra_env: str | None) -> Proc:
+        """`eo serve --endpoint <endpoint>` on 127.0.0.1, port 0 (its URL: `Proc.url`), with
+        bearer token `token` and body limit `max_body_bytes`; ready when /health answers."""
+        prefix = f"EO_CALLEES__{endpoint.upper()}__"
+        name = f"{endpoint}-{sum(p.name.startswith(f'{endpoint}-') for p in self.procs)}"
+        env = {f"{prefix}HOST": "127.0.0.1", f"{prefix}PORT": "0", f"{prefix}TOKEN": token,
+               f"{prefix}MAX_BODY_BYTES": str(max_body_bytes), **extra_env}
+        return self.spawn(name, ["serve", "--endpoint", endpoint], env, CALLEE_URL, "/health")
 
     async def ready(self, *procs: Proc, timeout_s: float = 40.0) -> None:
-        """Wait until every process answers 200 on its `ready_path`; fail with its log tail
-        when it exits first or `timeout_s` passes."""
+        """Wait until every process logged its URL and answers 200 on its `ready_path`;
+        fail with its log tail when it exits first or `timeout_s` passes."""
         deadline = time.monotonic() + timeout_s
         for proc in procs:
             while True:
@@ -322,17 +386,37 @@ class Rabbit:
             content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
             routing_key=queue, mandatory=True)
 
-    async def depth(self, queue: str) -> int:
-        """Ready messages in `queue` as the broker counts them now (0: no such queue)."""
+    async def queue_exists(self, queue: str) -> bool:
+        """Whether `queue` exists (what `topology.declare` asks before a dead-letter queue)."""
         channel = await self.connection.channel()
         try:
-            declared = await channel.declare_queue(queue, passive=True)
-            return declared.declaration_result.message_count or 0
+            await channel.declare_queue(queue, passive=True)
+            return True
         except aio_pika.exceptions.ChannelClosed:
-            return 0
+            return False
         finally:
             if not channel.is_closed:
                 await channel.close()
+
+    async def _counts(self, queue: str) -> tuple[int, int]:
+        channel = await self.connection.channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+            result = declared.declaration_result
+            return result.message_count or 0, result.consumer_count or 0
+        except aio_pika.exceptions.ChannelClosed:
+            return 0, 0
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def depth(self, queue: str) -> int:
+        """Ready messages in `queue` as the broker counts them now (0: no such queue)."""
+        return (await self._counts(queue))[0]
+
+    async def consumers(self, queue: str) -> int:
+        """Consumers of `queue` as the broker counts them now (0: no such queue)."""
+        return (await self._counts(queue))[1]
 
     async def depths(self, endpoint: str) -> dict[str, int]:
         """Depth of the work, retry and dead-letter queues of `endpoint`, by queue name."""
@@ -343,7 +427,7 @@ class Rabbit:
     async def take(self, queue: str, count: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
         """Up to `count` messages off `queue` (acked), those there now."""
         declared = await self.channel.declare_queue(queue, passive=True)
-        taken = []
+        taken: list[aio_pika.abc.AbstractIncomingMessage] = []
         while len(taken) < count:
             message = await declared.get(no_ack=True, fail=False)
             if message is None:
@@ -365,7 +449,7 @@ class Rabbit:
 
 
 async def reset(where: Where, delays: tuple[float, ...] = DELAYS,
-                endpoints: Iterable[str] = ENDPOINTS) -> None:
+                endpoints: Iterable[str] = CONSUMING) -> None:
     """Delete the endpoints' queues and empty the protocol tables."""
     await topology.delete_queues(where.amqp_url, list(endpoints), len(delays))
     conn = await asyncpg.connect(where.dsn)
@@ -376,17 +460,18 @@ async def reset(where: Where, delays: tuple[float, ...] = DELAYS,
 
 
 async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str,
-                fleet: Fleet | None = None, rabbit: Rabbit | None = None) -> None:
+                fleet: Fleet | None = None, rabbit: Rabbit | None = None,
+                endpoints: Iterable[str] = CONSUMING) -> None:
     """Poll `check` every 0.1 s until it holds; fail naming `what` after `timeout_s`, with
-    the processes' log tails and the dead letters' reasons (which takes them off the
-    dead-letter queues: the test is failing anyway)."""
+    the processes' log tails and the dead letters' reasons of `endpoints` (which takes them
+    off the dead-letter queues: the test is failing anyway)."""
     deadline = time.monotonic() + timeout_s
     while not await check():
         if time.monotonic() > deadline:
             dead = ""
             if rabbit is not None:
-                for endpoint in ENDPOINTS:
-                    dlq = f"{endpoint}.dlq"
+                for endpoint in endpoints:
+                    dlq = topology.queue_names(endpoint, len(rabbit.delays)).dead_letter
                     reasons = Counter(str((m.headers or {}).get(REASON_HEADER))
                                       for m in await rabbit.take(dlq, 1000))
                     dead += f"{dlq}: {dict(reasons)}\n" if reasons else ""
@@ -422,13 +507,14 @@ async def unfinished(pool: asyncpg.Pool) -> int:
 
 
 @contextlib.asynccontextmanager
-async def fresh_fleet(where: Where, tmp_path: Path, pool_size: int = 2) -> AsyncIterator[Fleet]:
-    """A `Fleet` over emptied queues and tables (`reset`) with its own blob directory under
-    `tmp_path`; every process it started is killed on exit."""
-    await reset(where)
+async def fresh_fleet(where: Where, tmp_path: Path, pool_size: int = 2, service: str = SPEC,
+                      endpoints: Iterable[str] = CONSUMING) -> AsyncIterator[Fleet]:
+    """A `Fleet` of `service` over emptied queues (of `endpoints`) and tables (`reset`) with
+    its own blob directory under `tmp_path`; every process it started is killed on exit."""
+    await reset(where, endpoints=endpoints)
     blob_dir = tmp_path / "blobs"
     await asyncio.to_thread(blob_dir.mkdir)
-    started = Fleet(where, blob_dir, tmp_path, pool_size=pool_size)
+    started = Fleet(where, blob_dir, tmp_path, service=service, pool_size=pool_size)
     try:
         yield started
     finally:

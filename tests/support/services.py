@@ -1,6 +1,8 @@
-"""Finding PostgreSQL and RabbitMQ for integration and contract tests (architecture.md):
-environment variables first, then the default local ports, then testcontainers where a Docker
-engine answers; otherwise the tests fail with a message that says how to start the services."""
+"""Finding PostgreSQL and RabbitMQ for integration and contract tests (architecture.md).
+
+Environment variables first, then the default local ports, then testcontainers where a Docker
+engine answers; otherwise the tests fail with a message that says how to start the services.
+"""
 
 from __future__ import annotations
 

@@ -13,18 +13,24 @@ from domain.errors import Rejected
 
 @dataclass(frozen=True)
 class AddMember:
+    """Add `member` to `partition`'s set (`forbidden` is rejected)."""
+
     partition: str
     member: str
 
 
 @dataclass(frozen=True)
 class RemoveMember:
+    """Remove `member` from `partition`'s set."""
+
     partition: str
     member: str
 
 
 @dataclass(frozen=True)
 class Changed:
+    """What `audit` receives: the set after `incoming`, and the time and attempt it saw."""
+
     partition: str
     incoming: str
     members: tuple[str, ...]
@@ -34,10 +40,13 @@ class Changed:
 
 @dataclass(frozen=True)
 class Members:
+    """A partition's set, sorted."""
+
     members: tuple[str, ...] = ()
 
 
 def handle(state: Members | None, message: object, context: Context) -> Decision[Members]:
+    """Apply the change and report the set after it to `audit`."""
     state = state or Members()
     if isinstance(message, AddMember):
         if message.member == "forbidden":

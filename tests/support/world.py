@@ -14,12 +14,15 @@ from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.system.clock import ManualClock, SeededIds
+from application.assembly import build_processor, build_sweeper
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Crash
 from application.failpoints import Failpoints
 from application.observability import CountingSink
-from application.processor import Ports, Processor, Strategy
+from application.ports import Ports
+from application.processor import Processor
+from application.strategy import Strategy
 from application.sweeper import Sweeper
 from domain.decisions import Endpoint
 
@@ -38,6 +41,8 @@ class RecordingDispatcher:
 
 
 def crash(name: str) -> None:
+    """The `crash` failpoint action in tests: raise `Crash` (the test plays the dead
+    process)."""
     raise Crash(name)
 
 
@@ -58,7 +63,8 @@ class World:
 
     def __post_init__(self) -> None:
         self.store = MemoryTransactionalStore(self.clock,
-                                              self.tokens if self.colocated else None)
+                                              self.tokens if self.colocated else None,
+                                              self.endpoint.name)
         self.ids = SeededIds(self.seed)
 
     def use_tokens(self, tokens: MemoryTokenStore) -> None:
@@ -77,9 +83,9 @@ class World:
     def processor(self, failpoints: str | None = None, **kwargs: Any) -> Processor:
         """A worker; `failpoints` is an `EO_FAILPOINTS` spec whose `crash` raises `Crash`."""
         wrap = kwargs.pop("wrap", lambda _name, port: port)
-        return Processor(self.endpoint, self.ports(wrap), self.strategy,
-                         Failpoints.from_spec(failpoints, crash),
-                         cleanup_grace=timedelta(minutes=30), **kwargs)
+        return build_processor(self.endpoint, self.ports(wrap), self.strategy,
+                               Failpoints.from_spec(failpoints, crash),
+                               cleanup_grace=timedelta(minutes=30), **kwargs)
 
     async def send(self, message: Any, message_id: uuid.UUID | None = None) -> Envelope:
         """What a token-based sender does: create the token, return the envelope to deliver."""
@@ -87,13 +93,14 @@ class World:
             [type(message).__name__, encode(message).decode(), len(self.tokens.rows)])),
             type(message).__name__, encode(message), MappingProxyType({TOKEN_HEADER: "1"}))
         if self.strategy is Strategy.TOKEN:
-            await self.tokens.create([envelope])
+            await self.tokens.create(self.endpoint.name, [envelope])
         return envelope
 
     def sweeper(self, processor: Processor) -> Sweeper:
-        return Sweeper(self.endpoint.name, self.store, processor.finisher, self.clock,
-                       self.events, stale_after=timedelta(seconds=30),
-                       grace=timedelta(minutes=30))
+        """A sweeper finishing through `processor`'s finisher (30 s stale, 30 min grace)."""
+        assert processor.finisher is not None
+        return build_sweeper(self.endpoint.name, self.ports(), processor.finisher,
+                             stale_after=timedelta(seconds=30), grace=timedelta(minutes=30))
 
     async def quiesce(self) -> None:
         """Let time pass beyond every threshold and sweep: what a live service reaches."""

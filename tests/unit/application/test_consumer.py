@@ -21,6 +21,7 @@ from application.envelope import (
     TOKEN_HEADER,
     Envelope,
 )
+from application.errors import TransientError
 from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, CountingSink
 from application.processor import Outcome
 from domain.errors import Rejected
@@ -110,7 +111,8 @@ async def test_permanent_errors_are_dead_lettered_with_reason_endpoint_and_attem
 ) -> None:
     world, broker = World(COUNTER), MemoryBroker()
     envelope = _bad(kind)
-    await world.tokens.create([envelope])  # the sender created the token (claim check)
+    # the sender created the token (claim check)
+    await world.tokens.create(world.endpoint.name, [envelope])
     await _deliver(broker, envelope)
     consumer = _consumer(world)
     assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
@@ -120,7 +122,8 @@ async def test_permanent_errors_are_dead_lettered_with_reason_endpoint_and_attem
     assert reason in dead.headers[REASON_HEADER]
     assert dead.headers[ENDPOINT_HEADER] == "counter"
     assert dead.headers[ATTEMPTS_HEADER] == "1"
-    assert await world.tokens.exists(M1)  # the token stays: a replay is processed normally
+    # the token stays: a replay is processed normally
+    assert await world.tokens.exists(world.endpoint.name, M1)
     assert broker.idle()
     assert consumer.counts == {Settlement.DEAD_LETTERED: 1}
     assert world.events.total(MESSAGE_DEAD_LETTERED) == 1
@@ -167,7 +170,7 @@ async def test_a_handler_rejection_or_failure_is_dead_lettered_at_once(
     (dead,) = broker.dead_letters[QUEUE]
     assert dead.headers[REASON_HEADER] == reason
     assert dead.headers[ATTEMPTS_HEADER] == "1"
-    assert await world.tokens.exists(M1)
+    assert await world.tokens.exists(world.endpoint.name, M1)
     assert world.store.record_count() == 0
 
 
@@ -228,7 +231,7 @@ async def test_transient_on_every_attempt_is_dead_lettered_after_max_attempts(
     assert dead.headers[REASON_HEADER].startswith("retries exhausted")
     assert "TransientError: failpoint before_commit" in dead.headers[REASON_HEADER]
     assert dead.headers[ATTEMPTS_HEADER] == str(max_attempts)
-    assert await world.tokens.exists(M1)
+    assert await world.tokens.exists(world.endpoint.name, M1)
     assert broker.idle()
     assert sum(consumer.counts.values()) == max_attempts
     assert world.store.partitions["p"].state is None
@@ -241,12 +244,12 @@ async def test_an_unexpected_adapter_error_is_retried_not_lost() -> None:
     real_get = world.tokens.get
     calls = 0
 
-    async def flaky_get(message_id: uuid.UUID) -> Envelope | None:
+    async def flaky_get(endpoint: str, message_id: uuid.UUID) -> Envelope | None:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise OSError("connection reset by peer")
-        return await real_get(message_id)
+        return await real_get(endpoint, message_id)
 
     world.tokens.get = flaky_get  # type: ignore[method-assign]
     assert await _settle_until_done(consumer, broker) == [
@@ -259,7 +262,7 @@ async def test_counts_add_up_to_the_deliveries() -> None:
     world, broker = World(COUNTER), MemoryBroker()
     good = [await world.send(Add(f"p{i % 2}", i), uuid.UUID(int=10 + i)) for i in range(4)]
     deliveries = [*good, good[0], good[3], _bad("unknown type")]
-    await world.tokens.create([deliveries[-1]])
+    await world.tokens.create(world.endpoint.name, [deliveries[-1]])
     for envelope in deliveries:
         await _deliver(broker, envelope)
     consumer = _consumer(world, "before_commit=raise@2")
@@ -316,6 +319,35 @@ async def test_serve_with_prefetch_settles_everything_and_bounds_concurrency() -
     assert 1 < peak <= 3
     await world.quiesce()
     assert check(world, {e.message_id for e in envelopes}) == []
+
+
+async def test_serve_raises_the_source_error_after_the_deliveries_in_flight_settled() -> None:
+    """A source that fails for good (the broker is gone) ends `serve` with its error, but only
+    once every delivery already taken has been settled: nothing is left half-done."""
+    world, broker = World(COUNTER), MemoryBroker()
+    for i in range(3):
+        await _deliver(broker, await world.send(Add("p", i), uuid.UUID(int=200 + i)))
+    consumer = _consumer(world)
+    real_process = consumer.processor.process
+
+    async def slow(envelope: Envelope) -> Outcome:
+        await asyncio.sleep(0.05)
+        return await real_process(envelope)
+
+    consumer.processor.process = slow  # type: ignore[method-assign]
+
+    class Gone(TransientError):
+        pass
+
+    async def failing() -> AsyncIterator[MemoryDelivery]:
+        async for delivery in _first(3, broker.consume(QUEUE, "server")):
+            yield delivery
+        raise Gone("the broker stayed away")
+
+    with pytest.raises(Gone):
+        await asyncio.wait_for(consumer.serve(failing(), prefetch=3), 5.0)
+    assert consumer.counts == {Settlement.PROCESSED: 3}
+    assert broker.idle()
 
 
 # --- the memory broker's own semantics -----------------------------------------------------

@@ -66,7 +66,7 @@ async def test_crash_before_anything_durable_leaves_nothing(point: str) -> None:
     await _crash_at(world, f"{point}=crash")
     assert world.store.record_count() == 0
     assert not world.blobs.objects
-    assert await world.tokens.exists(M1)
+    assert await world.tokens.exists(world.endpoint.name, M1)
     assert await _redeliver(world) is Outcome.PROCESSED
     await world.quiesce()
     assert violations + check(world, {M1}) == []
@@ -115,9 +115,8 @@ async def test_artifact_created_after_the_winners_clean_up_goes_by_deferred_clea
             await real_put(key, content, media_type)
 
     envelope = await world.send(Add("p", 1), M1)
-    loser = world.processor("after_create:blob=crash")
-    loser.ports.blobs = StallingBlobs()  # type: ignore[assignment]
-    loser._prepare._ports = loser.ports
+    loser = world.processor("after_create:blob=crash",
+                            wrap=lambda name, port: StallingBlobs() if name == "blobs" else port)
     task = asyncio.create_task(loser.process(envelope))
     await loser_put_started.wait()
     assert await world.processor().process(envelope) is Outcome.PROCESSED
@@ -152,10 +151,10 @@ async def test_commit_with_unknown_outcome_is_finished_without_running_the_handl
 
     envelope = await world.send(Add("p", 1), M1)
     processor = world.processor()
-    processor.ports.store.commit = commit_then_lose_the_reply  # type: ignore[method-assign]
+    world.store.commit = commit_then_lose_the_reply  # type: ignore[method-assign]
     with pytest.raises(TransientError):
         await processor.process(envelope)
-    processor.ports.store.commit = real_commit  # type: ignore[method-assign]
+    world.store.commit = real_commit  # type: ignore[method-assign]
     assert await _redeliver(world) is Outcome.DUPLICATE
     assert _invoked(world) == 1
     await world.quiesce()

@@ -8,29 +8,25 @@ from __future__ import annotations
 import asyncio
 
 from application.consumer import Consumer, Settlement
-from application.failpoints import Failpoints
 from application.processor import Outcome, Processor
-from entrypoints.embedded import ENDPOINTS
-from tests.support.world import crash
 from tests.unit.application.test_http_protocol import (
     _open,
-    _order,
-    _ready_order,
+    _spend,
     _system,
     _take,
+    _tally,
 )
 
 
 async def test_a_follow_up_copy_that_meets_the_deleted_request_is_a_duplicate() -> None:
     system = _system()
-    _open(system, balance="1000.00")
-    submit = await _ready_order(system)
-    assert await system.processor("orders").process(submit) is Outcome.PROCESSED
-    follow_up = (await _take(system.broker, "orders")).envelope
+    _open(system, balance=1000)
+    spend = await _spend(system)
+    assert await system.processor("counter").process(spend) is Outcome.PROCESSED
+    follow_up = (await _take(system.broker, "counter")).envelope
 
     def worker(spec: str) -> Processor:
-        return Processor(ENDPOINTS["orders"], system.ports("orders"),
-                         failpoints=Failpoints.from_spec(spec, crash))
+        return system.worker("counter", spec)
 
     # copy B passes its token check while the partition is idle, then is slow to POST;
     # copy A meanwhile commits and its finish sends the DELETE, then stalls before it
@@ -56,6 +52,6 @@ async def test_a_follow_up_copy_that_meets_the_deleted_request_is_a_duplicate() 
     first = asyncio.create_task(worker("after_delete=sleep:300").process(follow_up))
     assert await settling is Settlement.DUPLICATE, copy.settled
     assert await first is Outcome.PROCESSED
-    assert _order(system).status == "confirmed"
+    assert _tally(system).spent == (100,)
     assert await system.requests.count() == 0
-    assert await system.tokens.count() == 1  # only OrderConfirmed's, for the ledger
+    assert await system.tokens.count() == 1  # only Reported's, for the audit

@@ -1,101 +1,77 @@
-"""HTTP request/response exactly once (protocol 6): the payments callee and the orders caller."""
+"""HTTP request/response exactly once (protocol 6): the counters' `bank` callee and the
+`counter` endpoint calling it (`Spend`, follow-up `Spent`)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
-from adapters.memory.request_store import MemoryRequestStore
-from adapters.memory.token_store import MemoryTokenStore
-from adapters.system.clock import ManualClock, SeededIds
+from application.assembly import build_callee
 from application.codec import decode, encode
 from application.consumer import Consumer, Settlement
 from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, PermanentError, TransientError
-from application.failpoints import Failpoints
-from application.http_callee import HttpCallee
 from application.http_caller import collect_response
-from application.observability import HANDLER_INVOKED, CountingSink
 from application.ports import HttpResult
-from application.processor import Outcome, Ports, Processor, Strategy
+from application.processor import Outcome, Processor
 from domain.context import HttpResponse
-from domain.sample import ORDERS, PAYMENTS
-from domain.sample.messages import (
-    OrderConfirmed,
-    OrderRejected,
-    PaymentRequest,
-)
-from domain.sample.orders import AWAITING_PAYMENT, CONFIRMED, REJECTED
-from domain.sample.payments import open_account
-from entrypoints.embedded import PAYMENT_REQUEST, SampleSystem
-from entrypoints.settings import Settings
-from tests.support.orders_flow import CUSTOMER, ORDER, take
-from tests.support.orders_flow import ready_order as _ready_order_of
-from tests.support.world import crash
+from tests.support.counters.endpoints import BANK, Reported, Spend, Tally, Withdraw
+from tests.support.counters.harness import Counters, counters, take, token_envelope
 
 R1, R2 = uuid.UUID(int=101), uuid.UUID(int=102)
+#: The counter that spends, and its account at the bank.
+ACCOUNT = "c1"
+SPEND_ID = uuid.UUID(int=201)
 
 
-def _system(failpoints: str | None = None) -> SampleSystem:
-    return SampleSystem(
-        Settings(),
-        ManualClock(),
-        SeededIds(11),
-        CountingSink(),
-        MemoryBroker(),
-        MemoryTokenStore(),
-        MemoryBlobStore(),
-        MemoryRequestStore(),
-        Failpoints.from_spec(failpoints, crash),
-    )
+def _system(failpoints: str | None = None) -> Counters:
+    return counters(failpoints)
 
 
-def _open(system: SampleSystem, balance: str = "500.00", limit: str = "0") -> None:
-    system.stores["payments"].seed_state(
-        str(CUSTOMER), open_account(CUSTOMER, Decimal(balance), Decimal(limit))
-    )
+def _open(system: Counters, balance: int = 500) -> None:
+    system.open_account(ACCOUNT, balance)
 
 
-def _body(amount: str, order: int = ORDER) -> bytes:
-    return encode(PaymentRequest(order, CUSTOMER, Decimal(amount)))
+def _body(amount: int, account: str = ACCOUNT) -> bytes:
+    return encode(Withdraw(account, amount))
 
 
-def _balance(system: SampleSystem) -> Decimal:
-    return system.stores["payments"].partitions[str(CUSTOMER)].state.balance
+def _balance(system: Counters) -> int:
+    return int(system.state("bank", ACCOUNT).balance)
 
 
-def _payments_runs(system: SampleSystem) -> int:
-    events = system.events
-    assert isinstance(events, CountingSink)
-    return events.counts[("payments", HANDLER_INVOKED)]
+def _bank_runs(system: Counters) -> int:
+    return system.runs("bank")
 
 
-def _payments_tr(system: SampleSystem) -> Any:
-    return system.stores["payments"].partitions[str(CUSTOMER)].tr
+def _bank_tr(system: Counters) -> Any:
+    return system.store("bank").partitions[ACCOUNT].tr
 
 
-def _order(system: SampleSystem) -> Any:
-    return system.stores["orders"].partitions[str(ORDER)].state
+def _tally(system: Counters) -> Tally:
+    tally = system.state("counter", ACCOUNT)
+    assert isinstance(tally, Tally)
+    return tally
 
 
-async def _ready_order(system: SampleSystem, price: str = "100.00") -> Envelope:
-    return await _ready_order_of(system, price)
+async def _spend(system: Counters, amount: int = 100) -> Envelope:
+    """A `Spend` of `amount` for the counter, its token created (as its sender would)."""
+    envelope = token_envelope(Spend(ACCOUNT, amount), SPEND_ID)
+    await system.tokens.create("counter", [envelope])
+    return envelope
 
 
 async def _take(broker: MemoryBroker, queue: str, consumer: str = "test") -> MemoryDelivery:
     return await take(broker, queue, consumer, 1.0)
 
 
-def _orders_processor(system: SampleSystem, spec: str) -> Processor:
-    """An orders worker with its own failpoints (crash raises `Crash`)."""
-    return Processor(ORDERS, system.ports("orders"), Strategy.TOKEN,
-                     Failpoints.from_spec(spec, crash))
+def _counter_worker(system: Counters, spec: str) -> Processor:
+    """A counter worker with its own failpoints (crash raises `Crash`)."""
+    return system.worker("counter", spec)
 
 
 # --- callee: PUT ---------------------------------------------------------------------------
@@ -103,21 +79,21 @@ def _orders_processor(system: SampleSystem, spec: str) -> Processor:
 
 async def test_put_is_create_only() -> None:
     system = _system()
-    callee = system.callee
-    assert (await callee.put(R1, _body("10.00"))).status == 201
-    assert (await callee.put(R1, _body("10.00"))).status == 200
-    assert (await callee.put(R1, _body("99.00"))).status == 409
+    callee = system.bank
+    assert (await callee.put(R1, _body(10))).status == 201
+    assert (await callee.put(R1, _body(10))).status == 200
+    assert (await callee.put(R1, _body(99))).status == 409
     stored = await system.requests.get(R1)
     assert stored is not None
-    assert stored.body == _body("10.00")  # the conflicting PUT changed nothing
+    assert stored.body == _body(10)  # the conflicting PUT changed nothing
 
 
 async def test_late_put_after_delete_is_gone() -> None:
     system = _system()
-    callee = system.callee
-    assert (await callee.put(R1, _body("10.00"))).status == 201
+    callee = system.bank
+    assert (await callee.put(R1, _body(10))).status == 201
     assert (await callee.delete(R1)).status == 204
-    assert (await callee.put(R1, _body("10.00"))).status == 410
+    assert (await callee.put(R1, _body(10))).status == 410
     assert R1 not in system.requests.requests
     assert (await callee.post(R1)).status == 404
 
@@ -127,49 +103,50 @@ async def test_late_put_after_delete_is_gone() -> None:
     [
         b"not json",
         b"{}",
-        b'{"order_key": 1, "customer_key": 7}',
-        b'{"order_key": 1, "customer_key": 7, "amount": "lots"}',
+        b'{"account": "c1"}',
+        b'{"account": "c1", "amount": "lots"}',
     ],
 )
 async def test_put_of_an_invalid_body_is_422_and_stores_nothing(body: bytes) -> None:
     system = _system()
-    answer = await system.callee.put(R1, body)
+    answer = await system.bank.put(R1, body)
     assert answer.status == 422
     assert not answer.stored
     assert R1 not in system.requests.requests
-    assert (await system.callee.put(R1, _body("10.00"))).status == 201
+    assert (await system.bank.put(R1, _body(10))).status == 201
 
 
 async def test_delete_of_a_never_stored_id_leaves_a_tombstone() -> None:
     system = _system()
-    assert (await system.callee.delete(R1)).status == 204
+    assert (await system.bank.delete(R1)).status == 204
     assert R1 in system.requests.tombstones
-    assert (await system.callee.put(R1, _body("10.00"))).status == 410
+    assert (await system.bank.put(R1, _body(10))).status == 410
     assert not system.requests.requests
 
 
 async def test_delete_is_idempotent_and_removes_request_and_response() -> None:
     system = _system()
     _open(system)
-    await system.callee.put(R1, _body("10.00"))
-    assert (await system.callee.post(R1)).status == 200
-    assert (await system.callee.delete(R1)).status == 204
-    assert (await system.callee.delete(R1)).status == 204
+    await system.bank.put(R1, _body(10))
+    assert (await system.bank.post(R1)).status == 200
+    assert R1 in system.store("bank").replies
+    assert (await system.bank.delete(R1)).status == 204
+    assert (await system.bank.delete(R1)).status == 204
     assert not system.requests.requests
-    assert R1 not in system.stores["payments"].replies
-    assert (await system.callee.get(R1)).status == 404
-    assert (await system.callee.post(R1)).status == 404
+    assert R1 not in system.store("bank").replies
+    assert (await system.bank.get(R1)).status == 404
+    assert (await system.bank.post(R1)).status == 404
 
 
 async def test_tombstones_are_purged_after_the_retention_window_only() -> None:
     system = _system()
-    assert isinstance(system.clock, ManualClock)
-    await system.callee.delete(R1)
-    system.clock.current += system.sweeper("payments").retention / 2
-    assert (await system.sweeper("payments").sweep()).purged_tombstones == 0
-    assert (await system.callee.put(R1, _body("10.00"))).status == 410
-    system.clock.current += system.sweeper("payments").retention
-    assert (await system.sweeper("payments").sweep()).purged_tombstones == 1
+    await system.bank.delete(R1)
+    retention = system.sweeper("bank").retention
+    system.clock.advance(retention / 2)
+    assert (await system.sweeper("bank").sweep()).purged_tombstones == 0
+    assert (await system.bank.put(R1, _body(10))).status == 410
+    system.clock.advance(retention)
+    assert (await system.sweeper("bank").sweep()).purged_tombstones == 1
     assert R1 not in system.requests.tombstones
 
 
@@ -178,171 +155,162 @@ async def test_tombstones_are_purged_after_the_retention_window_only() -> None:
 
 async def test_post_of_an_unknown_request_is_404_without_stored_header() -> None:
     system = _system()
-    answer = await system.callee.post(R1)
+    answer = await system.bank.post(R1)
     assert answer.status == 404
     assert not answer.stored
-    assert _payments_runs(system) == 0
+    assert _bank_runs(system) == 0
 
 
 async def test_post_processes_once_and_answers_the_stored_response_on_every_retry() -> None:
     system = _system()
-    _open(system, balance="500.00")
-    await system.callee.put(R1, _body("120.00"))
-    before = await system.callee.get(R1)
+    _open(system, balance=500)
+    await system.bank.put(R1, _body(120))
+    before = await system.bank.get(R1)
     assert (before.status, before.stored) == (404, False)
 
-    first = await system.callee.post(R1)
+    first = await system.bank.post(R1)
     assert (first.status, first.stored) == (200, True)
-    assert dict(first.body) == {"status": "approved", "order_key": ORDER, "amount": "120.00"}
-    assert _payments_runs(system) == 1
-    assert _balance(system) == Decimal("380.00")
+    assert dict(first.body) == {"debited": 120}
+    assert _bank_runs(system) == 1
+    assert _balance(system) == 380
     assert not await system.requests.exists(R1)  # answered: the consume step ran
-    assert _payments_tr(system).message_id is None  # finished
+    assert _bank_tr(system).message_id is None  # finished
 
-    second = await system.callee.post(R1)
+    second = await system.bank.post(R1)
     assert second == first
-    assert _payments_runs(system) == 1
-    assert _balance(system) == Decimal("380.00")
-    assert await system.callee.get(R1) == first
+    assert _bank_runs(system) == 1
+    assert _balance(system) == 380
+    assert await system.bank.get(R1) == first
 
 
 async def test_five_concurrent_posts_execute_once_and_answer_identically() -> None:
     system = _system()
-    _open(system, balance="500.00")
-    await system.callee.put(R1, _body("50.00"))
-    answers = await asyncio.gather(*(system.callee.post(R1) for _ in range(5)))
+    _open(system, balance=500)
+    await system.bank.put(R1, _body(64))
+    answers = await asyncio.gather(*(system.bank.post(R1) for _ in range(5)))
     assert {(a.status, a.stored) for a in answers} == {(200, True)}
     assert all(a == answers[0] for a in answers)
-    events = system.events
-    assert isinstance(events, CountingSink)
-    assert events.counts[("payments", "transaction.committed")] == 1
+    assert system.events.counts[("bank", "transaction.committed")] == 1
     # one process serialises its own deliveries of a partition: no needless conflicts
-    assert events.counts[("payments", "transaction.conflict")] == 0
-    assert _balance(system) == Decimal("450.00")
-    assert system.stores["payments"].partitions[str(CUSTOMER)].state.paid == (ORDER,)
+    assert system.events.counts[("bank", "transaction.conflict")] == 0
+    assert _balance(system) == 436
+    assert system.state("bank", ACCOUNT).debits == (64,)
 
 
 async def test_concurrent_posts_on_two_callee_processes_execute_once() -> None:
     """Two callee instances share the stores but not their partition locks: only the
     transaction record's optimistic concurrency keeps the debit single."""
     system = _system()
-    _open(system, balance="500.00")
-    ports = Ports(
-        tokens=system.requests,
-        store=system.stores["payments"],
-        dispatcher=system.broker,
-        clock=system.clock,
-        ids=system.ids,
-        events=system.events,
-    )
-    other = HttpCallee(Processor(PAYMENTS, ports), system.requests, PAYMENT_REQUEST)
-    await system.callee.put(R1, _body("50.00"))
+    _open(system, balance=500)
+    other = build_callee(BANK, system.system.ports("bank"), system.requests, "Withdraw")
+    await system.bank.put(R1, _body(64))
     answers = await asyncio.gather(
-        *(callee.post(R1) for callee in (system.callee, other, system.callee, other))
+        *(callee.post(R1) for callee in (system.bank, other, system.bank, other))
     )
     assert {(a.status, a.stored) for a in answers} == {(200, True)}
     assert all(a == answers[0] for a in answers)
-    assert _balance(system) == Decimal("450.00")
-    assert _payments_tr(system).message_id is None
+    assert _balance(system) == 436
+    assert system.state("bank", ACCOUNT).debits == (64,)
+    assert _bank_tr(system).message_id is None
 
 
 async def test_a_refusal_is_a_stored_409_that_never_changes() -> None:
     system = _system()
-    _open(system, balance="100.00", limit="0")
-    await system.callee.put(R1, _body("150.00", order=1))
-    refused = await system.callee.post(R1)
+    _open(system, balance=100)
+    await system.bank.put(R1, _body(128))
+    refused = await system.bank.post(R1)
     assert (refused.status, refused.stored) == (409, True)
-    assert refused.body["reason"] == "insufficient funds"
+    assert refused.body["refused"] == "insufficient funds"
 
     # the balance changes through another request...
-    await system.callee.put(R2, _body("30.00", order=2))
-    assert (await system.callee.post(R2)).status == 200
-    assert _balance(system) == Decimal("70.00")
+    await system.bank.put(R2, _body(32))
+    assert (await system.bank.post(R2)).status == 200
+    assert _balance(system) == 68
     # ... and then the account is topped up far beyond the refused amount
-    account = system.stores["payments"].partitions[str(CUSTOMER)].state
-    system.stores["payments"].seed_state(
-        str(CUSTOMER), open_account(CUSTOMER, Decimal("10000.00"), account.credit_limit)
-    )
-    runs = _payments_runs(system)
+    _open(system, balance=10_000)
+    runs = _bank_runs(system)
 
     for _ in range(3):
-        assert await system.callee.post(R1) == refused
-    assert await system.callee.get(R1) == refused
-    assert _payments_runs(system) == runs
-    assert _balance(system) == Decimal("10000.00")
+        assert await system.bank.post(R1) == refused
+    assert await system.bank.get(R1) == refused
+    assert _bank_runs(system) == runs
+    assert _balance(system) == 10_000
 
 
-async def test_post_for_another_customers_account_is_rejected_422_and_not_stored() -> None:
+async def test_a_request_the_handler_rejects_is_422_and_not_stored() -> None:
     system = _system()
     _open(system)
-    # the partition is the request's customer; an account stored under it for another
-    # customer makes the handler reject the request (a permanent error, not a business answer)
-    system.stores["payments"].seed_state("8", open_account(CUSTOMER, Decimal(1), Decimal(0)))
-    await system.callee.put(R1, encode(PaymentRequest(ORDER, 8, Decimal("1.00"))))
-    answer = await system.callee.post(R1)
+    # a negative amount makes the handler reject the request (a permanent error, not a
+    # business answer): nothing is stored to answer later
+    assert (await system.bank.put(R1, _body(-5))).status == 201
+    answer = await system.bank.post(R1)
     assert (answer.status, answer.stored) == (422, False)
-    assert (await system.callee.get(R1)).status == 404
+    assert (await system.bank.get(R1)).status == 404
+    assert R1 not in system.store("bank").replies
+    assert _balance(system) == 500
 
 
 async def test_lost_reply_after_the_callee_commit_is_answered_identically_on_retry() -> None:
     system = _system("callee.after_commit=crash@1")
-    _open(system, balance="500.00")
-    await system.callee.put(R1, _body("70.00"))
+    _open(system, balance=500)
+    await system.bank.put(R1, _body(70))
     with pytest.raises(Crash):
-        await system.callee.post(R1)
-    assert _payments_tr(system).message_id == R1  # committed, not finished
-    retry = await system.callee.post(R1)
+        await system.bank.post(R1)
+    assert _bank_tr(system).message_id == R1  # committed, not finished
+    retry = await system.bank.post(R1)
     assert (retry.status, retry.stored) == (200, True)
-    assert dict(retry.body) == {"status": "approved", "order_key": ORDER, "amount": "70.00"}
-    assert _payments_runs(system) == 1
-    assert _balance(system) == Decimal("430.00")
-    assert await system.callee.post(R1) == retry
+    assert dict(retry.body) == {"debited": 70}
+    assert _bank_runs(system) == 1
+    assert _balance(system) == 430
+    assert await system.bank.post(R1) == retry
 
 
 async def test_retry_after_the_callee_commit_finishes_the_transaction_before_answering() -> None:
     system = _system("callee.after_commit=crash@1")
-    _open(system, balance="500.00")
-    await system.callee.put(R1, _body("70.00"))
+    _open(system, balance=500)
+    await system.bank.put(R1, _body(70))
     with pytest.raises(Crash):
-        await system.callee.post(R1)
-    retry = await system.callee.post(R1)
+        await system.bank.post(R1)
+    retry = await system.bank.post(R1)
     assert retry.status == 200
-    assert _payments_tr(system).message_id is None
+    assert _bank_tr(system).message_id is None
     assert not await system.requests.exists(R1)
 
 
 async def test_crash_before_the_reply_is_answered_identically_on_retry() -> None:
     system = _system("callee.before_reply=crash@1")
-    _open(system, balance="500.00")
-    await system.callee.put(R1, _body("70.00"))
+    _open(system, balance=500)
+    await system.bank.put(R1, _body(70))
     with pytest.raises(Crash):
-        await system.callee.post(R1)
-    retry = await system.callee.post(R1)
-    assert (retry.status, dict(retry.body)["amount"]) == (200, "70.00")
-    assert _payments_runs(system) == 1
-    assert _balance(system) == Decimal("430.00")
+        await system.bank.post(R1)
+    retry = await system.bank.post(R1)
+    assert (retry.status, dict(retry.body)["debited"]) == (200, 70)
+    assert _bank_runs(system) == 1
+    assert _balance(system) == 430
 
 
 async def test_a_transient_failure_on_the_callee_commits_nothing_and_answers_503() -> None:
     system = _system()
-    _open(system, balance="500.00")
-    store = system.stores["payments"]
+    _open(system, balance=500)
+    store = system.store("bank")
     real_commit = store.commit
 
     async def unreachable(*args: Any, **kwargs: Any) -> None:
-        store.commit = real_commit  # type: ignore[method-assign]
+        store.commit = real_commit
         raise TransientError("connection lost before COMMIT")
 
-    store.commit = unreachable  # type: ignore[method-assign]
-    await system.callee.put(R1, _body("70.00"))
-    failed = await system.callee.post(R1)
+    store.commit = unreachable
+    await system.bank.put(R1, _body(70))
+    failed = await system.bank.post(R1)
     assert (failed.status, failed.stored) == (503, False)
-    assert (await system.callee.get(R1)).status == 404
-    assert _balance(system) == Decimal("500.00")
+    assert failed.body == {"error": "temporarily unavailable: retry"}  # nothing of inside
+    assert failed.internal == "connection lost before COMMIT"  # for the log
+    assert (await system.bank.get(R1)).status == 404
+    assert _balance(system) == 500
     assert await system.requests.exists(R1)
-    retry = await system.callee.post(R1)
+    retry = await system.bank.post(R1)
     assert (retry.status, retry.stored) == (200, True)
-    assert _balance(system) == Decimal("430.00")
+    assert _balance(system) == 430
 
 
 # --- caller: classification of the callee's answers ----------------------------------------
@@ -377,7 +345,7 @@ async def test_collect_response_returns_stored_answers_whatever_their_status(
     expected: HttpResponse | None,
 ) -> None:
     http = _Answering(HttpResult(status, {"x": 1}, stored))
-    assert await collect_response(http, "inproc://payments/requests/1", None) == expected
+    assert await collect_response(http, "inproc://bank/requests/1", None) == expected
 
 
 @pytest.mark.parametrize(
@@ -396,131 +364,136 @@ async def test_collect_response_classifies_protocol_answers(
 ) -> None:
     http = _Answering(HttpResult(status, {"error": "x"}, False))
     with pytest.raises(error):
-        await collect_response(http, "inproc://payments/requests/1", None)
+        await collect_response(http, "inproc://bank/requests/1", None)
+
+
+async def test_a_callees_error_body_is_quoted_only_in_part() -> None:
+    """A callee's body is its to choose: the dead-letter reason quotes a bounded prefix."""
+    http = _Answering(HttpResult(400, {"error": "x" * 100_000}, False))
+    with pytest.raises(PermanentError) as caught:
+        await collect_response(http, "inproc://bank/requests/1", None)
+    assert caught.value.reason.startswith("callee answered 400 for inproc://bank/requests/1: ")
+    assert len(caught.value.reason) < 300
 
 
 # --- caller: the follow-up, end to end -----------------------------------------------------
 
 
-async def _ledger(system: SampleSystem) -> list[Envelope]:
-    """Every message waiting in the ledger's queue, taken and acked."""
+async def _audit(system: Counters) -> list[Envelope]:
+    """Every message waiting in the audit's queue, taken and acked."""
     taken = []
-    for _ in range(system.broker.depth("ledger")):
-        delivery = await _take(system.broker, "ledger")
+    for _ in range(system.broker.depth("audit")):
+        delivery = await _take(system.broker, "audit")
         await delivery.ack()
         taken.append(delivery.envelope)
     return taken
 
 
-async def test_follow_up_pays_the_order_and_deletes_the_request_on_the_callee() -> None:
+async def test_follow_up_debits_the_account_and_deletes_the_request_on_the_callee() -> None:
     system = _system()
-    _open(system, balance="500.00")
-    submit = await _ready_order(system)
-    assert await system.processor("orders").process(submit) is Outcome.PROCESSED
-    assert _order(system).status == AWAITING_PAYMENT
+    _open(system, balance=500)
+    spend = await _spend(system)
+    assert await system.processor("counter").process(spend) is Outcome.PROCESSED
+    assert (_tally(system).spent, _tally(system).refused) == ((), ())  # awaiting the answer
     (request_id,) = system.requests.requests
     assert await system.requests.exists(request_id)  # stored, not yet answered
 
-    follow_up = await _take(system.broker, "orders")
-    assert follow_up.envelope.type == "PaymentResult"
-    assert (
-        follow_up.envelope.header(REQUEST_URL_HEADER) == f"inproc://payments/requests/{request_id}"
-    )
-    assert await system.processor("orders").process(follow_up.envelope) is Outcome.PROCESSED
+    follow_up = await _take(system.broker, "counter")
+    assert follow_up.envelope.type == "Spent"
+    assert follow_up.envelope.header(REQUEST_URL_HEADER) == f"inproc://bank/requests/{request_id}"
+    assert await system.processor("counter").process(follow_up.envelope) is Outcome.PROCESSED
     await follow_up.ack()
 
-    assert _order(system).status == CONFIRMED
-    assert _balance(system) == Decimal("400.00")
-    assert _payments_runs(system) == 1
+    assert _tally(system).spent == (100,)
+    assert _balance(system) == 400
+    assert _bank_runs(system) == 1
     assert not system.requests.requests
     assert request_id in system.requests.tombstones
-    assert not system.stores["payments"].replies
-    (event,) = await _ledger(system)
-    confirmed = decode(OrderConfirmed, event.body)
-    assert (confirmed.order_key, confirmed.total) == (ORDER, Decimal("100.00"))
-    assert not await system.tokens.exists(follow_up.envelope.message_id)
-    assert system.stores["orders"].record_count() == 0
+    assert not system.store("bank").replies
+    (event,) = await _audit(system)
+    reported = decode(Reported, event.body)
+    assert (reported.counter, reported.amount, reported.status) == (ACCOUNT, 100, 200)
+    assert not await system.tokens.exists("counter", follow_up.envelope.message_id)
+    assert system.store("counter").record_count() == 0
 
 
-async def test_a_refused_payment_rejects_the_order_and_still_deletes_the_request() -> None:
+async def test_a_refused_debit_is_recorded_and_still_deletes_the_request() -> None:
     system = _system()
-    _open(system, balance="50.00", limit="0")
-    submit = await _ready_order(system, price="100.00")
-    await system.processor("orders").process(submit)
-    follow_up = await _take(system.broker, "orders")
-    assert await system.processor("orders").process(follow_up.envelope) is Outcome.PROCESSED
-    assert _order(system).status == REJECTED
-    assert _balance(system) == Decimal("50.00")
-    (event,) = await _ledger(system)
-    assert decode(OrderRejected, event.body).reason == "insufficient funds"
+    _open(system, balance=50)
+    await system.processor("counter").process(await _spend(system, 100))
+    follow_up = await _take(system.broker, "counter")
+    assert await system.processor("counter").process(follow_up.envelope) is Outcome.PROCESSED
+    assert (_tally(system).spent, _tally(system).refused) == ((), (100,))
+    assert _balance(system) == 50
+    (event,) = await _audit(system)
+    assert decode(Reported, event.body).status == 409
     assert not system.requests.requests
 
 
 async def test_follow_up_whose_request_is_unknown_is_permanent_while_its_token_exists() -> None:
     system = _system()
     _open(system)
-    submit = await _ready_order(system)
-    await system.processor("orders").process(submit)
+    await system.processor("counter").process(await _spend(system))
     (request_id,) = system.requests.requests
-    await system.callee.delete(request_id)  # e.g. removed by hand on the callee
-    follow_up = await _take(system.broker, "orders")
+    await system.bank.delete(request_id)  # e.g. removed by hand on the callee
+    follow_up = await _take(system.broker, "counter")
     with pytest.raises(PermanentError, match="unknown on the callee"):
-        await system.processor("orders").process(follow_up.envelope)
-    await system.tokens.delete(follow_up.envelope.message_id)
-    assert await system.processor("orders").process(follow_up.envelope) is Outcome.DUPLICATE
-    assert _payments_runs(system) == 0
+        await system.processor("counter").process(follow_up.envelope)
+    await system.tokens.delete("counter", follow_up.envelope.message_id)
+    assert await system.processor("counter").process(follow_up.envelope) is Outcome.DUPLICATE
+    assert _bank_runs(system) == 0
 
 
 async def test_crash_after_the_follow_up_commit_still_deletes_the_request_on_redelivery() -> None:
     system = _system()
-    _open(system, balance="500.00")
-    submit = await _ready_order(system)
-    await system.processor("orders").process(submit)
+    _open(system, balance=500)
+    await system.processor("counter").process(await _spend(system))
     (request_id,) = system.requests.requests
 
-    doomed = Consumer(_orders_processor(system, "after_commit=crash"))
-    delivery = await _take(system.broker, "orders", "worker-1")
+    doomed = Consumer(_counter_worker(system, "after_commit=crash"))
+    delivery = await _take(system.broker, "counter", "worker-1")
     with pytest.raises(Crash):
         await doomed.settle(delivery)
-    assert _order(system).status == CONFIRMED  # committed...
+    assert _tally(system).spent == (100,)  # committed...
     assert request_id in system.requests.requests  # ...but the DELETE was not sent
-    assert system.broker.depth("ledger") == 0
+    assert system.broker.depth("audit") == 0
 
     assert system.broker.drop_consumer("worker-1") == 1
-    redelivered = await _take(system.broker, "orders", "worker-2")
+    redelivered = await _take(system.broker, "counter", "worker-2")
     assert redelivered.envelope == delivery.envelope
-    survivor = system.consumer("orders")
+    survivor = system.consumer("counter")
     assert await survivor.settle(redelivered) is Settlement.DUPLICATE
     assert not system.requests.requests
     assert request_id in system.requests.tombstones
-    assert len(await _ledger(system)) == 1
-    assert _payments_runs(system) == 1
-    assert system.stores["orders"].partitions[str(ORDER)].tr.message_id is None
-    assert system.broker.depth("orders") == 0
+    assert len(await _audit(system)) == 1
+    assert _bank_runs(system) == 1
+    assert system.store("counter").partitions[ACCOUNT].tr.message_id is None
+    assert system.broker.depth("counter") == 0
 
 
 async def test_crash_after_put_leaves_a_request_the_next_winner_deletes() -> None:
     system = _system()
-    _open(system, balance="500.00")
-    submit = await _ready_order(system)
+    _open(system, balance=500)
+    spend = await _spend(system)
     with pytest.raises(Crash):
-        await _orders_processor(system, "after_put=crash").process(submit)
+        await _counter_worker(system, "after_put=crash").process(spend)
     abandoned = set(system.requests.requests)
     assert len(abandoned) == 1
-    assert system.broker.depth("orders") == 0  # the follow-up was never sent
+    assert len(await system.blobs.keys("receipts")) == 1  # the loser's receipt
+    assert system.broker.depth("counter") == 0  # the follow-up was never sent
 
-    assert await system.processor("orders").process(submit) is Outcome.PROCESSED
+    assert await system.processor("counter").process(spend) is Outcome.PROCESSED
     assert abandoned.isdisjoint(system.requests.requests)
     assert abandoned <= set(system.requests.tombstones)
     assert len(system.requests.requests) == 1  # the winner's
-    invoice = _order(system).invoice_key
-    assert await system.blobs.keys("invoices") == [invoice]  # the loser's invoice is gone
+    (receipt,) = _tally(system).receipts
+    assert await system.blobs.keys("receipts") == [receipt]  # the loser's receipt is gone
 
-    follow_up = await _take(system.broker, "orders")
-    assert await system.processor("orders").process(follow_up.envelope) is Outcome.PROCESSED
+    follow_up = await _take(system.broker, "counter")
+    assert await system.processor("counter").process(follow_up.envelope) is Outcome.PROCESSED
     assert not system.requests.requests
-    assert _payments_runs(system) == 1
-    assert _balance(system) == Decimal("400.00")
+    assert _bank_runs(system) == 1
+    assert _balance(system) == 400
 
 
 @pytest.mark.parametrize(
@@ -535,15 +508,15 @@ async def test_crash_around_the_follow_ups_post_and_delete_is_repaired_by_redeli
     point: str, outcome: Outcome
 ) -> None:
     system = _system()
-    _open(system, balance="500.00")
-    await system.processor("orders").process(await _ready_order(system))
-    follow_up = await _take(system.broker, "orders")
+    _open(system, balance=500)
+    await system.processor("counter").process(await _spend(system))
+    follow_up = await _take(system.broker, "counter")
     with pytest.raises(Crash):
-        await _orders_processor(system, f"{point}=crash").process(follow_up.envelope)
-    assert await system.processor("orders").process(follow_up.envelope) is outcome
-    assert _order(system).status == CONFIRMED
-    assert _payments_runs(system) == 1
-    assert _balance(system) == Decimal("400.00")
+        await _counter_worker(system, f"{point}=crash").process(follow_up.envelope)
+    assert await system.processor("counter").process(follow_up.envelope) is outcome
+    assert _tally(system).spent == (100,)
+    assert _bank_runs(system) == 1
+    assert _balance(system) == 400
     assert not system.requests.requests
-    assert len(await _ledger(system)) == 1
-    assert not await system.tokens.exists(follow_up.envelope.message_id)
+    assert len(await _audit(system)) == 1
+    assert not await system.tokens.exists("counter", follow_up.envelope.message_id)

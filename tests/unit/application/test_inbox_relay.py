@@ -5,23 +5,16 @@ and the gateway's outbox deduplication (protocol 4) absorbs the copy; retention 
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import date, timedelta
-from decimal import Decimal
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
 
-from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.memory.broker import MemoryBroker
 from adapters.memory.inbox import MemoryInbox
-from adapters.memory.request_store import MemoryRequestStore
-from adapters.memory.token_store import MemoryTokenStore
 from adapters.system.clock import ManualClock
-from application.codec import encode
 from application.envelope import Envelope
 from application.errors import Crash, TransientError
 from application.inbox_relay import InboxRelay
@@ -32,23 +25,18 @@ from application.observability import (
     CountingSink,
 )
 from application.ports import InboxClaim
-from domain.sample.messages import AddItem, PlaceOrder, SubmitOrder, natural_id
-from entrypoints.embedded import SampleSystem
-from entrypoints.settings import Settings
+from tests.support.counters.endpoints import Add
+from tests.support.counters.harness import Counters, counters, outside_envelope
 
 
-def _commands(orders: int) -> list[Envelope]:
-    """Three boundary commands per order (PlaceOrder, one AddItem, SubmitOrder)."""
+def _commands(counts: int) -> list[Envelope]:
+    """Three boundary commands (`Add`, distinct powers of two) per counter, under the
+    outside producer's own message IDs."""
     out: list[Envelope] = []
-    for o in range(1, orders + 1):
-        item = AddItem(o, 1, 3, Decimal("1.00"), Decimal("10.00"), Decimal("0.00"),
-                       Decimal("0.00"))
-        for message_id, message in (
-            (natural_id("PlaceOrder", o), PlaceOrder(o, 7, date(1996, 1, 2), "5-LOW", 1)),
-            (natural_id("AddItem", o, 1), item),
-            (natural_id("SubmitOrder", o), SubmitOrder(o, 0)),
-        ):
-            out.append(Envelope(message_id, type(message).__name__, encode(message)))
+    for c in range(counts):
+        for i in range(3):
+            message_id = uuid.uuid5(uuid.NAMESPACE_URL, f"producer/add/{c}/{i}")
+            out.append(outside_envelope(Add(f"c{c}", 2 ** (3 * c + i)), message_id))
     return out
 
 
@@ -80,13 +68,9 @@ class _CrashingInbox:
         return getattr(self.inner, name)
 
 
-def _system() -> tuple[SampleSystem, MemoryBroker, CountingSink, ManualClock]:
-    clock, broker, events = ManualClock(), MemoryBroker(), CountingSink()
-    settings = Settings(blob_dir=Path(tempfile.mkdtemp(prefix="eo-relay-")), inbox_batch=4)
-    system = SampleSystem(settings, clock, uuid.uuid4, events, broker, MemoryTokenStore(),
-                          LocalDirectoryBlobStore(settings.blob_dir), MemoryRequestStore(),
-                          None, inbox=MemoryInbox(clock))
-    return system, broker, events, clock
+def _system() -> tuple[Counters, MemoryBroker, CountingSink, ManualClock]:
+    system = counters(inbox_batch=4)
+    return system, system.broker, system.events, system.clock
 
 
 async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
@@ -97,11 +81,11 @@ async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 10
     raise AssertionError(f"not reached within {timeout_s} s")
 
 
-async def _run_gateway(system: SampleSystem, broker: MemoryBroker) -> None:
+async def _run_gateway(system: Counters, broker: MemoryBroker) -> None:
     """A gateway consumer until every delivery in its queue now is settled."""
-    deliveries = broker.depth("gateway")
-    consumer = system.consumer("gateway")
-    task = asyncio.create_task(consumer.serve(broker.consume("gateway", "gw-0"), 4))
+    deliveries = broker.depth("front")
+    consumer = system.consumer("front")
+    task = asyncio.create_task(consumer.serve(broker.consume("front", "gw-0"), 4))
 
     async def settled() -> bool:
         return sum(consumer.counts.values()) >= deliveries
@@ -115,14 +99,16 @@ async def test_relay_publishes_each_pending_row_once_under_its_natural_id() -> N
     system, broker, events, _ = _system()
     commands = _commands(3)
     assert await system.inbox.add(commands) == 9
-    relay = system.relay()
+    relay = system.system.relay("front")
     assert await relay.drain() == 9  # three rounds of at most 4
     assert await relay.drain() == 0
-    assert broker.depth("gateway") == 9
+    assert broker.depth("front") == 9
     assert await system.inbox.count_pending() == 0
     assert events.total(INBOX_RELAYED) == 9
     await _run_gateway(system, broker)
-    assert broker.depth("orders") == 9
+    assert broker.depth("counter") == 9
+    # the gateway received them under the producer's IDs: its processed-message rows
+    assert set(system.store("front").processed_rows) == {c.message_id for c in commands}
     assert await system.tokens.count() == 9
     assert events.total(TRANSACTION_COMMITTED) == 9
 
@@ -132,22 +118,23 @@ async def test_a_crash_between_publish_and_mark_republishes_and_the_gateway_drop
     system, broker, events, _ = _system()
     commands = _commands(2)
     await system.inbox.add(commands)
-    crashing = InboxRelay("gateway", _CrashingInbox(system.inbox), system.dispatcher,
+    crashing = InboxRelay("front", _CrashingInbox(system.inbox), system.broker,
                           events, batch_size=100)  # type: ignore[arg-type]
     with pytest.raises(Crash):
         await crashing.relay_once()
-    assert broker.depth("gateway") == 6  # published, confirmed ...
+    assert broker.depth("front") == 6  # published, confirmed ...
     assert await system.inbox.count_pending() == 6  # ... and not marked
     await _run_gateway(system, broker)  # the gateway processes the first copies
-    assert await system.relay().drain() == 6  # the restarted relay publishes them again
+    # the restarted relay publishes them again
+    assert await system.system.relay("front").drain() == 6
     await _run_gateway(system, broker)
     assert events.total(TRANSACTION_COMMITTED) == 6  # one gateway transaction per command
-    assert await system.tokens.count() == 6  # one token per command, for orders
-    orders = broker.depth("orders")
-    assert orders == 12  # a duplicate re-publishes the stored, identical copy (protocol 4)
+    assert await system.tokens.count() == 6  # one token per command, for the counter
+    relayed = broker.depth("counter")
+    assert relayed == 12  # a duplicate re-publishes the stored, identical copy (protocol 4)
     copies: dict[uuid.UUID, set[bytes]] = {}
-    while broker.depth("orders"):
-        delivery = await anext(broker.consume("orders", "probe"))
+    while broker.depth("counter"):
+        delivery = await anext(broker.consume("counter", "probe"))
         copies.setdefault(delivery.envelope.message_id, set()).add(delivery.envelope.body)
         await delivery.ack()
     assert len(copies) == 6
@@ -173,7 +160,7 @@ async def test_a_failed_dispatch_marks_the_confirmed_rows_and_keeps_the_rest_pen
     commands = _commands(1)
     await inbox.add(commands)
     failing = _FailingDispatcher({commands[1].message_id})
-    relay = InboxRelay("gateway", inbox, failing, events)
+    relay = InboxRelay("front", inbox, failing, events)
     with pytest.raises(TransientError, match="1 of 3 dispatches failed"):
         await relay.relay_once()
     assert await inbox.count_pending() == 1
@@ -189,7 +176,7 @@ async def test_run_outlives_a_failed_round() -> None:
     commands = _commands(1)
     await inbox.add(commands)
     failing = _FailingDispatcher({commands[0].message_id})
-    task = asyncio.create_task(InboxRelay("gateway", inbox, failing, events).run(0.01))
+    task = asyncio.create_task(InboxRelay("front", inbox, failing, events).run(0.01))
 
     async def failed() -> bool:
         return events.total(INBOX_RELAY_FAILED) > 0
@@ -210,13 +197,13 @@ async def test_the_gateway_sweeper_purges_relayed_rows_after_the_retention_windo
     await system.inbox.add(_commands(2))
     async with system.inbox.claim(3) as claim:
         await claim.mark_relayed([e.message_id for e in claim.envelopes])
-    clock.advance(timedelta(days=system.settings.retention_days, seconds=1))
-    report = await system.sweeper("gateway").sweep()
+    clock.advance(timedelta(days=system.system.settings.retention_days, seconds=1))
+    report = await system.sweeper("front").sweep()
     assert report.purged_inbox == 3
     assert await system.inbox.count_pending() == 3  # pending rows stay, however old
-    assert (await system.sweeper("orders").sweep()).purged_inbox == 0
+    assert (await system.sweeper("counter").sweep()).purged_inbox == 0
 
 
 def test_a_relay_needs_a_positive_batch() -> None:
     with pytest.raises(ValueError, match="batch_size"):
-        InboxRelay("gateway", MemoryInbox(ManualClock()), MemoryBroker(), CountingSink(), 0)
+        InboxRelay("front", MemoryInbox(ManualClock()), MemoryBroker(), CountingSink(), 0)

@@ -28,7 +28,7 @@ async def _scenario(prefix: list[Choice], copies: int, others: int,
     deliveries = [m1] * copies + extra
     violations = install_probes(world, {e.message_id for e in deliveries})
     for e in deliveries:  # the probe replaced the token store: tokens go in again
-        await world.tokens.create([e])
+        await world.tokens.create(world.endpoint.name, [e])
     run = Run(prefix)
 
     def make_processor(wid: int) -> Processor:
@@ -95,18 +95,18 @@ class UnfencedFinisher(Finisher):
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
                      committed: object = None) -> bool:
-        store = self._ports.store
+        store = self._store
         _tr, records = await store.load_tr_with_records(partition)
         committed = [r for r in records if r.attempt_id == attempt_id]
         aborted = [r for r in records if r.attempt_id != attempt_id]
         for rec in committed:
             await self.effects.publish(rec.kind, rec.key, rec.payload)
         for rec in aborted:
-            await self.effects.clean_up(rec.kind, rec.key)
-        await self._ports.tokens.delete(message_id)
+            await self.effects.clean_up(rec.kind, rec.key, rec.payload)
+        if self._tokens is not None:
+            await self._tokens.delete(message_id)
         current = await store.load_tr(partition)
-        await store.clear(partition, current.version, records, aborted,
-                          self._ports.clock.now())
+        await store.clear(partition, current.version, records, aborted, self._clock.now())
         return True
 
 

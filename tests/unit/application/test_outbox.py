@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import date, timedelta
-from decimal import Decimal
-from types import MappingProxyType
+from datetime import timedelta
 
 import pytest
 
-from application.codec import decode, encode
-from application.envelope import Envelope
+from application.codec import decode
 from application.errors import Crash, TransientError
 from application.observability import HANDLER_INVOKED
-from application.processor import Outcome, Strategy
+from application.processor import Outcome
+from application.strategy import Strategy
 from domain.gateway import Relayed
-from domain.sample.gateway import GATEWAY
-from domain.sample.messages import AddItem, PlaceOrder, natural_id
 from tests.support.counter import COUNTER, Add, Added
+from tests.support.counters import endpoints as counters
+from tests.support.counters.harness import outside_envelope
 from tests.support.invariants import check
 from tests.support.world import World
 
@@ -88,7 +86,7 @@ async def test_republication_never_recreates_a_consumed_outgoing_token() -> None
     envelope = await world.send(Add("p", 5), M1)
     await world.processor().process(envelope)
     ((_, sent),) = world.dispatcher.sent
-    await world.tokens.delete(sent.message_id)  # the receiver consumed it
+    await world.tokens.delete("audit", sent.message_id)  # the receiver consumed it
     assert await world.processor().process(envelope) is Outcome.DUPLICATE
     assert len(world.dispatcher.sent) == 2
     assert not world.tokens.rows
@@ -181,42 +179,32 @@ async def test_a_duplicate_older_than_the_retention_window_is_processed_again() 
 
 
 async def test_gateway_relays_once_and_republishes_identically() -> None:
-    world = World(GATEWAY, strategy=Strategy.OUTBOX)
-    command = AddItem(
-        42, 1, 155, Decimal("17"), Decimal("21168.23"), Decimal("0.04"), Decimal("0.02")
-    )
-    envelope = Envelope(
-        natural_id("AddItem", 42, 1), "AddItem", encode(command), MappingProxyType({})
-    )
+    world = World(counters.FRONT, strategy=Strategy.OUTBOX)
+    command = counters.Add("c42", 16)
+    envelope = outside_envelope(command, uuid.uuid5(uuid.NAMESPACE_URL, "producer/add/42"))
     assert await world.processor().process(envelope) is Outcome.PROCESSED
     assert await world.processor().process(envelope) is Outcome.DUPLICATE
     ((dest1, relayed1), (dest2, relayed2)) = world.dispatcher.sent
-    assert dest1 == dest2 == "orders"
+    assert dest1 == dest2 == "counter"
     assert relayed1 == relayed2
     assert relayed1.message_id != envelope.message_id
-    assert decode(AddItem, relayed1.body) == command
+    assert decode(counters.Add, relayed1.body) == command
     # the relayed message travels on the token path: its token exists, with the same body
     assert relayed1.header("eo-token") == "1"
-    token = await world.tokens.get(relayed1.message_id)
+    token = await world.tokens.get("counter", relayed1.message_id)
     assert token is not None
     assert token.body == relayed1.body
-    assert world.store.partitions["42"].state == Relayed(1)
+    assert world.store.partitions["c42"].state == Relayed(1)
 
 
-async def test_gateway_keeps_one_partition_per_order() -> None:
-    world = World(GATEWAY, strategy=Strategy.OUTBOX)
-    place = PlaceOrder(42, 7, date(1996, 1, 2), "1-URGENT", 1)
+async def test_gateway_keeps_one_partition_per_counter() -> None:
+    world = World(counters.FRONT, strategy=Strategy.OUTBOX)
     envelopes = [
-        Envelope(natural_id("PlaceOrder", 42), "PlaceOrder", encode(place), MappingProxyType({})),
-        Envelope(
-            natural_id("PlaceOrder", 43),
-            "PlaceOrder",
-            encode(PlaceOrder(43, 7, date(1996, 1, 2), "1-URGENT", 1)),
-            MappingProxyType({}),
-        ),
+        outside_envelope(counters.Add("c42", 1), uuid.uuid5(uuid.NAMESPACE_URL, "p/42")),
+        outside_envelope(counters.Spend("c43", 2), uuid.uuid5(uuid.NAMESPACE_URL, "p/43")),
     ]
     for envelope in envelopes:
         await world.processor().process(envelope)
-    assert world.store.partitions["42"].state == Relayed(1)
-    assert world.store.partitions["43"].state == Relayed(1)
+    assert world.store.partitions["c42"].state == Relayed(1)
+    assert world.store.partitions["c43"].state == Relayed(1)
     assert set(world.store.processed_rows) == {e.message_id for e in envelopes}

@@ -1,4 +1,4 @@
-"""The state strategy (application/state_based.py): duplicates re-evaluated against the state
+"""The state strategy (application/state_path.py): duplicates re-evaluated against the state
 before their first processing, byte-identical re-publication, one entry per message under
 every bounded interleaving, retention, and the start-up refusals."""
 
@@ -19,23 +19,22 @@ from adapters.memory.state_stream import MemoryStateStream
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.system.clock import ManualClock, SeededIds
+from application.assembly import build_processor
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
-from application.errors import PermanentError, TransientError
+from application.errors import MessageIdReused, OutsideRetention, PermanentError, TransientError
 from application.observability import HANDLER_INVOKED, CountingSink
-from application.processor import Outcome, Ports, Processor, Strategy
-from application.state_based import (
-    OutsideRetention,
-    StateRetention,
-    outgoing_id,
-    state_wiring_errors,
-)
+from application.ports import Ports
+from application.processor import Outcome, Processor
+from application.registry import Registration, Registry, RegistryError
+from application.state_path import StateRetention, outgoing_id
+from application.strategy import Strategy
 from domain.context import Context
 from domain.decisions import Endpoint
-from domain.sample import LEDGER, ORDERS
-from domain.sample.gateway import GATEWAY
-from entrypoints.settings import SettingsError, load_settings
+from entrypoints.settings import SettingsError, load_settings, resolve_service
 from tests.support.counter import COUNTER, Add
+from tests.support.counters.endpoints import AUDIT
+from tests.support.counters.registry import REGISTRY
 from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.set_algebra import SET_ALGEBRA, AddMember, Members, RemoveMember
 from tests.support.world import RecordingDispatcher
@@ -61,14 +60,14 @@ class StateWorld:
                       dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
                       ids=self.ids, events=self.events,
                       state_stream=wrap("stream", self.stream))
-        return Processor(self.endpoint, ports, Strategy.STATE)
+        return build_processor(self.endpoint, ports, Strategy.STATE)
 
     async def envelope(self, message: Any, n: int, token: bool = False) -> Envelope:
         headers = {TOKEN_HEADER: "1"} if token else {}
         env = Envelope(uuid.UUID(int=n), type(message).__name__, encode(message),
                        MappingProxyType(headers))
-        if token:
-            await self.tokens.create([env])
+        if token:  # a token of this ID addressed to another endpoint (it must survive)
+            await self.tokens.create("elsewhere", [env])
         return env
 
     def published(self, message_id: uuid.UUID) -> list[tuple[Any, ...]]:
@@ -132,7 +131,7 @@ async def test_an_unchanged_state_still_gets_an_entry() -> None:
 
 async def test_two_concurrent_copies_commit_once() -> None:
     world = StateWorld()
-    m1 = await world.envelope(AddMember("p", "a"), 1, token=True)
+    m1 = await world.envelope(AddMember("p", "a"), 1)
     outcomes = await asyncio.gather(world.processor().process(m1),
                                     world.processor().process(m1))
     assert sorted(outcomes) == [Outcome.DUPLICATE, Outcome.PROCESSED]
@@ -141,22 +140,41 @@ async def test_two_concurrent_copies_commit_once() -> None:
     assert await world.tokens.count() == 0
 
 
-async def test_token_based_senders_are_deduplicated_and_their_tokens_consumed() -> None:
+async def test_a_token_header_is_not_honoured_and_no_token_is_consumed() -> None:
+    """Senders create no token for a state receiver: a delivery claiming one is processed
+    from its own body and deduplicated by the stream, and a token of the same ID (addressed
+    to another endpoint) is neither read nor consumed."""
     world = StateWorld()
     worker = world.processor()
     m1 = await world.envelope(AddMember("p", "a"), 1, token=True)
     assert await worker.process(m1) is Outcome.PROCESSED
-    assert await world.tokens.count() == 0
-    assert await worker.process(m1) is Outcome.DUPLICATE  # token gone: already published
-    assert len(world.published(_out(m1.message_id))) == 1
-    # a copy whose token is still there (crash after the append) re-publishes, then consumes
-    m2 = await world.envelope(AddMember("p", "b"), 2, token=True)
+    assert await world.tokens.exists("elsewhere", m1.message_id)
+    assert await worker.process(m1) is Outcome.DUPLICATE  # re-published, byte-identical
+    assert len(world.published(_out(m1.message_id))) == 2
+    assert len(set(world.published(_out(m1.message_id)))) == 1
+    # a copy after a crash between the append and the publication re-publishes
+    m2 = await world.envelope(AddMember("p", "b"), 2)
     await world.stream.append("p", 1, m2.message_id, Members(("a", "b")),
                               {"now": world.clock.now().isoformat(),
                                "attempt_id": str(uuid.UUID(int=99))})
     assert await worker.process(m2) is Outcome.DUPLICATE
     assert len(world.published(_out(m2.message_id))) == 1
-    assert await world.tokens.count() == 0
+    assert await world.tokens.count() == 1
+
+
+async def test_a_known_message_id_with_another_body_is_dead_lettered_not_acked() -> None:
+    """Positive proof keeps the body's hash: the same ID with another body is not a copy
+    (a producer that pre-sent the ID), so it is a permanent error with its reason."""
+    world = StateWorld()
+    worker = world.processor()
+    m1 = await world.envelope(AddMember("p", "a"), 1)
+    assert await worker.process(m1) is Outcome.PROCESSED
+    forged = Envelope(m1.message_id, m1.type, encode(AddMember("p", "z")))
+    with pytest.raises(MessageIdReused, match="reused with another body"):
+        await worker.process(forged)
+    assert world.stream.entries["p"][-1].state == Members(("a",))
+    assert len(world.published(_out(m1.message_id))) == 1  # nothing re-published for it
+    assert await worker.process(m1) is Outcome.DUPLICATE  # the real copy still is one
 
 
 async def test_outputs_carry_derived_ids_and_no_token() -> None:
@@ -209,19 +227,19 @@ async def test_artifacts_and_rejections_append_nothing() -> None:
 
 
 def test_wiring_refuses_state_endpoints_sending_to_token_receivers_or_using_artifacts() -> None:
-    sample = {"gateway": GATEWAY, "orders": ORDERS, "ledger": LEDGER}
-    artifacts = {"orders", "payments"}
-    ok = {"gateway": "outbox", "orders": "token", "ledger": "state"}
-    assert state_wiring_errors(sample, ok, artifacts) == []
-    errors = state_wiring_errors(sample, {**ok, "orders": "state", "ledger": "token"},
-                                 artifacts)
-    assert any("blobs" in e for e in errors)
-    assert any("sends to ledger" in e for e in errors)
-    # a state sender to an outbox or state receiver is fine (apart from artifacts)
-    assert state_wiring_errors(sample, {"orders": "state", "ledger": "outbox"}, set()) == []
-    assert load_settings(strategies={"ledger": "state"}).strategy("ledger") is Strategy.STATE
-    with pytest.raises(SettingsError, match="EO_STRATEGIES: orders=state"):
-        load_settings(strategies={"orders": "state"})
+    # the counters: audit may use state; counter may not (blobs, a callee, audit on token)
+    settings = load_settings(strategies={"audit": "state"})
+    assert resolve_service(settings, REGISTRY).strategy("audit") is Strategy.STATE
+    with pytest.raises(SettingsError, match="EO_STRATEGIES: counter=state") as caught:
+        resolve_service(load_settings(strategies={"counter": "state"}), REGISTRY)
+    assert "counter=state: it creates blobs" in str(caught.value)
+    assert "counter=state sends to audit, which uses 'token'" in str(caught.value)
+    # a state sender without artifacts: fine towards an outbox or state receiver only
+    sets = Registry("sets", (Registration(SET_ALGEBRA), Registration(AUDIT)))
+    assert sets.strategies({"sets": "state", "audit": "outbox"})["sets"] is Strategy.STATE
+    assert sets.strategies({"sets": "state", "audit": "state"})["audit"] is Strategy.STATE
+    with pytest.raises(RegistryError, match="sets=state sends to audit, which uses 'token'"):
+        sets.strategies({"sets": "state"})
 
 
 # --- every bounded interleaving of two copies and another message ----------------------------
@@ -231,8 +249,8 @@ LIMIT = 20_000
 
 async def _scenario(prefix: list[Choice]) -> tuple[Run, list[str]]:
     world = StateWorld()
-    m1 = await world.envelope(AddMember("p", "a"), 1, token=True)
-    m2 = await world.envelope(AddMember("p", "b"), 2, token=True)
+    m1 = await world.envelope(AddMember("p", "a"), 1)
+    m2 = await world.envelope(AddMember("p", "b"), 2)
     deliveries = [m1, m1, m2]
     run = Run(prefix)
     await run_deliveries(

@@ -77,7 +77,7 @@ async def test_deferred_clean_up_waits_for_the_grace_period() -> None:
 
 
 async def test_retention_purges_old_inbox_rows_only() -> None:
-    from application.processor import Strategy
+    from application.strategy import Strategy
 
     world = World(COUNTER, strategy=Strategy.OUTBOX)
     old = await world.send(Add("p", 1), M1)

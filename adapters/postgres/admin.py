@@ -1,0 +1,134 @@
+"""Operator queries on the PostgreSQL side: create and drop a database, and what the
+protocol's tables hold (`eo inspect`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+_UNFINISHED = """
+SELECT endpoint, count(*) AS n, extract(epoch FROM now() - min(committed_at)) AS age
+  FROM eo_transaction_record WHERE message_id IS NOT NULL GROUP BY endpoint"""
+_DEFERRED = "SELECT endpoint, count(*) AS n FROM eo_deferred_cleanup GROUP BY endpoint"
+
+
+#: libpq connection parameters that hold secrets, also in a DSN's query string
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
+def redacted_dsn(dsn: str) -> str:
+    """`dsn` safe to log or write down: the password of its user part and the values of
+    `password` / `sslpassword` query parameters replaced by `***`."""
+    parts = urlsplit(dsn)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[-1]}"
+    query = "&".join(
+        f"{name}=***" if name.lower() in _SECRET_PARAMETERS else f"{name}={value}"
+        for name, value in (pair.partition("=")[::2] for pair in parts.query.split("&") if pair))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def database_name(dsn: str) -> str:
+    """The database a DSN names."""
+    return urlsplit(dsn).path.lstrip("/")
+
+
+def quoted(identifier: str) -> str:
+    """`identifier` as a quoted SQL identifier (embedded quotes doubled)."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def with_database(dsn: str, name: str) -> str:
+    """`dsn` pointing at the database `name` on the same server."""
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
+
+
+def _server(dsn: str) -> str:
+    """The server's own `postgres` database, where databases are created and dropped."""
+    return with_database(dsn, "postgres")
+
+
+async def drop_database(dsn: str) -> None:
+    """Drop the database `dsn` names, closing its sessions first (PostgreSQL 13+); no error
+    when it does not exist. Raises asyncpg's errors."""
+    admin = await asyncpg.connect(_server(dsn))
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {quoted(database_name(dsn))} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+async def ensure_database(dsn: str) -> bool:
+    """Create the database named by `dsn` when it does not exist (connecting to the server's
+    `postgres` database). Returns True when it created it. Raises asyncpg's errors."""
+    try:
+        conn = await asyncpg.connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        admin = await asyncpg.connect(_server(dsn))
+        try:
+            await admin.execute(f"CREATE DATABASE {quoted(database_name(dsn))}")
+        finally:
+            await admin.close()
+        return True
+    await conn.close()
+    return False
+
+
+@dataclass
+class StoresAtRest:
+    """What `eo inspect` reports of the databases: tokens in flight, and per endpoint the
+    committed-but-unfinished transaction records, the age of the oldest (seconds), and the
+    deferred clean-ups."""
+
+    tokens: int = 0
+    unfinished: dict[str, int] = field(default_factory=dict)
+    oldest_unfinished_s: dict[str, float] = field(default_factory=dict)
+    deferred_cleanups: dict[str, int] = field(default_factory=dict)
+
+
+async def stores_at_rest(dsn: str, token_dsn: str) -> StoresAtRest:
+    """Read `StoresAtRest` from the endpoint database `dsn` and the token store `token_dsn`.
+    Raises asyncpg's errors."""
+    out = StoresAtRest()
+    conn = await asyncpg.connect(token_dsn)
+    try:
+        out.tokens = int(await conn.fetchval("SELECT count(*) FROM eo_token"))
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(dsn)
+    try:
+        for row in await conn.fetch(_UNFINISHED):
+            out.unfinished[row["endpoint"]] = row["n"]
+            out.oldest_unfinished_s[row["endpoint"]] = float(row["age"] or 0)
+        for row in await conn.fetch(_DEFERRED):
+            out.deferred_cleanups[row["endpoint"]] = row["n"]
+    finally:
+        await conn.close()
+    return out
+
+
+_BLOB_KEYS_NAMED = """
+SELECT key FROM eo_side_effect_record WHERE kind = 'blob' AND key = ANY($1::text[])
+UNION SELECT key FROM eo_deferred_cleanup WHERE kind = 'blob' AND key = ANY($1::text[])
+UNION SELECT t.state->>f.field FROM eo_transaction_record t
+  JOIN unnest($2::text[], $3::text[]) AS f(endpoint, field) ON t.endpoint = f.endpoint
+ WHERE t.state->>f.field = ANY($1::text[])"""
+
+
+async def blob_keys_named(dsn: str, keys: Sequence[str],
+                          state_fields: Sequence[tuple[str, str]] = ()) -> set[str]:
+    """Those of `keys` that the database at `dsn` names now: a blob side-effect record, a
+    deferred clean-up, or the top-level JSON field `field` of an endpoint's business state
+    for each `(endpoint, field)` of `state_fields` (e.g. `("orders", "invoice_key")`).
+    Raises asyncpg's errors and OSError when the database does not answer."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(_BLOB_KEYS_NAMED, list(keys),
+                                [e for e, _ in state_fields], [f for _, f in state_fields])
+        return {r[0] for r in rows if r[0] is not None}
+    finally:
+        await conn.close()

@@ -1,0 +1,107 @@
+"""Assembling an endpoint's processor, sweeper and callee from its ports: each collaborator
+gets only the ports it uses. The composition roots (entrypoints/) and the tests build through
+these functions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from application.failpoints import Failpoints
+from application.finisher import Finisher
+from application.handler_runner import HandlerRunner
+from application.http_callee import HttpCallee
+from application.http_caller import HttpCaller
+from application.outbox_path import OutboxPath
+from application.ports import Inbox, IncomingTokens, Ports, RequestStore
+from application.preparation import Preparation
+from application.processor import Path, Processor
+from application.side_effects import SideEffects
+from application.state_path import StatePath
+from application.strategy import Strategy
+from application.sweeper import Sweeper
+from application.token_path import AddressedTokens, TokenPath
+from application.transactional_path import PathParts
+from domain.decisions import Endpoint
+
+#: The grace period of deferred clean-ups when none is given (protocol 8).
+DEFAULT_GRACE = timedelta(minutes=30)
+
+
+def incoming_tokens(name: str, ports: Ports) -> IncomingTokens:
+    """The tokens endpoint `name` consumes: `ports.incoming` (a callee's stored requests), or
+    its addressed tokens in `ports.tokens`."""
+    return ports.incoming or AddressedTokens(ports.tokens, name)
+
+
+def build_finisher(name: str, ports: Ports, failpoints: Failpoints | None = None,
+                   cleanup_grace: timedelta = DEFAULT_GRACE,
+                   strategy: Strategy = Strategy.TOKEN) -> Finisher:
+    """The `finish` of endpoint `name` (protocol 3.1) with its side-effect kinds; on the
+    outbox strategy it consumes no token (its messages come with none)."""
+    effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, failpoints)
+    tokens = incoming_tokens(name, ports) if strategy is Strategy.TOKEN else None
+    return Finisher(name, ports.store, tokens, effects, ports.clock, ports.events,
+                    failpoints, cleanup_grace, ports.colocated_tokens)
+
+
+def build_processor(
+    endpoint: Endpoint[Any],
+    ports: Ports,
+    strategy: Strategy = Strategy.TOKEN,
+    failpoints: Failpoints | None = None,
+    conflict_retries: int = 3,
+    cleanup_grace: timedelta = DEFAULT_GRACE,
+) -> Processor:
+    """A new worker of `endpoint` on `ports` with `strategy`: its own partition locks, as a
+    separate process would have (competing workers meet only in the stores). Raises
+    ValueError for co-located tokens on a store that holds none, or the state strategy
+    without a state stream. The HTTP callee passes `failpoints.scoped("callee.")`."""
+    if ports.colocated_tokens and not ports.store.holds_tokens:
+        raise ValueError("colocated_tokens needs a transactional store that holds tokens")
+    name, runner = endpoint.name, HandlerRunner(endpoint)
+    finisher = None
+    path: Path
+    if strategy is Strategy.STATE:
+        if ports.state_stream is None:
+            raise ValueError(f"endpoint {name}: the state strategy needs a state stream")
+        path = StatePath(name, runner, ports.state_stream, ports.dispatcher,
+                         ports.clock, ports.ids, ports.events, failpoints)
+    else:
+        finisher = build_finisher(name, ports, failpoints, cleanup_grace, strategy)
+        preparation = Preparation(name, ports.store, ports.tokens, ports.clock, ports.ids,
+                                  failpoints, ports.blobs, ports.http, ports.services,
+                                  ports.renderer, ports.colocated_tokens, ports.token_receivers)
+        own = incoming_tokens(name, ports)
+        caller = HttpCaller(ports.http, own, ports.store, failpoints)
+        parts = PathParts(name, runner, ports.store, preparation, finisher, caller, ports.clock,
+                          ports.ids, ports.events, failpoints)
+        if strategy is Strategy.TOKEN:
+            path = TokenPath(parts, own, ports.colocated_tokens)
+        else:
+            path = OutboxPath(parts, ports.store, ports.dispatcher)
+    return Processor(name, strategy, path, runner, ports.events, conflict_retries, finisher)
+
+
+def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,
+                 request_type: str, failpoints: Failpoints | None = None,
+                 conflict_retries: int = 3, cleanup_grace: timedelta = DEFAULT_GRACE
+                 ) -> HttpCallee:
+    """The HTTP callee of `endpoint` (protocol 6): its stored requests are its tokens, so its
+    processor runs the token path on `requests` (never a co-located token table); the tokens
+    of the messages it sends go to `ports.tokens` as anyone's. `failpoints` are the callee's
+    (`callee.` names: pass `failpoints.scoped("callee.")`)."""
+    callee_ports = replace(ports, incoming=requests, colocated_tokens=False)
+    processor = build_processor(endpoint, callee_ports, Strategy.TOKEN, failpoints,
+                                conflict_retries, cleanup_grace)
+    return HttpCallee(processor, requests, ports.store, ports.clock, request_type, failpoints)
+
+
+def build_sweeper(name: str, ports: Ports, finisher: Finisher,
+                  stale_after: timedelta = timedelta(seconds=30),
+                  grace: timedelta = DEFAULT_GRACE, retention: timedelta = timedelta(days=7),
+                  requests: RequestStore | None = None, inbox: Inbox | None = None) -> Sweeper:
+    """The sweeper of endpoint `name` (protocol 8), finishing through `finisher`."""
+    return Sweeper(name, ports.store, finisher, ports.clock, ports.events, stale_after, grace,
+                   retention, requests, inbox)

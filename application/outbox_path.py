@@ -1,0 +1,49 @@
+"""The outbox path (protocol 4): positive-proof deduplication by processed-message rows, the
+outgoing messages stored in them and re-published byte-identical to a duplicate."""
+
+from __future__ import annotations
+
+from application.envelope import Envelope
+from application.errors import Duplicate, MessageIdReused
+from application.ports import Loaded, MessageDispatcher, ProcessedMessages
+from application.preparation import Prepared
+from application.records import ProcessedMessage
+from application.side_effects import envelope_of
+from application.transactional_path import PathParts, TransactionalPath
+
+
+class OutboxPath(TransactionalPath):
+    """The outbox strategy, for endpoints whose senders create no tokens (the boundary):
+    the commit writes a processed-message row with the outgoing messages; a copy of a
+    processed message re-publishes them and is dropped. It never reads or consumes a token
+    and honours no protocol (`eo-*`) header of a delivery: they come from outside producers
+    (project amendment to protocol 4; an endpoint that calls HTTP callees, whose follow-ups
+    need a claim check, cannot use this strategy). Construct through
+    `application.assembly.build_processor`."""
+
+    def __init__(self, parts: PathParts, processed: ProcessedMessages,
+                 dispatcher: MessageDispatcher) -> None:
+        super().__init__(parts)
+        self.processed, self.dispatcher = processed, dispatcher
+
+    async def load(self, envelope: Envelope) -> Envelope:
+        return envelope.from_outside()
+
+    async def still_pending(self, stored: Envelope, loaded: Loaded) -> None:
+        """No processed-message row yet; a row means processed before: re-publish its
+        stored, byte-identical copies (protocol 4), then `Duplicate`. A row whose body hash
+        differs from this delivery's raises `MessageIdReused`: not a copy of that message
+        but another one under its ID (project amendment to protocol 4)."""
+        row = await self.processed.processed(stored.message_id)
+        if row is not None:
+            if row.body_sha256 is not None and row.body_sha256 != stored.body_sha256:
+                raise MessageIdReused(stored.message_id)
+            for out in row.outgoing:
+                destination, env = envelope_of(out["message_id"], out)
+                await self.dispatcher.dispatch(destination, env)
+            raise Duplicate
+
+    def processed_row(self, stored: Envelope, partition: str,
+                      prepared: Prepared) -> ProcessedMessage | None:
+        return ProcessedMessage(stored.message_id, partition, prepared.outgoing,
+                                self.clock.now(), stored.body_sha256)

@@ -1,0 +1,179 @@
+"""A service's endpoints wired on one profile's adapters: stores shared by every worker, and
+factories for workers (processors, consumers, callees, relays, sweepers). Everything per
+endpoint is derived from the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+
+from adapters.memory.http import InProcessHttp
+from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
+from application.consumer import Consumer
+from application.failpoints import Failpoints
+from application.http_callee import HttpCallee
+from application.inbox_relay import InboxRelay
+from application.ports import (
+    BlobStore,
+    Clock,
+    DocumentRenderer,
+    EventSink,
+    HttpRequests,
+    IdGenerator,
+    Inbox,
+    MessageDispatcher,
+    Ports,
+    RequestStore,
+    StateStream,
+    TokenStore,
+    TransactionalStore,
+)
+from application.processor import Processor
+from application.registry import Registration, Role
+from application.state_path import StateRetention
+from application.strategy import Strategy
+from application.sweeper import Sweeper
+from entrypoints.settings import Service, Settings
+
+#: Base URL scheme of a callee served inside the calling process.
+IN_PROCESS = "inproc://"
+
+
+class System:
+    """The service `service` on one set of adapters (the composition root of a profile gives
+    them). Each call of `processor(name)` or `consumer(name)` is a separate worker with its
+    own partition locks, as a separate process would be: competing workers of one endpoint
+    meet only in the stores, through optimistic concurrency.
+
+    - `stores`, `requests`, `inboxes`, `streams`: per endpoint (every endpoint, callees,
+      gateways and `state` endpoints respectively);
+    - `http`: the HTTP client of callees served elsewhere (`EO_CALLEES__<NAME>__URL`), None
+      when every callee runs in this process; `urls`: the base URLs of those callees;
+    - `blobs`, `renderer`: given to the endpoints that declare `blobs`.
+    Raises ValueError when an endpoint lacks a store it needs.
+    """
+
+    def __init__(
+        self,
+        service: Service,
+        settings: Settings,
+        clock: Clock,
+        ids: IdGenerator,
+        events: EventSink,
+        dispatcher: MessageDispatcher,
+        tokens: TokenStore,
+        stores: Mapping[str, TransactionalStore],
+        requests: Mapping[str, RequestStore],
+        inboxes: Mapping[str, Inbox],
+        streams: Mapping[str, StateStream],
+        blobs: BlobStore | None,
+        failpoints: Failpoints | None = None,
+        colocated_tokens: bool = False,
+        http: HttpRequests | None = None,
+        urls: Mapping[str, str] | None = None,
+        renderer: DocumentRenderer | None = None,
+    ) -> None:
+        self.service, self.registry, self.settings = service, service.registry, settings
+        self.clock, self.ids, self.events, self.dispatcher = clock, ids, events, dispatcher
+        self.tokens, self.blobs, self.renderer = tokens, blobs, renderer
+        self.stores, self.requests = dict(stores), dict(requests)
+        self.inboxes, self.streams = dict(inboxes), dict(streams)
+        self.failpoints, self.colocated_tokens = failpoints, colocated_tokens
+        self._check()
+        urls = dict(urls or {})
+        #: callee name -> base URL (`inproc://<name>` for a callee of this process)
+        self.services = {name: urls.get(name, f"{IN_PROCESS}{name}")
+                         for name in self.registry.names(Role.CALLEE)}
+        self.callees: dict[str, HttpCallee] = {}
+        self.http: HttpRequests = InProcessHttp(self.callees, http)
+        callee_fp = failpoints.scoped("callee.") if failpoints else None
+        for name in self.registry.names(Role.CALLEE):
+            registration = self.registry[name]
+            self.callees[name] = build_callee(
+                registration.endpoint, self.ports(name), self.requests[name],
+                registration.stored_request, callee_fp, settings.conflict_retries, self.grace)
+
+    def _check(self) -> None:
+        for r in self.registry:
+            missing = [what for what, ok in (
+                ("a transactional store", r.name in self.stores),
+                ("a request store", r.role is not Role.CALLEE or r.name in self.requests),
+                ("an inbox", r.role is not Role.GATEWAY or r.name in self.inboxes),
+                ("a state stream", self.service.strategy(r.name) is not Strategy.STATE
+                 or r.name in self.streams),
+                ("a blob store", not r.blobs or self.blobs is not None),
+            ) if not ok]
+            if missing:
+                raise ValueError(f"endpoint {r.name} needs {', '.join(missing)}")
+
+    @property
+    def grace(self) -> timedelta:
+        """The deferred clean-up grace period (`EO_CLEANUP_GRACE_S`)."""
+        return timedelta(seconds=self.settings.cleanup_grace_s)
+
+    def ports(self, name: str) -> Ports:
+        """The ports of endpoint `name`'s workers: what its registration declares (a blob
+        store when it makes blobs, the HTTP client and its callees' URLs when it calls any;
+        a callee's stored requests as its tokens; the endpoints that receive tokens)."""
+        r: Registration = self.registry[name]
+        callee = r.role is Role.CALLEE
+        return Ports(
+            tokens=self.tokens,
+            incoming=self.requests[name] if callee else None,
+            token_receivers=self.token_receivers,
+            store=self.stores[name], dispatcher=self.dispatcher, clock=self.clock,
+            ids=self.ids, events=self.events,
+            blobs=self.blobs if r.blobs else None,
+            http=self.http if r.callees else None,
+            services={c: self.services[c] for c in r.callees},
+            renderer=self.renderer if r.blobs else None,
+            # a callee's "tokens" are its stored requests: never the co-located token table
+            colocated_tokens=self.colocated_tokens and not callee,
+            state_stream=self.streams.get(name))
+
+    @property
+    def token_receivers(self) -> frozenset[str]:
+        """The endpoints whose messages carry tokens: those on the `token` strategy."""
+        return frozenset(n for n in self.registry.consuming()
+                         if self.service.strategy(n) is Strategy.TOKEN)
+
+    def processor(self, name: str) -> Processor:
+        """A new worker of consuming endpoint `name` with its configured strategy."""
+        return build_processor(self.registry[name].endpoint, self.ports(name),
+                               self.service.strategy(name), self.failpoints,
+                               self.settings.conflict_retries, self.grace)
+
+    def consumer(self, name: str) -> Consumer:
+        """A new consumer (its own processor) of endpoint `name`."""
+        return Consumer(self.processor(name), self.settings.max_attempts,
+                        self.settings.retry_delays_s, self.failpoints,
+                        self.settings.dead_letter_body_bytes)
+
+    def relay(self, name: str) -> InboxRelay:
+        """A new inbox relay of gateway `name`: its inbox rows to its work queue."""
+        return InboxRelay(name, self.inboxes[name], self.dispatcher, self.events,
+                          self.settings.inbox_batch)
+
+    def state_retention(self, name: str, clock: Clock | None = None) -> StateRetention:
+        """Retention of a `state` endpoint's stream (`retention_days`); KeyError otherwise."""
+        return StateRetention(self.streams[name], clock or self.clock,
+                              timedelta(days=self.settings.retention_days))
+
+    def sweeper(self, name: str, clock: Clock | None = None) -> Sweeper:
+        """The sweeper of endpoint `name` (any role), optionally on another clock (the
+        sweeper's own: `finish` keeps the real one, so its deferred clean-ups fall due after
+        the grace period as usual)."""
+        s, ports = self.settings, self.ports(name)
+        callee = self.callees.get(name)
+        finisher = ((callee.processor.finisher if callee is not None else None)
+                    or build_finisher(name, ports, self.failpoints, self.grace,
+                                      self.service.strategy(name)))
+        if clock is not None:
+            ports = replace(ports, clock=clock)
+        registration = self.registry[name]
+        return build_sweeper(
+            name, ports, finisher, timedelta(seconds=s.stale_after_s), self.grace,
+            timedelta(days=s.retention_days),
+            self.requests.get(name) if registration.role is Role.CALLEE else None,
+            self.inboxes.get(name) if registration.role is Role.GATEWAY else None)

@@ -1,0 +1,1 @@
+"""The service: its endpoints, declared in `service/registry.py` (the module you edit)."""

@@ -1,0 +1,33 @@
+"""The service's endpoints: the one module to edit when you add one.
+
+Write the endpoint's pure definition in a package of your own under `domain/` (messages,
+state, a deterministic handler: see `domain/decisions.py`), then add one `Registration` to
+`ENDPOINTS` below: its role (`Role.CONSUMER` by default, `Role.GATEWAY` for messages from
+outside producers, `Role.CALLEE` for an HTTP callee), a default strategy when `token` (or
+`outbox` for a gateway) is not it, and what it uses (`blobs=True`, `callees=("name", ...)`).
+The framework derives the rest: queues, stores, settings validation, `eo consume`, `eo serve`,
+`eo embedded`, `eo endpoints`, `eo inspect`.
+"""
+
+from application.registry import Registration, Registry
+#% if keep_sample
+from service.sample import SAMPLE  # the sample: drop this line and `*SAMPLE,` below
+
+#% else
+#% filter replace("#!", "")
+#!
+#% endfilter
+#% endif
+ENDPOINTS: tuple[Registration, ...] = (
+#% if keep_sample
+    *SAMPLE,
+#% endif
+    # your endpoints, e.g. Registration(SHIPPING, blobs=True, callees=("carrier",)),
+)
+
+#% if false
+REGISTRY = Registry(service="exactly-once-template", endpoints=ENDPOINTS)
+#% endif
+#% filter replace("#! ", "")
+#! REGISTRY = Registry(service="{{ service_name }}", endpoints=ENDPOINTS)
+#% endfilter

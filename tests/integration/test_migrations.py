@@ -1,0 +1,94 @@
+"""Schema upgrades on a database that already holds rows: what revision 0005 (addressed
+tokens, the processed body's hash) does to tokens and processed-message rows in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from adapters.postgres.admin import drop_database, ensure_database, with_database
+from adapters.postgres.migrate import upgrade_async
+from adapters.postgres.pool import create_pool
+from adapters.postgres.token_store import PostgresTokenStore
+from tests.support.processes import this_run
+from tests.support.services import discover
+
+
+@pytest.fixture
+async def at_0004() -> AsyncIterator[str]:
+    """A database of its own at revision 0004 (before tokens had an address)."""
+    services = discover(rabbitmq=False)
+    dsn = with_database(services.postgres_dsn, this_run("eo_it_migrations"))
+    await drop_database(dsn)
+    await ensure_database(dsn)
+    await upgrade_async(dsn, "0004")
+    try:
+        yield dsn
+    finally:
+        await drop_database(dsn)
+        services.close()
+
+
+async def test_0005_addresses_the_tokens_it_can_and_leaves_the_others_drainable(
+    at_0004: str,
+) -> None:
+    pending, dispatched = uuid.uuid4(), uuid.uuid4()
+    conn = await asyncpg.connect(at_0004)
+    try:
+        for message_id in (pending, dispatched):
+            await conn.execute("INSERT INTO eo_token (message_id, type, body) "
+                               "VALUES ($1, 'Added', '{}')", message_id)
+        # the pending token's transaction is not finished: its record names the destination
+        await conn.execute(
+            """INSERT INTO eo_side_effect_record (endpoint, partition_key, kind, key,
+                 incoming_id, attempt_id, seq, payload, registered_at)
+               VALUES ('counter', 'p', 'message', $1, $2, $3, 0, $4::jsonb, now())""",
+            str(pending), uuid.uuid4(), uuid.uuid4(), json.dumps({"destination": "audit"}))
+        await conn.execute("INSERT INTO eo_processed_message (endpoint, message_id, "
+                           "partition_key, outgoing, processed_at) "
+                           "VALUES ('front', $1, 'p', '[]', now())", uuid.uuid4())
+    finally:
+        await conn.close()
+
+    await upgrade_async(at_0004)
+
+    pool = await create_pool(at_0004)
+    try:
+        addresses = {r["message_id"]: r["endpoint"] for r in await pool.fetch(
+            "SELECT message_id, endpoint FROM eo_token")}
+        assert addresses == {pending: "audit", dispatched: None}
+        tokens = PostgresTokenStore(pool)
+        assert await tokens.exists("audit", pending)
+        assert not await tokens.exists("front", pending)  # addressed: another endpoint's
+        # a token of a message dispatched before the upgrade drains through its receiver
+        assert await tokens.exists("ledger", dispatched)
+        assert await pool.fetchval("SELECT body_sha256 FROM eo_processed_message") is None
+        with pytest.raises(asyncpg.CheckViolationError):  # every new token is addressed
+            await pool.execute("INSERT INTO eo_token (message_id, type, body) "
+                               "VALUES ($1, 'Added', '{}')", uuid.uuid4())
+    finally:
+        await pool.close()
+
+
+async def test_a_database_name_is_an_identifier_never_sql() -> None:
+    """The security review: `CREATE DATABASE "{name}"` took the DSN's path unquoted."""
+    services = discover(rabbitmq=False)
+    name = f'eo it "quoted"; DROP DATABASE postgres; -- {os.getpid()}'
+    dsn = with_database(services.postgres_dsn, name)
+    try:
+        assert await ensure_database(dsn)
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval("SELECT current_database()") == name
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(dsn)
+        services.close()
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await asyncpg.connect(dsn)

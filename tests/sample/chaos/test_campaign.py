@@ -1,0 +1,56 @@
+"""CI's short `eo chaos` campaign: the command itself, against the local PostgreSQL and
+RabbitMQ (a virtual host of its own), one moto server and real processes. It must end with
+every order settled, the oracle and the invariants holding, and faults really injected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from adapters.postgres.admin import with_database
+from entrypoints.cli import app
+from tests.support.processes import private_vhost
+from tests.support.services import discover
+from tools.chaos.campaign import plan_run
+from tools.tpch.data import generate
+
+ORDERS_PER_RUN = 8
+
+
+def _seed_with_a_kill_and_a_crash() -> int:
+    """A campaign seed whose first run kills a process and arms a crash failpoint, so the
+    short CI campaign always exercises both (the plan is a function of the seed)."""
+    keys = sorted(generate(0.001).expected)
+    for seed in range(1000):
+        plan = plan_run(seed, 0, keys, ORDERS_PER_RUN)
+        if plan.kills and any("=crash" in spec for spec in plan.failpoints.values()):
+            return seed
+    raise AssertionError("no seed below 1000 plans both faults")
+
+
+def test_a_short_campaign_injects_faults_and_finds_no_violation(tmp_path: Path) -> None:
+    services = discover()
+    try:
+        amqp = private_vhost(services.amqp_url, "eo-chaos-campaign")
+        server = with_database(services.postgres_dsn, "postgres")
+        seed = _seed_with_a_kill_and_a_crash()
+        report = tmp_path / "report.json"
+        result = CliRunner().invoke(app, [
+            "chaos", "--duration", "0", "--seed", str(seed), "--orders-per-run",
+            str(ORDERS_PER_RUN), "--log-dir", str(tmp_path / "logs"), "--report", str(report),
+            "--database", "eo_chaos_ci"],
+            env={"EO_AMQP_URL": amqp, "EO_DATABASE_DSN": server, "EO_FAILPOINTS": ""})
+    finally:
+        services.close()
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["runs"] == 1
+    assert data["violations"] == []
+    run = data["per_run"][0]
+    assert run["confirmed"] + run["rejected"] == ORDERS_PER_RUN
+    assert data["faults"]["kill -9"] >= 1
+    assert data["faults"]["duplicate (published twice)"] >= 1
+    assert run["orders"] == list(plan_run(seed, 0, sorted(generate(0.001).expected),
+                                          ORDERS_PER_RUN).orders)  # replayable from the seed

@@ -1,0 +1,182 @@
+"""A fork server for `eo` processes: imports the service once, then forks each process.
+
+Starting `eo consume` imports the whole service (aio-pika, asyncpg, aioboto3, FastAPI, fpdf2,
+...): several seconds of CPU per process on a 2-core machine, and a chaos test starts two or
+three. The zygote pays that once per module: it imports `entrypoints.cli`, then for each
+request forks a child that takes the request's environment, sends stdout and stderr to the
+request's log file, and runs `eo <args>` as `main()`. The children are ordinary processes
+of their own: they crash (`os._exit`), get SIGTERM or SIGKILL and exit with their own codes,
+which the zygote reports.
+
+Wire protocol (JSON lines): stdin `{"argv": [...], "env": {...}, "log": path}`; stdout
+`{"pid": n}` for each request in order, and `{"exited": pid, "code": c}` when a child ends.
+EOF on stdin kills the remaining children and ends the zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in the fork
+    try:
+        os.setpgrp()
+        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.argv = ["eo", *request["argv"]]
+        from entrypoints.cli import main
+
+        code = 0
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    except BaseException:  # noqa: BLE001 - never return into the zygote's loop
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+
+
+def serve() -> None:  # pragma: no cover - runs as its own process
+    """The zygote's loop (see the module docstring)."""
+    import entrypoints.cli  # noqa: F401 - the point: import once, fork many
+
+    children: set[int] = set()
+
+    def say(message: dict[str, Any]) -> None:
+        os.write(1, (json.dumps(message) + "\n").encode())
+
+    buffer = b""
+    try:
+        while True:
+            readable, _, _ = select.select([0], [], [], 0.05)
+            while children:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children.discard(pid)
+                say({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            if not readable:
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _child(request)
+                children.add(pid)
+                say({"pid": pid})
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+class ZygoteProcess:
+    """A forked `eo` process, seen like a `subprocess.Popen` (poll, wait, send_signal,
+    kill, pid, returncode)."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote = zygote
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.zygote.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.zygote.changed:
+            if not self.zygote.changed.wait_for(lambda: self.pid in self.zygote.codes,
+                                                timeout):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            return self.zygote.codes[self.pid]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class Zygote:
+    """The test side of the fork server: `spawn(argv, env, log)` -> `ZygoteProcess`."""
+
+    def __init__(self) -> None:
+        python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tests.sample.chaos.zygote import serve; serve()"],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": python_path})
+        self.codes: dict[int, int] = {}
+        self.changed = threading.Condition()
+        self._pids: list[int] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self.changed:
+                if "pid" in message:
+                    self._pids.append(int(message["pid"]))
+                else:
+                    self.codes[int(message["exited"])] = int(message["code"])
+                self.changed.notify_all()
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> ZygoteProcess:
+        """Fork `eo <argv>` with exactly `env`, stdout and stderr appended to `log`."""
+        assert self.proc.stdin is not None
+        with self._lock, self.changed:
+            before = len(self._pids)
+            self.proc.stdin.write((json.dumps({"argv": argv, "env": env,
+                                               "log": str(log)}) + "\n").encode())
+            self.proc.stdin.flush()
+            if not self.changed.wait_for(lambda: len(self._pids) > before, 60):
+                raise RuntimeError("the zygote did not fork within 60 s")
+            return ZygoteProcess(self, self._pids[before])
+
+    def close(self) -> None:
+        """End the zygote; it kills the children still running."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

@@ -1,0 +1,250 @@
+"""What keeps the template a template: `copier copy` of this repository without the sample
+makes a service that passes its own checks (`./dev test`: lint, types, layer contracts, its
+tests), takes a new endpoint by its domain package and its registry alone, and runs that
+endpoint on the embedded profile and on PostgreSQL and RabbitMQ; and `copier update` later
+brings a change of the template into it without losing the service's own code.
+
+Slow (a new environment, the new service's whole suite): `pytest -m template` runs it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from adapters.postgres.admin import drop_database, with_database
+from tests.support.processes import private_vhost
+from tests.support.services import discover
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).with_name("fixture")
+PUBLISH = ROOT / "docs" / "examples" / "publish.py"
+pytestmark = [pytest.mark.template, pytest.mark.slow]
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 1200,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `args` in `cwd`; on failure, fail with its output."""
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and done.returncode != 0:
+        pytest.fail(f"{' '.join(args)} exited {done.returncode}\n--- stdout\n"
+                    f"{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-6000:]}")
+    return done
+
+
+def copier(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The copier of this environment (the dev group)."""
+    return run([str(Path(sys.executable).with_name("copier")), *args], cwd)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without its virtual environment and `EO_` settings (the
+    new project has its own), the same uv on the PATH, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("EO_", "VIRTUAL_ENV", "UV_PROJECT", "PYTHONPATH"))}
+    uv = shutil.which("uv")
+    if uv is not None:
+        env["PATH"] = f"{Path(uv).parent}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, **extra}
+
+
+def add_endpoints(project: Path) -> dict[str, int]:
+    """What a user does to add the fixture's two endpoints: its domain package, two
+    registrations and their imports. Returns the lines added per file."""
+    package = project / "domain" / "parcels"
+    shutil.copytree(FIXTURE / "parcels", package)
+    registry = project / "service" / "registry.py"
+    text = registry.read_text()
+    before = text.count("\n")
+    text = text.replace(
+        "from application.registry import Registration, Registry\n",
+        "from application.registry import Registration, Registry, Role\n"
+        "from domain.parcels import PARCELS, TRACKING\n")
+    text = text.replace(
+        "ENDPOINTS: tuple[Registration, ...] = (\n",
+        "ENDPOINTS: tuple[Registration, ...] = (\n"
+        "    Registration(PARCELS, role=Role.GATEWAY, blobs=True),\n"
+        "    Registration(TRACKING),\n")
+    registry.write_text(text)
+    return {"domain/parcels/__init__.py": (package / "__init__.py").read_text().count("\n"),
+            "service/registry.py": text.count("\n") - before}
+
+
+def ship(parcel: str, grams: int, message_id: str, destination: str = "lyon") -> str:
+    return json.dumps({"queue": "parcels", "message_id": message_id, "type": "Ship",
+                       "body": {"parcel": parcel, "grams": grams, "destination": destination}})
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A service made from the template without the sample, with the fixture's endpoints
+    added, committed in a git repository of its own (as a team would keep it)."""
+    project = tmp_path_factory.mktemp("made") / "parcel-service"
+    copier("copy", "--defaults", "--vcs-ref", "HEAD", "--data", "service_name=parcel-service",
+           "--data", "keep_sample=false", str(ROOT), str(project))
+    added = add_endpoints(project)
+    print(f"\nadding the fixture's endpoints took: {added}")
+    run(["git", "init", "-q"], project)
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm",
+         "made from the template"], project)
+    return project
+
+
+def test_the_new_service_has_no_sample_and_passes_its_own_checks(service: Path) -> None:
+    assert not (service / "domain" / "sample").exists()
+    assert not (service / "tools" / "demo").exists()
+    assert not (service / "tests" / "sample").exists()
+    pyproject = (service / "pyproject.toml").read_text()
+    assert 'name = "parcel-service"' in pyproject
+    assert "#%" not in pyproject
+    project = tomllib.loads(pyproject)
+    wanted = [*project["project"]["dependencies"],
+              *(str(d) for group in project["dependency-groups"].values() for d in group)]
+    assert not [d for d in wanted if d.startswith(("pyspark", "duckdb", "matplotlib"))]
+    assert set(project["dependency-groups"]) == {"dev"}
+    started = time.monotonic()
+    done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider"], service,
+               env=clean_env())
+    print(f"\nthe new service's ./dev test: {time.monotonic() - started:.0f} s\n"
+          f"{done.stdout[-1500:]}")
+
+
+def test_the_new_endpoint_runs_embedded(service: Path, tmp_path: Path) -> None:
+    lines = [ship("p-1", 1200, str(uuid.uuid4())),
+             ship("p-2", 800, (twice := str(uuid.uuid4())), "paris"),
+             ship("p-2", 800, twice, "paris"),  # a producer's retry: the same message ID
+             ship("p-3", -5, str(uuid.uuid4()))]  # refused: dead-lettered with its reason
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text("\n".join(lines) + "\n")
+    done = run(["./dev", "embedded", str(messages), "--format", "json"], service,
+               env=clean_env(), check=False)
+    assert done.returncode == 1, done.stderr  # the refused parcel is a dead letter
+    report = json.loads(done.stdout)
+    print(f"\n./dev embedded: settled {report['settled']}, dead letters "
+          f"{report['dead_letters']}, at rest {report['at_rest']}")
+    # four deliveries: two parcels processed, the retried copy a duplicate, p-3 refused
+    assert report["settled"]["parcels"] == {"processed": 2, "duplicate": 1, "retried": 0,
+                                            "dead_lettered": 1, "unsettled": 0}
+    # the outbox re-publishes its stored output for the retried copy: tracking drops it
+    assert report["settled"]["tracking"]["processed"] == 2
+    assert set(report["states"]["parcels"]) == {"p-1", "p-2"}
+    assert report["states"]["tracking"] == {"lyon": {"parcels": ["p-1"]},
+                                            "paris": {"parcels": ["p-2"]}}
+    [letter] = report["dead_letters"]["parcels"]
+    assert "weight must be positive" in letter["reason"]
+    assert len(report["blobs"]) == 2
+    assert not any(report["at_rest"].values())
+
+
+def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None:
+    services = discover()
+    run_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    database = f"eo_template_{run_id}".replace("-", "_")
+    env = clean_env(EO_PROFILE="local",
+                    EO_DATABASE_DSN=with_database(services.postgres_dsn, database),
+                    EO_AMQP_URL=private_vhost(services.amqp_url, f"eo-template-{run_id}"),
+                    EO_BLOB_STORE="directory", EO_BLOB_DIR=str(service / "var" / "blobs"),
+                    EO_SWEEP_INTERVAL_S="0.5")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        run(["./dev", "migrate"], service, env=env)
+        logs = {name: (service / "var" / f"{name}.log") for name in ("parcels", "tracking")}
+        logs["parcels"].parent.mkdir(parents=True, exist_ok=True)
+        for name, log in logs.items():  # default status ports: the two must not collide
+            with log.open("wb") as out:
+                procs.append(subprocess.Popen(["./dev", "consume", "--endpoint", name],
+                                              cwd=service, env=env, stdout=out,
+                                              stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 120
+        while not all('"consumer.started"' in log.read_text(errors="replace")
+                      for log in logs.values()):
+            assert all(p.poll() is None for p in procs), [f.read_text() for f in logs.values()]
+            assert time.monotonic() < deadline, "the consumers did not start"
+            time.sleep(0.2)
+        twice = str(uuid.uuid4())
+        for parcel, grams, message_id in (("p-1", 500, str(uuid.uuid4())),
+                                          ("p-2", 700, twice), ("p-2", 700, twice)):
+            run([sys.executable, str(PUBLISH), env["EO_AMQP_URL"], "parcels", "Ship",
+                 json.dumps({"parcel": parcel, "grams": grams, "destination": "lyon"}),
+                 message_id], ROOT)
+        states = asyncio.run(_tracked(env["EO_DATABASE_DSN"], want=2, timeout_s=60))
+        assert states == {"lyon": ["p-1", "p-2"]} or states == {"lyon": ["p-2", "p-1"]}
+        urls = {json.loads(line)["status_url"] for log in logs.values()
+                for line in log.read_text().splitlines()
+                if '"consumer.started"' in line}
+        print(f"\nlocal profile: tracking {states}; status ports {sorted(urls)}")
+        assert len(urls) == 2
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        asyncio.run(drop_database(env["EO_DATABASE_DSN"]))
+        services.close()
+    assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
+
+
+async def _tracked(dsn: str, want: int, timeout_s: float) -> dict[str, list[str]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = await conn.fetch("SELECT partition_key, state FROM eo_transaction_record "
+                                    "WHERE endpoint = 'tracking' AND state IS NOT NULL")
+            states = {r["partition_key"]: json.loads(r["state"])["parcels"] for r in rows}
+            if sum(len(v) for v in states.values()) >= want or time.monotonic() > deadline:
+                return states
+            await asyncio.sleep(0.2)
+    finally:
+        await conn.close()
+
+
+def test_copier_update_brings_a_template_fix_into_the_service(service: Path,
+                                                               tmp_path: Path) -> None:
+    """A change of the template after the service was made (here: a line of the protocol's
+    documentation) reaches the service with `copier update`; the service's own endpoints and
+    registry stay as the team left them."""
+    template = tmp_path / "template"
+    run(["git", "clone", "-q", str(ROOT), str(template)], tmp_path)
+    if run(["git", "status", "--porcelain"], ROOT).stdout.strip():
+        # the working tree has changes not committed yet: the template is what is checked out
+        run(["rsync", "-a", "--delete", "--exclude", ".git", "--exclude", ".venv",
+             "--exclude", ".tools", f"{ROOT}/", f"{template}/"], tmp_path)
+    commit = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam"]
+    run(["git", "add", "-A"], template)
+    run([*commit, "the template as it is"], template, check=False)
+    made = tmp_path / "made"
+    copier("copy", "--defaults", "--vcs-ref", "HEAD", "--data", "service_name=updated",
+           "--data", "keep_sample=false", str(template), str(made))
+    added = add_endpoints(made)
+    run(["git", "init", "-q"], made)
+    run(["git", "add", "-A"], made)
+    run([*commit, "made"], made)
+    fix = "\n<!-- a protocol fix of the template -->\n"
+    with (template / "docs" / "protocol.md").open("a") as doc:
+        doc.write(fix)
+    run([*commit, "a protocol fix"], template)
+    copier("update", "--defaults", "--vcs-ref", "HEAD", cwd=made)
+    assert (made / "docs" / "protocol.md").read_text().endswith(fix)
+    registry = (made / "service" / "registry.py").read_text()
+    assert "Registration(PARCELS, role=Role.GATEWAY, blobs=True)" in registry
+    assert (made / "domain" / "parcels" / "__init__.py").exists()
+    assert added["service/registry.py"] == 3

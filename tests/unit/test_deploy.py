@@ -1,0 +1,72 @@
+"""What ships with the service beside its code (security review, Low items): images pinned by
+digest, uv pinned, and a `./dev` that never runs sudo without asking."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_image_is_pinned_by_digest() -> None:
+    compose = (ROOT / "deploy" / "compose.yaml").read_text()
+    images = re.findall(r"^\s*image:\s*(\S+)", compose, re.M)
+    assert images, "compose names its images"
+    assert [i for i in images if not re.search(r"@sha256:[0-9a-f]{64}$", i)] == []
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ARG PYTHON_IMAGE=\S+@sha256:[0-9a-f]{64}$", dockerfile, re.M)
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == ["${PYTHON_IMAGE}"] * 2
+    assert re.search(r'"uv==\d+\.\d+\.\d+"', dockerfile)
+    assert re.search(r'"uv==\d+\.\d+\.\d+"', (ROOT / "dev").read_text())
+
+
+def _fake(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_dev_asks_before_sudo_and_only_says_how_when_nobody_can_answer(tmp_path: Path) -> None:
+    """Not root, no terminal, the JDBC driver missing: ./dev says how to install it and goes
+    on; it never runs sudo (the review: it ran `sudo apt-get install` without asking)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for name in ("sudo", "apt-get"):
+        _fake(bin_dir, name, f'echo "{name} $*" >> {calls}')
+    _fake(bin_dir, "id", "echo 1000")
+    _fake(bin_dir, "uv", 'case "$1" in run) shift; shift; echo "ran $*";; esac')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "EO_DEV_JDBC_JAR_DEFAULT": str(tmp_path / "missing.jar")}
+    env.pop("EO_SPARK_JDBC_JAR", None)
+    # a project of its own with the pipeline tool, so a service made without the sample runs it too
+    project = tmp_path / "project"
+    (project / "tools" / "pipeline").mkdir(parents=True)
+    shutil.copy(ROOT / "dev", project / "dev")
+    done = subprocess.run(["bash", str(project / "dev"), "pipeline", "--help"], cwd=project,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "sudo apt-get install -y -qq libpostgresql-jdbc-java" in done.stderr
+    assert not calls.exists()  # neither sudo nor apt-get ran
+    assert "ran eo pipeline --help" in done.stdout
+
+
+def test_every_rendered_file_is_the_projects_own_file() -> None:
+    """copier renders `X.jinja`; where the project has `X` itself, `X.jinja` is a symlink to it,
+    so the template stays one working project and the two cannot drift (a copy that lost its
+    symlinks rendered a Dockerfile whose whole text was "Dockerfile")."""
+    for jinja in ROOT.rglob("*.jinja"):
+        parts = jinja.relative_to(ROOT).parts
+        if any(part in {".venv", ".tools", ".git", "var"} for part in parts):
+            continue
+        rendered = jinja.with_suffix("")
+        if rendered.exists() and not jinja.is_symlink():
+            raise AssertionError(f"{'/'.join(parts)} is a copy, not a symlink to {rendered.name}")
+        if jinja.is_symlink():
+            assert jinja.resolve() == rendered.resolve(), jinja

@@ -1,0 +1,98 @@
+"""The broker as the chaos campaign sees it: a virtual host of the campaign's own, connections
+closed from the broker's side, and each work queue's consumer count over time."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from adapters.rabbitmq.connection import RabbitConnection
+from application.errors import TransientError
+
+
+def rabbitmqctl(*args: str, timeout_s: float = 60.0) -> str:
+    """Run `rabbitmqctl -q <args>` on this host; raises `subprocess.CalledProcessError` or
+    `OSError` when it fails or is missing."""
+    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                          timeout=timeout_s, check=True).stdout
+
+
+def controllable(url: str) -> bool:
+    """Whether this host can administer the broker of `url` (a local broker and
+    `rabbitmqctl` on the PATH): needed for a virtual host of our own and broker-side
+    connection closes."""
+    return (urlsplit(url).hostname in ("127.0.0.1", "localhost")
+            and shutil.which("rabbitmqctl") is not None)
+
+
+def on_own_vhost(url: str, vhost: str) -> str:
+    """`url` on virtual host `vhost`, created with every right given to the URL's user.
+    Raises `OSError` / `subprocess.SubprocessError` when `rabbitmqctl` fails."""
+    parts = urlsplit(url)
+    if vhost not in rabbitmqctl("list_vhosts").split():
+        rabbitmqctl("add_vhost", vhost)
+    rabbitmqctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*")
+    return urlunsplit(parts._replace(path=f"/{vhost}"))
+
+
+def vhost_of(url: str) -> str:
+    """The virtual host named by `url` ("/" when none)."""
+    return urlsplit(url).path.lstrip("/") or "/"
+
+
+def close_all_connections(url: str, reason: str = "chaos: broker-side close") -> None:
+    """The broker closes every connection of `url`'s virtual host (CONNECTION_FORCED), as a
+    broker restart or a network blip would. Raises like `rabbitmqctl`."""
+    rabbitmqctl("close_all_connections", "--vhost", vhost_of(url), "--limit", "1000", reason)
+
+
+@dataclass
+class ConsumerGaps:
+    """How long each work queue went without a consumer, sampled by `observe`. A stretch
+    during which one of the queue's processes was down or still starting (killed, crashed,
+    restarting) is an expected gap and goes to `while_restarting_s`; any other, while every
+    process was up (a broker-side close, a lost or stalled consumer), to `longest_s`. Before
+    a queue first had a consumer nothing is counted (the processes' first start)."""
+
+    longest_s: dict[str, float] = field(default_factory=dict)
+    while_restarting_s: dict[str, float] = field(default_factory=dict)
+    _since: dict[str, float] = field(default_factory=dict)
+    _excused: set[str] = field(default_factory=set)
+    _seen: set[str] = field(default_factory=set)
+
+    async def observe(self, rabbit: RabbitConnection, queues: Iterable[str],
+                      restarting: Collection[str] = ()) -> None:
+        """Sample the consumer count of each queue once; `restarting`: the queues one of
+        whose processes is down or starting now. A queue the connection cannot inspect now
+        is skipped (the next sample decides)."""
+        now = time.monotonic()
+        for queue in queues:
+            try:
+                _, consumers = await rabbit.queue_counts(queue)
+            except TransientError:
+                continue
+            if consumers:
+                self._seen.add(queue)
+                self._end(queue, now)
+            elif queue in self._seen:
+                self._since.setdefault(queue, now)
+                if queue in restarting:
+                    self._excused.add(queue)
+
+    def finish(self) -> None:
+        """Close the stretches still running (at the end of a run)."""
+        now = time.monotonic()
+        for queue in list(self._since):
+            self._end(queue, now)
+
+    def _end(self, queue: str, now: float) -> None:
+        since = self._since.pop(queue, None)
+        if since is None:
+            return
+        target = self.while_restarting_s if queue in self._excused else self.longest_s
+        self._excused.discard(queue)
+        target[queue] = max(target.get(queue, 0.0), now - since)

@@ -1,0 +1,118 @@
+"""`eo chaos`: the randomized fault campaign's command line (tools/chaos/campaign.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import asyncpg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from application.errors import TransientError
+from entrypoints.settings import SettingsError, resolve_service
+from tools.chaos.campaign import (
+    CAMPAIGN_DATABASE,
+    CampaignReport,
+    RunResult,
+    campaign_settings,
+    run_campaign,
+)
+from tools.guard import refuse_production
+from tools.settings import load_tool_settings
+from tools.tpch.data import generate
+from tools.tpch.oracle import require_sample
+
+console = Console()
+chaos_app = typer.Typer(add_completion=False)
+
+
+@chaos_app.command()
+def chaos(
+    duration: Annotated[float, typer.Option(
+        help="seconds of campaign; runs start until this has passed (at least one run)")] = 60.0,
+    seed: Annotated[int, typer.Option(help="campaign seed: the same seed, the same plans")] = 1,
+    run: Annotated[int | None, typer.Option(
+        help="replay only this run of the campaign (see a violation's run number)")] = None,
+    orders_per_run: Annotated[int, typer.Option(min=1, help="TPC-H orders per run")] = 20,
+    log_dir: Annotated[Path | None, typer.Option(
+        help="keep each run's process logs here (default: a temp dir, removed)")] = None,
+    report: Annotated[Path | None, typer.Option(
+        help="write the campaign report (plans, faults, violations) as JSON here")] = None,
+    database: Annotated[str, typer.Option(
+        help="the campaign's own database on EO_DATABASE_DSN's server (dropped first!)")]
+        = CAMPAIGN_DATABASE,
+) -> None:
+    """Randomized fault campaign on the TPC-H sample with real processes: kill -9 and
+    restarts, failpoints (crash, raise, sleep, drop_conn), broker-side connection closes (a
+    virtual host of its own when the broker is local), duplicates and shuffled input;
+    after each run the oracle and the invariants. Exits 1 on any violation, 3 when a
+    service is unreachable. Uses the local profile's PostgreSQL and RabbitMQ (EO_DATABASE_DSN
+    names the server; the campaign drops and re-creates its own database, `--database`)."""
+    try:
+        refuse_production("chaos")
+        base = load_tool_settings(profile="local")
+        service = resolve_service(base)
+        require_sample(service.registry)
+    except SettingsError as exc:
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    # the campaign's own broker connection is closed by the broker too: its recovery is
+    # expected, not news (aiormq logs each close, with a traceback)
+    logging.getLogger("adapters.rabbitmq").setLevel(logging.ERROR)
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    blob_dir = Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-"))
+    settings = campaign_settings(base, blob_dir, database)
+    with console.status("generating TPC-H sf=0.001 with DuckDB"):
+        sample = generate(0.001)
+    console.print(f"eo chaos: seed {seed}, {duration:.0f} s, {orders_per_run} orders per run"
+                  + (f", run {run} only" if run is not None else ""))
+    try:
+        result = asyncio.run(run_campaign(settings, service, sample, seed, duration, run,
+                                          orders_per_run, log_dir, _print_run))
+    except (OSError, asyncpg.PostgresError, TransientError, TimeoutError) as exc:
+        Console(stderr=True).print(f"[red]campaign failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
+    _print_summary(result)
+    if report is not None:
+        report.write_text(json.dumps(result.as_json(), indent=2, default=str))
+        console.print(f"report: {report}")
+    if result.violations:
+        raise typer.Exit(1)
+
+
+def _print_run(result: RunResult) -> None:
+    plan = result.plan
+    rules = "; ".join(f"{n}: {r}" for n, r in plan.failpoints.items() if r) or "none"
+    kills = ", ".join(f"{n}@{k}" for k, n in plan.kills) or "none"
+    closes = ", ".join(f"@{k}" for k in plan.broker_closes) or "none"
+    verdict = "[green]ok[/green]" if not result.violations else "[red]VIOLATION[/red]"
+    gap = max(result.consumer_gaps.values(), default=0.0)
+    console.print(f"run {plan.run}: {len(plan.orders)} orders, {result.deliveries_published} "
+                  f"deliveries, {result.confirmed} confirmed / {result.rejected} rejected, "
+                  f"{result.seconds:.1f} s, {verdict}; failpoints {rules}; kill -9 {kills}; "
+                  f"broker closes {closes}; longest without a consumer {gap:.1f} s")
+    for violation in result.violations:
+        console.print(f"  [red]{violation}[/red]")
+    if result.violations:
+        console.print(f"  replay: eo chaos --seed {plan.seed} --run {plan.run}")
+
+
+def _print_summary(report: CampaignReport) -> None:
+    table = Table(title=f"eo chaos: seed {report.seed}, {len(report.runs)} runs in "
+                        f"{report.seconds:.0f} s", show_header=False)
+    orders = sum(len(r.plan.orders) for r in report.runs)
+    deliveries = sum(r.deliveries_published for r in report.runs)
+    table.add_row("runs", f"{len(report.runs)}")
+    table.add_row("orders / deliveries published", f"{orders:,} / {deliveries:,}")
+    for kind, n in sorted(report.faults.items()):
+        table.add_row(f"faults: {kind}", f"{n:,}")
+    for queue, gap in sorted(report.consumer_gaps.items()):
+        table.add_row(f"longest without a consumer (processes up): {queue}", f"{gap:.1f} s")
+    table.add_row("violations", str(len(report.violations)))
+    console.print(table)
