@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from adapters.memory.blob_store import MemoryBlobStore
+from adapters.memory.state_stream import MemoryStateStream
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.system.clock import ManualClock, SeededIds
@@ -25,6 +26,7 @@ from application.processor import Processor
 from application.strategy import Strategy
 from application.sweeper import Sweeper
 from domain.decisions import Endpoint
+from tests.support.set_algebra import SET_ALGEBRA
 
 
 @dataclass
@@ -108,3 +110,43 @@ class World:
         await self.sweeper(self.processor()).sweep()
         self.clock.advance(timedelta(hours=1))
         await self.sweeper(self.processor()).sweep()
+
+
+@dataclass
+class StateWorld:
+    """One state endpoint's stores, shared by every worker."""
+
+    endpoint: Endpoint[Any] = SET_ALGEBRA
+    clock: ManualClock = field(default_factory=ManualClock)
+    tokens: MemoryTokenStore = field(default_factory=MemoryTokenStore)
+    dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
+    events: CountingSink = field(default_factory=CountingSink)
+
+    def __post_init__(self) -> None:
+        self.stream = MemoryStateStream(self.clock)
+        self.ids = SeededIds(3)
+
+    def processor(self, wrap: Callable[[str, Any], Any] = lambda _n, port: port) -> Processor:
+        ports = Ports(tokens=wrap("tokens", self.tokens),
+                      store=MemoryTransactionalStore(self.clock),
+                      dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
+                      ids=self.ids, events=self.events,
+                      state_stream=wrap("stream", self.stream))
+        return build_processor(self.endpoint, ports, Strategy.STATE)
+
+    async def envelope(self, message: Any, n: int, token: bool = False) -> Envelope:
+        headers = {TOKEN_HEADER: "1"} if token else {}
+        env = Envelope(uuid.UUID(int=n), type(message).__name__, encode(message),
+                       MappingProxyType(headers))
+        if token:  # a token of this ID addressed to another endpoint (it must survive)
+            await self.tokens.create("elsewhere", [env])
+        return env
+
+    def published(self, message_id: uuid.UUID) -> list[tuple[Any, ...]]:
+        """(destination, type, body, headers) of every dispatch of `message_id`."""
+        return [(dest, e.type, e.body, tuple(sorted(e.headers.items())))
+                for dest, e in self.dispatcher.sent
+                if e.message_id == message_id]
+
+    def state(self, partition: str = "p") -> Any:
+        return self.stream.states().get(partition)

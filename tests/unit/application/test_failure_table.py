@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from application.errors import Crash, TransientError
-from application.observability import HANDLER_INVOKED
+from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
 from application.processor import Outcome
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
@@ -59,6 +59,37 @@ def _invoked(world: World) -> int:
     return world.events.total(HANDLER_INVOKED)
 
 
+def _finished_by_the_redelivery(world: World) -> None:
+    """The redelivered copy finished the committed transaction itself, before any sweeper:
+    TR cleared, the output published, the token consumed."""
+    assert world.store.partitions["p"].tr.message_id is None
+    # published (again, under the same message ID, when the crash came after a publication)
+    assert {(e.type, e.message_id) for _d, e in world.dispatcher.sent} == {
+        ("Added", world.dispatcher.sent[0][1].message_id)}
+    assert M1 not in world.tokens.rows
+
+
+class _Stalling:
+    """`target` whose coroutine method `method` waits for `release` once `started` is set
+    (one worker paused at that call, as a slow process)."""
+
+    def __init__(self, target: object, method: str) -> None:
+        self.target, self.method = target, method
+        self.started, self.release = asyncio.Event(), asyncio.Event()
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        value = getattr(self.target, name)
+        if name != self.method:
+            return value
+
+        async def stalled(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.started.set()
+            await self.release.wait()
+            return await value(*args, **kwargs)
+
+        return stalled
+
+
 @pytest.mark.parametrize("point", ["after_token_load", "after_tr_load", "after_token_check",
                                    "after_handler"])
 async def test_crash_before_anything_durable_leaves_nothing(point: str) -> None:
@@ -77,7 +108,8 @@ async def test_crash_after_register_leaves_a_record_the_winner_cleans() -> None:
     await _crash_at(world, "after_register:blob=crash")
     assert world.store.record_count() == 1
     assert not world.blobs.objects
-    await _redeliver(world)
+    assert await _redeliver(world) is Outcome.PROCESSED  # the token is still there: a winner
+    assert _invoked(world) == 2
     assert world.store.record_count() == 0
     await world.quiesce()
     assert violations + check(world, {M1}) == []
@@ -129,6 +161,50 @@ async def test_artifact_created_after_the_winners_clean_up_goes_by_deferred_clea
     assert violations + check(world, {M1}) == []
 
 
+async def test_an_artifact_created_after_the_winners_clean_up_is_deleted_by_its_own_recheck(
+) -> None:
+    """A stalls between register and create, B wins and cleans up, A creates its blob: A's
+    re-check finds its registration gone and deletes the blob itself (protocol 3.2 step 3),
+    so no orphan waits for the deferred clean-up; A's retry then finds the token consumed."""
+    world, violations = await _world()
+    envelope = await world.send(Add("p", 1), M1)
+    blobs = _Stalling(world.blobs, "put")
+    loser = world.processor(wrap=lambda name, port: blobs if name == "blobs" else port)
+    task = asyncio.create_task(loser.process(envelope))
+    await blobs.started.wait()
+    assert await world.processor().process(envelope) is Outcome.PROCESSED
+    winners = set(world.blobs.objects)
+    blobs.release.set()
+    assert await task is Outcome.DUPLICATE
+    assert set(world.blobs.objects) == winners  # at once, not after the grace period
+    assert _invoked(world) == 2
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_a_commit_rejected_by_a_conflict_is_retried_and_the_winner_cleans_up() -> None:
+    """Row "commit rejected (conflict)": A has registered and created its artifacts and is
+    about to commit; B commits first and finishes. A's commit is rejected by the version
+    compare, A retries (a conflict is no verdict) and finds the token consumed: a duplicate.
+    A's artifacts were the winner's losers, deleted by B's finish."""
+    world, violations = await _world()
+    envelope = await world.send(Add("p", 1), M1)
+    store = _Stalling(world.store, "commit")
+    loser = world.processor(wrap=lambda name, port: store if name == "store" else port)
+    task = asyncio.create_task(loser.process(envelope))
+    await store.started.wait()
+    loser_blobs = set(world.blobs.objects)
+    assert loser_blobs  # created before the commit
+    assert await world.processor().process(envelope) is Outcome.PROCESSED
+    assert not loser_blobs & set(world.blobs.objects)  # B's finish cleaned A's up
+    store.release.set()
+    assert await task is Outcome.DUPLICATE
+    assert world.events.total(TRANSACTION_CONFLICT) == 1
+    assert world.store.record_count() == 0
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
 async def test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans() -> None:
     world, violations = await _world()
     envelope = await world.send(Add("p", 1), M1)
@@ -157,6 +233,7 @@ async def test_commit_with_unknown_outcome_is_finished_without_running_the_handl
     world.store.commit = real_commit  # type: ignore[method-assign]
     assert await _redeliver(world) is Outcome.DUPLICATE
     assert _invoked(world) == 1
+    _finished_by_the_redelivery(world)
     await world.quiesce()
     assert violations + check(world, {M1}) == []
 
@@ -171,6 +248,7 @@ async def test_crash_after_commit_is_finished_by_redelivery_without_a_second_han
     assert world.store.partitions["p"].tr.message_id == M1
     assert await _redeliver(world) is Outcome.DUPLICATE
     assert _invoked(world) == 1
+    _finished_by_the_redelivery(world)
     await world.quiesce()
     assert violations + check(world, {M1}) == []
 

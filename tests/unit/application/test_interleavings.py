@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import uuid
 
+from adapters.memory.transactional_store import MemoryTransactionalStore
 from application.errors import PermanentError, TransientError
 from application.finisher import Finisher
+from application.ports import Committed
 from application.processor import Processor
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
@@ -21,8 +23,13 @@ LIMIT = int(os.environ.get("EO_INTERLEAVING_LIMIT", "100000"))
 
 async def _scenario(prefix: list[Choice], copies: int, others: int,
                     finisher: type[Finisher] | None = None,
-                    colocated: bool = False) -> tuple[Run, list[str]]:
+                    colocated: bool = False,
+                    gated: tuple[str, ...] | None = None,
+                    store: type[MemoryTransactionalStore] | None = None
+                    ) -> tuple[Run, list[str]]:
     world = World(COUNTER, seed=7, colocated=colocated)
+    if store is not None:
+        world.store.__class__ = store
     m1 = await world.send(Add("p", 1), uuid.UUID(int=1))
     extra = [await world.send(Add("p", 10 + i), uuid.UUID(int=2 + i)) for i in range(others)]
     deliveries = [m1] * copies + extra
@@ -32,7 +39,9 @@ async def _scenario(prefix: list[Choice], copies: int, others: int,
     run = Run(prefix)
 
     def make_processor(wid: int) -> Processor:
-        processor = world.processor(wrap=lambda name, port: GatedPort(port, run, wid, name))
+        processor = world.processor(
+            wrap=lambda name, port: GatedPort(port, run, wid, name)
+            if gated is None or name in gated else port)
         if finisher is not None:
             processor.finisher.__class__ = finisher
         return processor
@@ -46,11 +55,17 @@ async def _scenario(prefix: list[Choice], copies: int, others: int,
 async def _explore(copies: int, others: int, preemptions: int, crashes: int, limit: int,
                    finisher: type[Finisher] | None = None,
                    stop_at_first: bool = False,
-                   colocated: bool = False) -> tuple[int, list[str]]:
+                   colocated: bool = False,
+                   gated: tuple[str, ...] | None = None,
+                   store: type[MemoryTransactionalStore] | None = None
+                   ) -> tuple[int, list[str]]:
+    """Every schedule within the bounds; `gated` the ports whose calls are scheduling points
+    (None: every port), `finisher`/`store` replace the real ones (defects for self-tests)."""
     found: list[str] = []
 
     async def one(prefix: list[Choice]) -> Run:
-        run, violations = await _scenario(prefix, copies, others, finisher, colocated)
+        run, violations = await _scenario(prefix, copies, others, finisher, colocated, gated,
+                                          store)
         if violations and not found:
             found.extend([f"schedule {prefix}: {v}" for v in violations])
         return run
@@ -120,9 +135,63 @@ async def test_the_exploration_finds_the_unfenced_finish_bug() -> None:
     assert any(v.split(": ")[1].startswith(("I1", "I5", "I6")) for v in violations)
 
 
-async def test_two_workers_alone_do_not_expose_the_unfenced_finish() -> None:
-    """As protocol 3.1 says, the unfenced defect needs a third worker: with two copies only,
-    every schedule within the bound still holds (so the three-worker scenario is needed)."""
-    _explored, violations = await _explore(copies=2, others=0, preemptions=2, crashes=0,
-                                           limit=LIMIT, finisher=UnfencedFinisher)
+class HalfFencedFinisher(Finisher):
+    """One half of the fence removed: finish without the (M, A) guard, keeping the
+    compare-and-clear on the version it read (protocol 3.1 says both halves are needed)."""
+
+    async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
+                     committed: Committed | None = None) -> bool:
+        if committed is None:  # the unguarded read stands for the committer's own
+            tr, records = await self._store.load_tr_with_records(partition)
+            committed = Committed(tr.version, records)
+        return await super().finish(partition, message_id, attempt_id, committed)
+
+
+class ClearWithoutCompare(MemoryTransactionalStore):
+    """The other half removed: the clear ignores the version its caller read."""
+
+    async def clear(self, partition, expected_version, *args, **kwargs):  # type: ignore[no-untyped-def]
+        current = self._partition(partition).tr.version
+        return await super().clear(partition, current, *args, **kwargs)
+
+
+#: Three workers (two copies and the partition's next message) scheduled at the partition
+#: store's calls only: the fence lives there, and gating only it makes a deeper bound
+#: affordable (every port gated needs more than 37,000 schedules for the same reach).
+_STORE_ONLY = ("store",)
+
+
+async def test_three_workers_find_a_finish_without_its_attempt_guard() -> None:
+    """Every store-level schedule of three workers within three preemptions keeps I1-I9;
+    the half-fenced finisher breaks I8 in that space (self-test below), so this exploration
+    fails when the guard goes (mutation `finish-without-the-attempt-guard`)."""
+    explored, violations = await _explore(copies=2, others=1, preemptions=3, crashes=0,
+                                          limit=LIMIT, gated=_STORE_ONLY)
+    print(f"\nstore-level schedules of three workers, 3 preemptions: {explored}")
     assert violations == []
+    assert 10_000 <= explored < LIMIT
+
+
+async def test_three_workers_find_a_clear_without_its_compare() -> None:
+    """Every store-level schedule with one crash and one preemption keeps I1-I9; a clear
+    without its compare breaks them in that space (self-test below)."""
+    explored, violations = await _explore(copies=2, others=1, preemptions=1, crashes=1,
+                                          limit=LIMIT, gated=_STORE_ONLY)
+    print(f"\nstore-level schedules with one crash, 1 preemption: {explored}")
+    assert violations == []
+    assert 1_000 <= explored < LIMIT
+
+
+async def test_the_store_level_explorations_find_each_half_of_the_fence_missing() -> None:
+    """The two explorations above are not vacuous: each finds its defect."""
+    guardless, v1 = await _explore(copies=2, others=1, preemptions=3, crashes=0, limit=LIMIT,
+                                   gated=_STORE_ONLY, finisher=HalfFencedFinisher,
+                                   stop_at_first=True)
+    compareless, v2 = await _explore(copies=2, others=1, preemptions=1, crashes=1,
+                                     limit=LIMIT, gated=_STORE_ONLY, store=ClearWithoutCompare,
+                                     stop_at_first=True)
+    print(f"\nfirst violation: without the attempt guard after {guardless} schedules "
+          f"({v1[0] if v1 else None}); without the compare after {compareless} "
+          f"({v2[0] if v2 else None})")
+    assert v1, "the attempt guard's absence went unnoticed"
+    assert v2, "the compare's absence went unnoticed"

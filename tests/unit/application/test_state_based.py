@@ -7,77 +7,27 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-from adapters.memory.state_stream import MemoryStateStream
-from adapters.memory.token_store import MemoryTokenStore
-from adapters.memory.transactional_store import MemoryTransactionalStore
-from adapters.system.clock import ManualClock, SeededIds
-from application.assembly import build_processor
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import MessageIdReused, OutsideRetention, PermanentError, TransientError
-from application.observability import HANDLER_INVOKED, CountingSink
-from application.ports import Ports
-from application.processor import Outcome, Processor
+from application.observability import HANDLER_INVOKED
+from application.processor import Outcome
 from application.registry import Registration, Registry, RegistryError
 from application.state_path import StateRetention, outgoing_id
 from application.strategy import Strategy
 from domain.context import Context
-from domain.decisions import Endpoint
 from entrypoints.settings import SettingsError, load_settings, resolve_service
 from tests.support.counter import COUNTER, Add
 from tests.support.counters.endpoints import AUDIT
 from tests.support.counters.registry import REGISTRY
 from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.set_algebra import SET_ALGEBRA, AddMember, Members, RemoveMember
-from tests.support.world import RecordingDispatcher
-
-
-@dataclass
-class StateWorld:
-    """One state endpoint's stores, shared by every worker."""
-
-    endpoint: Endpoint[Any] = SET_ALGEBRA
-    clock: ManualClock = field(default_factory=ManualClock)
-    tokens: MemoryTokenStore = field(default_factory=MemoryTokenStore)
-    dispatcher: RecordingDispatcher = field(default_factory=RecordingDispatcher)
-    events: CountingSink = field(default_factory=CountingSink)
-
-    def __post_init__(self) -> None:
-        self.stream = MemoryStateStream(self.clock)
-        self.ids = SeededIds(3)
-
-    def processor(self, wrap: Callable[[str, Any], Any] = lambda _n, port: port) -> Processor:
-        ports = Ports(tokens=wrap("tokens", self.tokens),
-                      store=MemoryTransactionalStore(self.clock),
-                      dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
-                      ids=self.ids, events=self.events,
-                      state_stream=wrap("stream", self.stream))
-        return build_processor(self.endpoint, ports, Strategy.STATE)
-
-    async def envelope(self, message: Any, n: int, token: bool = False) -> Envelope:
-        headers = {TOKEN_HEADER: "1"} if token else {}
-        env = Envelope(uuid.UUID(int=n), type(message).__name__, encode(message),
-                       MappingProxyType(headers))
-        if token:  # a token of this ID addressed to another endpoint (it must survive)
-            await self.tokens.create("elsewhere", [env])
-        return env
-
-    def published(self, message_id: uuid.UUID) -> list[tuple[Any, ...]]:
-        """(destination, type, body, headers) of every dispatch of `message_id`."""
-        return [(dest, e.type, e.body, tuple(sorted(e.headers.items())))
-                for dest, e in self.dispatcher.sent
-                if e.message_id == message_id]
-
-    def state(self, partition: str = "p") -> Any:
-        return self.stream.states().get(partition)
+from tests.support.world import StateWorld
 
 
 def _out(incoming: uuid.UUID, index: int = 0) -> uuid.UUID:
