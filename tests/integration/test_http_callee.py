@@ -12,78 +12,31 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
-import httpx
 import pytest
 
 from adapters.http.client import CalleeRefused, HttpxRequests, http_client_resource
 from adapters.postgres.pool import create_pool
 from application.assembly import build_processor
-from application.codec import encode, to_jsonable
+from application.codec import to_jsonable
 from application.envelope import REQUEST_URL_HEADER
 from application.errors import PermanentError, RequestDeleted, TransientError
 from application.http_caller import collect_response
 from application.processor import Outcome
 from domain.context import HttpResponse
-from entrypoints.callee_app import create_callee_app
-from entrypoints.status import StatusServer, listening_socket
-from tests.support.counters.endpoints import Account, Spend, Tally, Withdraw
-from tests.support.counters.harness import Counters, counters, take, token_envelope
+from tests.support.callee import ACCOUNT, LIMIT, TOKEN, serve, withdrawal
+from tests.support.counters.endpoints import Account, Spend, Tally
+from tests.support.counters.harness import take, token_envelope
 from tests.support.processes import Where, fresh_fleet, states, where_for
 
-TOKEN, ACCOUNT, LIMIT = "s3cret-token", "acct", 4096
 R1, R2 = uuid.UUID(int=101), uuid.UUID(int=102)
 STORED = "EO-Stored-Response"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def _body(amount: int, account: str = ACCOUNT) -> bytes:
-    return encode(Withdraw(account, amount))
-
-
-@dataclass
-class Callee:
-    """A served bank: the counters on memory stores, base URL, raw client and the adapter."""
-
-    counters: Counters
-    base: str
-    client: httpx.AsyncClient
-    http: HttpxRequests
-
-    def url(self, request_id: uuid.UUID | str) -> str:
-        return f"{self.base}/requests/{request_id}"
-
-    def runs(self) -> int:
-        return self.counters.runs("bank")
-
-    def balance(self) -> int:
-        account = self.counters.state("bank", ACCOUNT)
-        assert isinstance(account, Account)
-        return account.balance
-
-
-@asynccontextmanager
-async def serve(failpoints: str | None = None, balance: int = 500, timeout_s: float = 5.0,
-                token: str = TOKEN) -> AsyncIterator[Callee]:
-    """uvicorn on 127.0.0.1 (port 0) in this event loop, serving the bank callee with bearer
-    token `token`."""
-    c = counters(failpoints)
-    c.open_account(ACCOUNT, balance)
-    server = StatusServer(create_callee_app(c.bank, token, LIMIT),
-                          listening_socket("127.0.0.1", 0))
-    server.start()
-    base = f"http://127.0.0.1:{server.port}"
-    resource = http_client_resource(timeout_s)
-    client = await anext(resource)
-    try:
-        yield Callee(c, base, client, HttpxRequests(client, {base: token}))
-    finally:
-        await resource.aclose()
-        await server.stop()
+_body = withdrawal
 
 
 async def test_put_is_create_only_and_a_late_put_after_delete_is_gone() -> None:

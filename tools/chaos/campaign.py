@@ -74,9 +74,11 @@ from tools.chaos.broker import (
 from tools.chaos.checks import (
     at_rest,
     audit_logs,
+    crashed_by_failpoint,
     dead_letters,
     queue_depth,
     read_logs,
+    rerun_violations,
 )
 from tools.demo.local import (
     Fleet,
@@ -230,6 +232,9 @@ class RunResult:
     consumer_gaps: dict[str, float] = field(default_factory=dict)
     #: the same while one of its processes was down or restarting (a kill or a crash)
     restart_gaps: dict[str, float] = field(default_factory=dict)
+    #: the logs of the processes that died by plan (a crash failpoint's exit, a kill -9):
+    #: only their attempts in progress excuse a handler re-run
+    planned_deaths: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -405,7 +410,7 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
         marks = Marks(kills, list(plan.broker_closes))
         gaps = ConsumerGaps()
         settled = await _quiesce(settings, fleet, pool, rabbit, len(sample.expected), marks,
-                                 faults, gaps, timeout_s, started, result.violations)
+                                 faults, gaps, timeout_s, started, result)
         if settled < len(sample.expected):
             result.violations.append(
                 f"I10: {settled} of {len(sample.expected)} orders settled when the system "
@@ -418,7 +423,7 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
             faults["duplicate (re-published after processing)"] += len(late)
             result.deliveries_published += len(late)
             await _quiesce(settings, fleet, pool, rabbit, len(sample.expected), Marks(),
-                           faults, gaps, timeout_s, time.monotonic(), result.violations)
+                           faults, gaps, timeout_s, time.monotonic(), result)
         gaps.finish()
         result.consumer_gaps = gaps.longest_s
         result.restart_gaps = gaps.while_restarting_s
@@ -451,13 +456,14 @@ class Marks:
 async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool,
                    rabbit: RabbitConnection, orders: int, marks: Marks, faults: Counter[str],
                    gaps: ConsumerGaps, timeout_s: float, started: float,
-                   violations: list[str]) -> int:
+                   result: RunResult) -> int:
     """Until the system is quiet: the work and retry queues empty, no committed transaction
     left unfinished, and no order settled for 2 polls when all are settled (30 when not:
     dead letters or a stuck order, which the checks then name), or the timeout. Restarts
     processes that exited (a `crash` failpoint) without their failpoints, SIGKILLs (then
     restarts) processes and has the broker close every connection when the plan's progress
-    marks are reached, and samples each work queue's consumer count into `gaps`."""
+    marks are reached, and samples each work queue's consumer count into `gaps`. Unplanned
+    exits go to `result.violations`, the logs of planned deaths to `result.planned_deaths`."""
     idle, last, settled = 0, -1, 0
     while time.monotonic() - started < timeout_s:
         await asyncio.sleep(0.5)
@@ -465,16 +471,19 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool,
                                               if not _consuming(fleet, name)})
         for name, proc in fleet.procs.items():
             if proc.poll() is not None:
-                if proc.returncode == CRASH_EXIT:
+                if proc.returncode == CRASH_EXIT and crashed_by_failpoint(_log_of(fleet, name)):
                     faults["process exit (crash failpoint)"] += 1
+                    result.planned_deaths.append(_log_of(fleet, name))
                 else:  # anything but the failpoint's exit is the service's own failure
-                    violations.append(f"{name} exited with {proc.returncode} during the run")
+                    result.violations.append(
+                        f"{name} exited with {proc.returncode} during the run")
                 fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
                 if name == "payments":
                     await fleet.wait_for_payments()
         settled = await settled_orders(pool)
         while marks.kills and marks.kills[0][0] <= settled:
             _, name = marks.kills.pop(0)
+            result.planned_deaths.append(_log_of(fleet, name))
             fleet.kill(name)
             faults["kill -9"] += 1
             fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
@@ -498,6 +507,11 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool,
     return settled
 
 
+def _log_of(fleet: Fleet, name: str) -> Path:
+    """The log of process `name`'s current start."""
+    return fleet.log_dir / f"{name}.{fleet.starts[name]}.jsonl"
+
+
 def _consuming(fleet: Fleet, name: str) -> bool:
     """Whether process `name` runs and its current start logged `consumer.started` (the
     callee, which consumes no queue, counts as consuming while it runs)."""
@@ -506,7 +520,7 @@ def _consuming(fleet: Fleet, name: str) -> bool:
         return False
     if name == "payments":
         return True
-    log = fleet.log_dir / f"{name}.{fleet.starts[name]}.jsonl"
+    log = _log_of(fleet, name)
     try:
         with log.open("rb") as f:
             head = f.read(65536)
@@ -525,7 +539,10 @@ async def _check(settings: ToolSettings, service: Service, sample: TpchSample,
                           blobs, settings.credit_limit)
     result.confirmed, result.rejected = oracle.confirmed, oracle.rejected
     result.violations += [f"oracle: {v}" for v in oracle.violations]
-    result.violations += audit_logs(read_logs(log_dir)).violations
+    records = read_logs(log_dir)
+    result.violations += audit_logs(records).violations
+    deaths = [read_logs(path.parent, path.name) for path in result.planned_deaths]
+    result.violations += [f"re-run: {v}" for v in rerun_violations(records, deaths)]
     left = await at_rest(pool)
     result.violations += [f"I8/I9: {n} {name} left at rest" for name, n in left.items() if n]
     dead = await dead_letters(settings.amqp(), list(QUEUES))

@@ -3,12 +3,20 @@
 processes' logs and the stores at rest can show them.
 
 From the JSON logs of every process (killed ones included):
+- every protocol event (`message.received`, `handler.invoked`, `transaction.committed`,
+  `side_effect.published`) names its endpoint and message ID: one that does not cannot be
+  checked, and is reported rather than skipped.
 - I1: at most one `transaction.committed` per (endpoint, message ID). A process killed between
   its commit and the log line leaves the commit unlogged, so the logs give a lower bound: a
   second logged commit is a violation, a missing one is not (the oracle sees the state).
 - I2: every received copy of a message ID has the same body (`message.received` logs the
-  body's SHA-256 prefix).
+  body's SHA-256 prefix, and a copy logged without it is a violation).
+- I3: where a message's commit is logged, every side effect published for it names the
+  committed attempt (output of another attempt would not match the committed state).
 - I7: every `side_effect.published` of one incoming message names one attempt.
+- Handler re-runs (`rerun_violations`): every attempt beyond the committed one was aborted
+  visibly: a conflict, a delayed retry, or the death of its process by plan (only the attempt
+  in progress when it died).
 
 From the stores at rest (after the final sweep): I8/I9 — no tokens, no committed-but-unfinished
 transaction records, no side-effect records, no deferred clean-ups, no HTTP requests left on
@@ -19,8 +27,9 @@ letters are counted per endpoint, with reasons.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +42,10 @@ from application.envelope import REASON_HEADER
 from application.observability import (
     HANDLER_INVOKED,
     MESSAGE_RECEIVED,
+    MESSAGE_RETRIED,
     SIDE_EFFECT_PUBLISHED,
     TRANSACTION_COMMITTED,
+    TRANSACTION_CONFLICT,
 )
 
 #: SQL counting what must be gone at rest (name -> query).
@@ -47,6 +58,9 @@ AT_REST: dict[str, str] = {
     "requests on payments": "SELECT count(*) FROM eo_http_request",
     "unrelayed inbox rows": "SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL",
 }
+#: The events the log audit attributes to (endpoint, message ID).
+PROTOCOL_EVENTS = frozenset({MESSAGE_RECEIVED, HANDLER_INVOKED, TRANSACTION_COMMITTED,
+                             SIDE_EFFECT_PUBLISHED})
 #: At most this many violations are listed per invariant (the rest are counted).
 MAX_LISTED = 10
 
@@ -85,26 +99,97 @@ def audit_logs(records: Iterable[dict[str, Any]]) -> LogAudit:
     audit = LogAudit()
     digests: dict[tuple[str, str], set[str]] = defaultdict(set)
     publishers: dict[tuple[str, str], set[str]] = defaultdict(set)
+    committers: dict[tuple[str, str], set[str]] = defaultdict(set)
+    unattributed: list[str] = []
+    undigested: list[str] = []
     for record in records:
         event = record.get("event")
-        key = (str(record.get("endpoint", "")), str(record.get("message_id", "")))
+        if event not in PROTOCOL_EVENTS:
+            continue
+        endpoint, message_id = record.get("endpoint"), record.get("message_id")
+        if not endpoint or not message_id:
+            missing = [what for what, value in (("an endpoint", endpoint),
+                                                ("a message ID", message_id)) if not value]
+            unattributed.append(f"{event} without {' or '.join(missing)}: {record}")
+            continue
+        key = (str(endpoint), str(message_id))
         if event == MESSAGE_RECEIVED:
             audit.received[key] += 1
-            if "body_sha256" in record:
+            if record.get("body_sha256"):
                 digests[key].add(str(record["body_sha256"]))
+            else:
+                undigested.append(f"{key[0]} received {key[1]} without a body digest")
         elif event == HANDLER_INVOKED:
             audit.handler_runs[key] += 1
         elif event == TRANSACTION_COMMITTED:
             audit.commits[key] += 1
+            committers[key].add(str(record.get("attempt_id")))
         elif event == SIDE_EFFECT_PUBLISHED:
             publishers[key].add(str(record.get("attempt_id")))
+    _report(audit, "unattributed", unattributed)
     _report(audit, "I1", (f"{e} committed {m} {n} times"
                           for (e, m), n in sorted(audit.commits.items()) if n > 1))
+    _report(audit, "I2", undigested)
     _report(audit, "I2", (f"{e} received {len(d)} different bodies for {m}"
                           for (e, m), d in sorted(digests.items()) if len(d) > 1))
+    _report(audit, "I3", (f"{e} published side effects of {m} from attempt(s) "
+                          f"{sorted(a - committers[(e, m)])}, not the committed "
+                          f"{sorted(committers[(e, m)])}"
+                          for (e, m), a in sorted(publishers.items())
+                          if committers.get((e, m)) and a - committers[(e, m)]))
     _report(audit, "I7", (f"{e} published side effects of {m} from {len(a)} attempts"
                           for (e, m), a in sorted(publishers.items()) if len(a) > 1))
     return audit
+
+
+def crashed_by_failpoint(log: Path) -> bool:
+    """Whether the process log `log` ends a life ended by a `crash` failpoint: the line
+    `failpoint <name>: crash` it writes on stderr before exiting (entrypoints/faults.py)."""
+    if not log.exists():
+        return False
+    return any(re.fullmatch(r"failpoint \S+: crash", line)
+               for line in log.read_text(errors="replace").splitlines())
+
+
+def rerun_violations(records: Iterable[Mapping[str, Any]],
+                     deaths: Iterable[Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Handler runs protocol 3.4 does not allow, from every process's log `records`: at most
+    one attempt of a message commits, and every other attempt was aborted visibly, by a
+    `transaction.conflict` or `message.retried` of that message, or by a planned death.
+
+    `deaths`: the log records of each process that died *by plan* (a `crash` failpoint's
+    exit, a SIGKILL the harness sent); of each, only the attempt in progress when it died
+    (its last `handler.invoked`, when not committed) counts as aborted. An exit nobody
+    planned excuses nothing. Returns one line per message in violation."""
+    attempts: dict[tuple[str, str], set[str]] = defaultdict(set)
+    committed: dict[tuple[str, str], set[str]] = defaultdict(set)
+    aborts: Counter[tuple[str, str]] = Counter()
+    for r in records:
+        key = (str(r.get("endpoint")), str(r.get("message_id")))
+        event = r.get("event")
+        if event == HANDLER_INVOKED:
+            attempts[key].add(str(r.get("attempt_id")))
+        elif event == TRANSACTION_COMMITTED:
+            committed[key].add(str(r.get("attempt_id")))
+        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED):
+            aborts[key] += 1
+    for log in deaths:
+        invoked = [r for r in log if r.get("event") == HANDLER_INVOKED]
+        if invoked:
+            last = invoked[-1]
+            key = (str(last.get("endpoint")), str(last.get("message_id")))
+            if str(last.get("attempt_id")) not in committed[key]:
+                aborts[key] += 1
+    problems = []
+    for key, ids in sorted(attempts.items()):
+        wins = committed.get(key, set())
+        if len(wins) > 1:
+            problems.append(f"{key}: {len(wins)} attempts committed")
+        extra = len(ids) - len(wins & ids)
+        if extra > aborts[key]:
+            problems.append(f"{key}: {len(ids)} handler runs, {len(wins)} committed, only "
+                            f"{aborts[key]} visible aborts (conflict, retry, planned death)")
+    return problems
 
 
 def _report(audit: LogAudit, invariant: str, found: Iterable[str]) -> None:

@@ -69,7 +69,14 @@ from service.registry import REGISTRY
 from tests.sample.chaos.zygote import Zygote
 from tests.support.processes import free_ports, private_vhost
 from tests.support.services import discover
-from tools.chaos.checks import at_rest, audit_logs, dead_letters, read_logs
+from tools.chaos.checks import (
+    at_rest,
+    audit_logs,
+    crashed_by_failpoint,
+    dead_letters,
+    read_logs,
+    rerun_violations,
+)
 from tools.demo.local import Fleet, final_sweep
 from tools.settings import ToolSettings
 from tools.tpch.data import Command, TpchSample, generate
@@ -175,6 +182,11 @@ class Exit:
     name: str
     code: int | None
     log: Path
+
+    @property
+    def planned(self) -> bool:
+        """Exited by the `crash` action of a failpoint the test set (exit 70 and its line)."""
+        return self.code == CRASH_EXIT and crashed_by_failpoint(self.log)
 
     def crashed_at(self, failpoint: str) -> bool:
         """Exited by the `crash` action of `failpoint` (exit 70 and its line in the log)."""
@@ -718,7 +730,7 @@ class Run:
         assert audit.violations == [], f"{audit.violations}\n{tails}"
         ordering = ordering_violations(records)
         assert not ordering, f"{ordering}\n{tails}"
-        unexplained = rerun_violations(records, exits)
+        unexplained = rerun_violations(records, [e.events() for e in exits if e.planned])
         assert not unexplained, f"{unexplained}\n{tails}"
         for e in exits:  # a process died only by a crash failpoint
             assert e.code == CRASH_EXIT, f"{e.name} exited with {e.code}\n{tails}"
@@ -760,39 +772,6 @@ def ordering_violations(records: list[dict[str, Any]]) -> list[str]:
         late = [k for k, at in keys.items() if key in consumed and at > consumed[key]]
         if late:
             problems.append(f"I6: {key} consumed before {late} were published")
-    return problems
-
-
-def rerun_violations(records: list[dict[str, Any]], exits: list[Exit]) -> list[str]:
-    """Handler runs protocol 3.4 does not allow: every attempt of a message beyond the one
-    that committed must have been aborted visibly (a conflict or a delayed retry of that
-    message, or its process crashed during it), and at most one attempt commits."""
-    attempts: dict[tuple[str, str], set[str]] = {}
-    committed: dict[tuple[str, str], set[str]] = {}
-    aborts: Counter[tuple[str, str]] = Counter()
-    for r in records:
-        key = (str(r.get("endpoint")), str(r.get("message_id")))
-        event = r.get("event")
-        if event == "handler.invoked":
-            attempts.setdefault(key, set()).add(str(r.get("attempt_id")))
-        elif event == "transaction.committed":
-            committed.setdefault(key, set()).add(str(r.get("attempt_id")))
-        elif event in ("transaction.conflict", "message.retried"):
-            aborts[key] += 1
-    for e in exits:  # the attempt in progress when the process died
-        for r in e.events("handler.invoked"):
-            key = (str(r.get("endpoint")), str(r.get("message_id")))
-            if str(r.get("attempt_id")) not in committed.get(key, set()):
-                aborts[key] += 1
-    problems = []
-    for key, ids in attempts.items():
-        wins = committed.get(key, set())
-        if len(wins) > 1:
-            problems.append(f"{key}: {len(wins)} attempts committed")
-        extra = len(ids) - len(wins & ids)
-        if extra > aborts[key]:
-            problems.append(f"{key}: {len(ids)} handler runs, {len(wins)} committed, only "
-                            f"{aborts[key]} visible aborts (conflict, retry, crash)")
     return problems
 
 

@@ -1,13 +1,21 @@
 """The log audit of the chaos checks finds each invariant's violation and nothing on a clean
-history (I1: one commit per message; I2: identical copies; I7: one publishing attempt)."""
+history (I1: one commit per message; I2: identical copies, each with its digest; I3: output
+of the committed attempt only; I7: one publishing attempt), refuses events it cannot
+attribute, and the stores-at-rest queries count what is left (on a real PostgreSQL)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.chaos.checks import audit_logs, read_logs
+import asyncpg
+
+from tests.support.processes import private_database, this_run
+from tests.support.services import discover
+from tools.chaos.checks import AT_REST, at_rest, audit_logs, read_logs
 
 
 def ev(event: str, message: str = "m1", endpoint: str = "orders", **fields: Any
@@ -47,7 +55,10 @@ def test_copies_with_different_bodies_are_i2() -> None:
 
 def test_publications_from_two_attempts_are_i7() -> None:
     audit = audit_logs([*CLEAN, ev("side_effect.published", attempt_id="a1", kind="blob")])
-    assert audit.violations == ["I7: orders published side effects of m1 from 2 attempts"]
+    assert audit.violations == [  # a1 did not commit: its output is I3 too
+        "I3: orders published side effects of m1 from attempt(s) ['a1'], not the committed "
+        "['a2']",
+        "I7: orders published side effects of m1 from 2 attempts"]
 
 
 def test_many_violations_are_listed_up_to_a_bound() -> None:
@@ -63,3 +74,84 @@ def test_read_logs_skips_lines_cut_by_a_kill(tmp_path: Path) -> None:
         + '{"event": "transaction.comm')
     (tmp_path / "orders-0.2.jsonl").write_text(json.dumps(ev("handler.invoked")) + "\n")
     assert audit_logs(read_logs(tmp_path)).runs("orders", "m1") == 2
+
+
+def test_a_copy_received_without_a_body_digest_is_i2() -> None:
+    """A copy without a digest would pass the identical-copies check unseen."""
+    audit = audit_logs([*CLEAN, ev("message.received")])
+    assert audit.violations == ["I2: orders received m1 without a body digest"]
+
+
+def test_an_event_without_an_endpoint_or_a_message_id_is_reported() -> None:
+    audit = audit_logs([*CLEAN, {"event": "transaction.committed", "message_id": "m1",
+                                 "attempt_id": "a7"},
+                        {"event": "handler.invoked", "endpoint": "orders"}])
+    assert [v.split(":")[:2] for v in audit.violations] == [
+        ["unattributed", " transaction.committed without an endpoint"],
+        ["unattributed", " handler.invoked without a message ID"]]
+    # and an unattributed second commit is not silently merged into another endpoint's count
+    assert audit.commits[("", "m1")] == 0
+
+
+def test_a_publication_from_an_attempt_that_did_not_commit_is_i3() -> None:
+    """All publications name one attempt (I7 holds), but not the committed one."""
+    history = [ev("message.received", body_sha256="aa"), ev("handler.invoked", attempt_id="a1"),
+               ev("transaction.committed", attempt_id="a1"),
+               ev("side_effect.published", attempt_id="a0", kind="blob")]
+    assert audit_logs(history).violations == [
+        "I3: orders published side effects of m1 from attempt(s) ['a0'], not the committed "
+        "['a1']"]
+
+
+#: One row of each kind `AT_REST` must count, and beside it one it must not (a cleared TR, a
+#: relayed inbox row).
+_LEFT_OVER = [
+    ("tokens", "INSERT INTO eo_token VALUES ($1, 'Add', '', '{}', now(), 'counter')"),
+    ("unfinished transaction records",
+     "INSERT INTO eo_transaction_record VALUES ('counter', 'p', $1, $1, 2, now(), NULL)"),
+    ("side-effect records", "INSERT INTO eo_side_effect_record VALUES ('counter', 'p', 'blob', "
+     "'k', $1, $1, 0, '{}', now())"),
+    ("aborted artifacts (deferred clean-ups)", "INSERT INTO eo_deferred_cleanup (endpoint, "
+     "kind, key, payload, due) SELECT 'counter', 'blob', 'k', '{}', now() WHERE $1::uuid "
+     "IS NOT NULL"),
+    ("requests on payments", "INSERT INTO eo_http_request VALUES ('bank', $1, 'Spend', '', "
+     "'{}', false, now())"),
+    ("unrelayed inbox rows", "INSERT INTO eo_inbox VALUES ('front', $1, 'Add', '', now(), "
+     "NULL)"),
+]
+_NOT_LEFT_OVER = [
+    "INSERT INTO eo_transaction_record VALUES ('counter', 'q', NULL, NULL, 4, NULL, NULL)",
+    "INSERT INTO eo_inbox VALUES ('front', $1, 'Add', '', now(), now())",
+]
+
+
+def test_the_stores_at_rest_checks_count_each_kind_of_left_over() -> None:
+    """On a migrated database: nothing at rest on an empty one, a cleared TR and a relayed
+    inbox row are not left-overs, and each kind of left-over is counted under its name."""
+    assert [name for name, _sql in _LEFT_OVER] == list(AT_REST)  # one probe per query
+
+    async def probe(dsn: str) -> list[dict[str, int]]:
+        seen = []
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+        try:
+            seen.append(await at_rest(pool))
+            for sql in _NOT_LEFT_OVER:
+                await pool.execute(sql, *([uuid.uuid4()] if "$1" in sql else []))
+            seen.append(await at_rest(pool))
+            for _name, sql in _LEFT_OVER:
+                await pool.execute(sql, uuid.uuid4())
+                seen.append(await at_rest(pool))
+        finally:
+            await pool.close()
+        return seen
+
+    services = discover(rabbitmq=False)
+    try:
+        with private_database(services.postgres_dsn, this_run("eo_at_rest")) as dsn:
+            seen = asyncio.run(probe(dsn))
+    finally:
+        services.close()
+    assert seen[0] == seen[1] == dict.fromkeys(AT_REST, 0)
+    for i, (name, _sql) in enumerate(_LEFT_OVER):  # each insert moves its own count only
+        assert {k: v for k, v in seen[i + 2].items() if v} == {
+            n: 1 for n, _ in _LEFT_OVER[:i + 1]}, name

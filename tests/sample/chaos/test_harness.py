@@ -1,13 +1,16 @@
-"""The chaos harness's own rule (tests/sample/chaos/cluster.py `rerun_violations`): a handler run
-beyond the committed attempt is allowed only after a visible abort. Checked on synthetic
-log records, so the rule the chaos tests rely on is known to fail when it should."""
+"""The chaos harness's own rules (`tools.chaos.checks.rerun_violations`, the ordering checks
+of tests/sample/chaos/cluster.py): a handler run beyond the committed attempt is allowed
+only after a visible abort, and only a planned death excuses one (its attempt in progress).
+Checked on synthetic log records, so the rules the chaos tests rely on are known to fail
+when they should."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from tests.sample.chaos.cluster import CRASH_EXIT, Exit, ordering_violations, rerun_violations
+from tests.sample.chaos.cluster import CRASH_EXIT, Exit, ordering_violations
+from tools.chaos.checks import rerun_violations
 
 
 def _event(event: str, attempt: str, message: str = "m1", **fields: Any) -> dict[str, Any]:
@@ -41,7 +44,34 @@ def test_runs_after_a_conflict_a_retry_or_a_crash_are_allowed(tmp_path: Path) ->
     crashed = [_event("handler.invoked", "a1"), _event("handler.invoked", "a2"),
                _event("transaction.committed", "a2")]
     assert rerun_violations(crashed, []) != []
-    assert rerun_violations(crashed, [Exit("orders-a", CRASH_EXIT, log)]) == []
+    death = Exit("orders-a", CRASH_EXIT, log)
+    assert death.planned
+    assert rerun_violations(crashed, [death.events()]) == []
+
+
+def test_an_exit_nobody_planned_excuses_no_re_run(tmp_path: Path) -> None:
+    """A process that died by its own failure (exit 1, or exit 70 without a failpoint's
+    line) is no planned death: the harness does not pass it, and the re-run is reported."""
+    log = tmp_path / "orders-a.1.jsonl"
+    log.write_text('{"event": "handler.invoked", "endpoint": "orders", "message_id": "m1", '
+                   '"attempt_id": "a1"}\nTraceback (most recent call last):\n')
+    assert not Exit("orders-a", 1, log).planned
+    assert not Exit("orders-a", CRASH_EXIT, log).planned
+    crashed = [_event("handler.invoked", "a1"), _event("handler.invoked", "a2"),
+               _event("transaction.committed", "a2")]
+    assert rerun_violations(crashed, []) != []
+
+
+def test_a_planned_death_excuses_only_the_attempt_in_progress() -> None:
+    """The dying process ran m1's handler, then m2's: only m2's attempt was in progress when
+    it died, so a second run of m1 still needs an abort of its own."""
+    dying = [_event("handler.invoked", "a1"), _event("handler.invoked", "b1", message="m2")]
+    records = [*dying, _event("handler.invoked", "a2"), _event("transaction.committed", "a2"),
+               _event("handler.invoked", "b2", message="m2"),
+               _event("transaction.committed", "b2", message="m2")]
+    assert rerun_violations(records, [dying]) == [
+        "('orders', 'm1'): 2 handler runs, 1 committed, only 0 visible aborts (conflict, "
+        "retry, planned death)"]
 
 
 def test_a_publication_before_the_commit_or_after_the_consume_is_a_violation() -> None:
