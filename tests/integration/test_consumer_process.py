@@ -276,7 +276,9 @@ async def test_sigterm_stops_gracefully_and_loses_nothing(
     n = len(sent)
     tokens = PostgresTokenStore(pool)
     await publish_with_tokens(rabbit, tokens, "counter", list(sent.values()))
-    counter = fleet.start("counter")
+    # each handler run lasts 200 ms, so deliveries are in flight whenever SIGTERM comes, on a
+    # loaded machine too (without it, a descheduled consumer could have none at that moment)
+    counter = fleet.start("counter", EO_FAILPOINTS="after_handler=sleep:200")
     await fleet.ready(counter)
 
     async def under_way() -> bool:

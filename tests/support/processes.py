@@ -34,12 +34,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -83,10 +83,16 @@ CALLEE_URL = ("callee.serving", "url")
 # where things are
 
 
+#: this test run's own suffix: its process ID (distinct among runs alive at once) and six
+#: random hex digits (distinct from a run that died earlier with the same ID, whose
+#: databases and virtual hosts may still be there)
+RUN_ID = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
+
+
 def this_run(name: str, separator: str = "_") -> str:
-    """`name` with this test run's process ID: two runs on one machine get different
-    databases and virtual hosts."""
-    return f"{name}{separator}{os.getpid()}"
+    """`name` with this test run's `RUN_ID` (joined by `separator`): two runs of the suite on
+    one machine get different databases and virtual hosts."""
+    return f"{name}{separator}{RUN_ID.replace('_', separator)}"
 
 
 def _local_rabbitmqctl(url: str) -> bool:
@@ -124,24 +130,6 @@ def delete_vhost(url: str) -> None:
     if vhost and _local_rabbitmqctl(url):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             _rabbitmqctl("delete_vhost", vhost)
-
-
-def free_ports(count: int, first: int) -> list[int]:
-    """`count` fixed ports from `first` on (keep them below 32768, outside the ephemeral
-    range) that nothing listens on now. Raises RuntimeError when 200 ports do not hold them.
-    Prefer letting the process pick (port 0, or `EO_METRICS_PORT` unset) and log it."""
-    found: list[int] = []
-    for port in range(first, first + 200):
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == count:
-            return found
-    raise RuntimeError(f"no {count} free ports from {first}")
 
 
 def eo_command() -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from adapters.postgres.admin import with_database
+from tests.support.processes import this_run
 from tests.support.services import Services, discover
 from tools.bench.report import BenchResult, Params, as_json, print_table, write_json
 from tools.bench.run import PATHS, run_bench
@@ -31,7 +32,7 @@ def services() -> Iterator[Services]:
 @pytest.fixture
 async def result(services: Services) -> AsyncIterator[BenchResult]:
     # a database of its own (the bench truncates its baseline table) and queues of its own
-    dsn = with_database(services.postgres_dsn, "eo_bench_test")
+    dsn = with_database(services.postgres_dsn, this_run("eo_bench_test"))
     prefix = f"bench-test-{uuid.uuid4().hex[:8]}"
     yield await run_bench(Params(messages=MESSAGES, partitions=PARTITIONS, in_flight=8,
                                  database_dsn=dsn, amqp_url=services.amqp_url, prefix=prefix))

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from decimal import Decimal
@@ -140,9 +140,11 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
 
-    def start(self, name: str, endpoint: str, env: dict[str, str] | None = None) -> None:
+    def start(self, name: str, endpoint: str, env: Mapping[str, str | None] | None = None
+              ) -> None:
         """Start (or restart) process `name` consuming `endpoint` (`payments`: the callee),
-        with `env` over the fleet's environment (e.g. `EO_FAILPOINTS` for this process)."""
+        with `env` over the fleet's environment (e.g. `EO_FAILPOINTS` for this process; a
+        None value unsets the variable)."""
         self.starts[name] += 1
         log = (self.log_dir / f"{name}.{self.starts[name]}.jsonl").open("wb")
         command = [sys.executable, "-c", "from entrypoints.cli import main; main()",
@@ -156,13 +158,15 @@ class Fleet:
         verb = "serve" if endpoint == PAYMENTS else "consume"
         return [verb, "--endpoint", endpoint]
 
-    def env_of(self, endpoint: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    def env_of(self, endpoint: str, env: Mapping[str, str | None] | None = None
+               ) -> dict[str, str]:
         """The environment of a process of `endpoint`: the fleet's, the callee's port (the
-        one it first got, on a restart) or its URL for a caller, then `env`."""
+        one it first got, on a restart) or its URL for a caller, then `env` (None: unset)."""
         own = {"EO_CALLEES__PAYMENTS__PORT": str(self.payments_port)}
         if endpoint != PAYMENTS and self.payments_url is not None:
             own = {"EO_CALLEES__PAYMENTS__URL": self.payments_url}
-        return {**self.env, **own, **(env or {})}
+        merged = {**self.env, **own, **(env or {})}
+        return {k: v for k, v in merged.items() if v is not None}
 
     def caller_settings(self, settings: S) -> S:
         """`settings` calling the fleet's payments process over HTTP (the final sweep's)."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import shutil
 import signal
@@ -67,7 +66,7 @@ from entrypoints.local import postgres_stores
 from entrypoints.settings import Service, resolve_service
 from service.registry import REGISTRY
 from tests.sample.chaos.zygote import Zygote
-from tests.support.processes import free_ports, private_vhost
+from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
 from tools.chaos.checks import (
     at_rest,
@@ -83,12 +82,10 @@ from tools.tpch.data import Command, TpchSample, generate
 from tools.tpch.oracle import check_oracle
 
 #: names of this test run's own: concurrent runs of the suite (several engineers, CI) never
-#: share a database, a virtual host or a port
-RUN = str(os.getpid())
-DATABASE = f"eo_chaos_{RUN}"
-TOKEN_DATABASE = f"eo_chaos_tokens_{RUN}"
-VHOST = f"eo-chaos-{RUN}"
-FIRST_PORT = 18510  # moto takes the first free port from here (payments: any free one)
+#: share a database or a virtual host (ports: every server here binds port 0)
+DATABASE = this_run("eo_chaos")
+TOKEN_DATABASE = this_run("eo_chaos_tokens")
+VHOST = this_run("eo-chaos", "-")
 #: the sample's endpoints with a work queue
 ENDPOINTS = tuple(REGISTRY.consuming())
 #: spans a restart of the payments process (~4 s) before a follow-up is dead-lettered
@@ -209,7 +206,7 @@ class Exit:
 @dataclass
 class Spec:
     endpoint: str
-    env: dict[str, str]
+    env: dict[str, str | None]
 
 
 class ForkedFleet(Fleet):
@@ -220,7 +217,8 @@ class ForkedFleet(Fleet):
         super().__init__(*args, **kwargs)
         self.zygote = zygote
 
-    def start(self, name: str, endpoint: str, env: dict[str, str] | None = None) -> None:
+    def start(self, name: str, endpoint: str, env: Mapping[str, str | None] | None = None
+              ) -> None:
         self.starts[name] += 1
         log = self.log_dir / f"{name}.{self.starts[name]}.jsonl"
         self.procs[name] = self.zygote.spawn(  # type: ignore[assignment]
@@ -261,7 +259,7 @@ class Cluster:
         return proc is not None and proc.poll() is None
 
     def start(self, name: str, endpoint: str, failpoints: str = "",
-              env: Mapping[str, str] | None = None) -> None:
+              env: Mapping[str, str | None] | None = None) -> None:
         """(Re)start process `name` on `endpoint` with `failpoints` and `env`; a running
         process of that name is killed first. Does not wait: see `Run.ready`."""
         if self.alive(name):
@@ -338,8 +336,7 @@ def make_cluster(tmp_dir: Path, zygote: Zygote, general_path: bool = False
     if token_dsn:
         asyncio.run(_recreate(token_dsn))
     asyncio.run(_delete_queues(amqp))
-    [moto_port] = free_ports(1, FIRST_PORT)
-    moto = MotoServer(port=moto_port)
+    moto = MotoServer()  # port 0: the OS picks a free one while binding it
     endpoint = moto.start()
     settings = ToolSettings.model_validate(dict(
         profile="local", database_dsn=dsn, amqp_url=amqp, token_dsn=token_dsn,
@@ -482,7 +479,7 @@ class Run:
     # processes ---------------------------------------------------------------------------
 
     async def start(self, name: str, endpoint: str, failpoints: str = "",
-                    env: Mapping[str, str] | None = None) -> None:
+                    env: Mapping[str, str | None] | None = None) -> None:
         """Start process `name` (replacing a long-lived one of that name for this test) and
         wait until it consumes (or serves)."""
         self.cluster.start(name, endpoint, failpoints, env)

@@ -29,7 +29,6 @@ import pytest
 
 from adapters.rabbitmq import topology
 from tests.sample.chaos.cluster import RETRY_DELAYS, Run, log_events, pick_orders
-from tests.support.processes import free_ports
 from tools.chaos.campaign import POINTS
 
 ORDERS = pick_orders(12, seed=11)
@@ -171,15 +170,18 @@ async def test_ready_is_false_during_an_outage_and_true_after(chaos: Run) -> Non
     closed). Asserted: `/ready` answers 503 with `consuming` and `publishing` false during the
     outage, 200 after it; the restart is counted in `eo_consumer_restarts_total`; the oracle
     holds for orders published during the outage."""
-    [port] = free_ports(1, 19800)
     await chaos.seed(TWO_ORDERS)
-    await chaos.start("orders-a", "orders", "", {"EO_METRICS_PORT": str(port)})
+    # unset: the process binds the first free port from 9464 and logs it (no port is chosen
+    # here, so a service left running on this machine cannot take it first)
+    await chaos.start("orders-a", "orders", "", {"EO_METRICS_PORT": None})
+    [status_url] = [e["status_url"] for e in log_events(chaos.cluster.log_of("orders-a"))
+                    if e.get("event") == "consumer.started"]
 
     def get(path: str) -> tuple[int, str]:
         import urllib.error
         import urllib.request
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            with urllib.request.urlopen(f"{status_url}{path}", timeout=2) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()

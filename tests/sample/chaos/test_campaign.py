@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from adapters.postgres.admin import with_database
 from entrypoints.cli import app
-from tests.support.processes import private_vhost
+from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
 from tools.chaos.campaign import plan_run
 from tools.tpch.data import generate
@@ -33,14 +33,14 @@ def _seed_with_a_kill_and_a_crash() -> int:
 def test_a_short_campaign_injects_faults_and_finds_no_violation(tmp_path: Path) -> None:
     services = discover()
     try:
-        amqp = private_vhost(services.amqp_url, "eo-chaos-campaign")
+        amqp = private_vhost(services.amqp_url, this_run("eo-chaos-campaign", "-"))
         server = with_database(services.postgres_dsn, "postgres")
         seed = _seed_with_a_kill_and_a_crash()
         report = tmp_path / "report.json"
         result = CliRunner().invoke(app, [
             "chaos", "--duration", "0", "--seed", str(seed), "--orders-per-run",
             str(ORDERS_PER_RUN), "--log-dir", str(tmp_path / "logs"), "--report", str(report),
-            "--database", "eo_chaos_ci"],
+            "--database", this_run("eo_chaos_ci")],
             env={"EO_AMQP_URL": amqp, "EO_DATABASE_DSN": server, "EO_FAILPOINTS": ""})
     finally:
         services.close()

@@ -21,6 +21,7 @@ from adapters.s3.moto_server import MotoServer
 from domain.context import Context
 from domain.sample.orders import CONFIRMED
 from tests.sample.pipeline import audit_data as data
+from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.audit import (
     ARTIFACT_PREFIXES,
@@ -89,7 +90,7 @@ class Scenario:
 @pytest.fixture(scope="module")
 def clean(server_dsn: str, sample: TpchSample, order_keys: list[int], moto: str) -> Scenario:
     world = data.settle(sample, order_keys)
-    dsn = asyncio.run(data.fresh_database(server_dsn, "eo_pipeline_audit_clean"))
+    dsn = asyncio.run(data.fresh_database(server_dsn, this_run("eo_pipeline_audit_clean")))
     asyncio.run(data.store(dsn, world))
     data.put_invoices(moto, "eo-pipeline-clean", world)
     return Scenario(dsn, "eo-pipeline-clean", world, {})
@@ -143,7 +144,7 @@ def injected(server_dsn: str, sample: TpchSample, order_keys: list[int], moto: s
              # objects of someone else sharing the bucket: never orphans of ours
              "foreign": "reports/2026-01.csv", "foreign_shape": f"invoices/{uuid.uuid4()}"}
     bucket = "eo-pipeline-injected"
-    dsn = asyncio.run(data.fresh_database(server_dsn, "eo_pipeline_audit_injected"))
+    dsn = asyncio.run(data.fresh_database(server_dsn, this_run("eo_pipeline_audit_injected")))
     asyncio.run(data.store(dsn, world))
     asyncio.run(_inject_rows(dsn, marks))
     data.put_invoices(moto, bucket, world)

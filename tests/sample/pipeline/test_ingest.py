@@ -18,6 +18,7 @@ from adapters.postgres.admin import drop_database, ensure_database, with_databas
 from adapters.postgres.migrate import upgrade_async
 from application.codec import encode
 from entrypoints.cli import app
+from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.cli import pipeline_app
 from tools.pipeline.ingest import derive_commands, ingest, read_tables, table_paths
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SF = 0.001
-DATABASE = "eo_ingest_pipeline_test"
+DATABASE = this_run("eo_ingest_pipeline_test")
 Command = tuple[str, str, bytes]
 
 
@@ -162,7 +163,7 @@ def test_demo_refuses_an_unknown_ingest_mode() -> None:
 
 def test_an_unmigrated_database_exits_3_before_spark_starts(tpch: dict[str, Path]) -> None:
     services = discover(rabbitmq=False)
-    bare = with_database(services.postgres_dsn, "eo_ingest_unmigrated")
+    bare = with_database(services.postgres_dsn, this_run("eo_ingest_unmigrated"))
     try:
         asyncio.run(ensure_database(bare))
         result = CliRunner().invoke(pipeline_app, ["ingest", "--input", str(tpch["csv"])],

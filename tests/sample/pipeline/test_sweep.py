@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from adapters.s3.moto_server import MotoServer
 from domain.context import Context
 from tests.sample.pipeline.audit_data import fresh_database, s3_client
+from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.audit import read_rows
 from tools.pipeline.cli import pipeline_app
@@ -28,7 +29,7 @@ BUCKET = "eo-pipeline-sweep"
 @pytest.fixture(scope="module")
 def dsn() -> Iterator[str]:
     services = discover(rabbitmq=False)
-    yield asyncio.run(fresh_database(services.postgres_dsn, "eo_pipeline_sweep_test"))
+    yield asyncio.run(fresh_database(services.postgres_dsn, this_run("eo_pipeline_sweep_test")))
     services.close()
 
 
