@@ -1,0 +1,298 @@
+"""The named mutations of the protocol: each removes one guard of docs/protocol.md, and names
+the invariants (I1-I10) and failure-table rows (protocol 3.4) whose tests must catch it.
+
+Rows of the failure table, as `rows` names them: `token-load` (token load, TR load, token
+check), `register`, `create`, `commit-rejected`, `commit-unknown`, `before-publish` (commit,
+before publish), `dispatch` (some or all dispatches), `token-delete` (token delete, before TR
+clear), `tr-clear` (TR clear, before ack).
+
+`killers` are the fast-suite tests run for the mutation (in this order, stopping at the first
+failure): the ones known to kill it, so the suite fits the CI budget; `python -m
+tests.mutation.run --discover NAME` runs the whole fast suite on a mutation and lists every
+test that fails.
+"""
+
+# ruff: noqa: E501 - `before` texts are the code's own lines, as long as they are there
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INVARIANTS = tuple(f"I{i}" for i in range(1, 11))
+ROWS = ("token-load", "register", "create", "commit-rejected", "commit-unknown",
+        "before-publish", "dispatch", "token-delete", "tr-clear")
+
+_INTERLEAVINGS = "tests/unit/application/test_interleavings.py"
+_FAILURE_TABLE = "tests/unit/application/test_failure_table.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One guard removed: `file`'s `before` text (exactly once there) becomes `after`; a
+    guard written in two places has its second in `also` ((file, before, after) each)."""
+
+    name: str
+    guard: str
+    file: str
+    before: str
+    after: str
+    killers: tuple[str, ...]
+    invariants: tuple[str, ...] = ()
+    rows: tuple[str, ...] = ()
+    also: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def edits(self) -> tuple[tuple[str, str, str], ...]:
+        """Every (file, before, after) of the mutation."""
+        return ((self.file, self.before, self.after), *self.also)
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        name="token-not-rechecked-after-tr-load",
+        guard="3.1: check the token AFTER loading the TR",
+        file="application/token_path.py",
+        before="""        if not exists:
+            raise Duplicate""",
+        after="""        if False:
+            raise Duplicate""",
+        killers=(f"{_INTERLEAVINGS}::test_every_schedule_within_two_preemptions_keeps_the_"
+                 "invariants",),
+        invariants=("I1",), rows=("token-load",)),
+    Mutation(
+        name="no-token-check-at-all",
+        guard="3.1: no token means duplicate (at load and after the TR load)",
+        file="application/token_path.py",
+        before="""        if stored is None:
+            raise Duplicate
+        return stored""",
+        after="""        if stored is None:
+            return envelope
+        return stored""",
+        also=(("application/token_path.py", """        if not exists:
+            raise Duplicate""", """        if False:
+            raise Duplicate"""),),
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_clear_leaves_nothing_and_redelivery_is_"
+                 "dropped",),
+        invariants=("I1",), rows=("tr-clear",)),
+    Mutation(
+        name="finish-without-the-attempt-guard",
+        guard="3.1: finish acts only while the TR is committed to (M, A) (one half of the "
+              "fence; the compare-and-clear stays)",
+        file="application/finisher.py",
+        before="""            if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
+                return False""",
+        after="""            if False:
+                return False""",
+        killers=(f"{_INTERLEAVINGS}::test_three_workers_find_a_finish_without_its_attempt_"
+                 "guard",),
+        invariants=("I5", "I6", "I8")),
+    Mutation(
+        name="clear-without-compare",
+        guard="3.1: compare-and-clear (the other half of the fence)",
+        file="adapters/memory/transactional_store.py",
+        before="""        if p.tr.version != expected_version:
+            return False
+        if consume is not None:""",
+        after="""        if consume is not None:""",
+        killers=(f"{_INTERLEAVINGS}::test_three_workers_find_a_clear_without_its_compare",),
+        invariants=("I5",)),
+    Mutation(
+        name="winner-leaves-the-losers-artifacts",
+        guard="3.1: finish cleans up the aborted attempts' artifacts",
+        file="application/finisher.py",
+        before="""            await self.effects.clean_up(rec.kind, rec.key, rec.payload)
+            ev.emit(SIDE_EFFECT_CLEANED""",
+        after="""            pass
+            ev.emit(SIDE_EFFECT_CLEANED""",
+        killers=(f"{_INTERLEAVINGS}::test_every_schedule_within_two_preemptions_keeps_the_"
+                 "invariants",
+                 f"{_FAILURE_TABLE}::test_crash_after_create_leaves_an_artifact_the_winner_"
+                 "deletes"),
+        invariants=("I8",), rows=("create",)),
+    Mutation(
+        name="no-recheck-after-create",
+        guard="3.2 step 3: re-check the registration after creating the artifact",
+        file="application/preparation.py",
+        before="""        if not await store.registration_valid(rec):""",
+        after="""        if False:""",
+        killers=(f"{_FAILURE_TABLE}::test_an_artifact_created_after_the_winners_clean_up_is_"
+                 "deleted_by_its_own_recheck",),
+        invariants=("I8",), rows=("create",)),
+    Mutation(
+        name="aborted-records-not-deferred",
+        guard="8.2: clear lists the aborted records for deferred clean-up",
+        file="adapters/memory/transactional_store.py",
+        before="""        self._bump(p, message_id=None, attempt_id=None, committed_at=None)
+        self._defer(aborted, cleanup_due)""",
+        after="""        self._bump(p, message_id=None, attempt_id=None, committed_at=None)""",
+        killers=(f"{_FAILURE_TABLE}::test_artifact_created_after_the_winners_clean_up_goes_"
+                 "by_deferred_clean_up",),
+        invariants=("I8",), rows=("create",)),
+    Mutation(
+        name="clear-keeps-the-records",
+        guard="3.1: clear deletes exactly the transaction's records",
+        file="adapters/memory/transactional_store.py",
+        before="""        p.records = [r for r in p.records if not any(_same(r, x) for x in records)]
+        self._bump(p, message_id=None, attempt_id=None, committed_at=None)""",
+        after="""        self._bump(p, message_id=None, attempt_id=None, committed_at=None)""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_register_leaves_a_record_the_winner_"
+                 "cleans",),
+        invariants=("I8",), rows=("register",)),
+    Mutation(
+        name="rejection-not-rechecked",
+        guard="handler runner: a rejection judged on a state replaced meanwhile is a "
+              "conflict (design notes)",
+        file="application/handler_runner.py",
+        before="""            if await changed():
+                raise Conflict""",
+        after="""            if False:
+                raise Conflict""",
+        killers=("tests/unit/application/test_rejection_race.py",),
+        invariants=("I1", "I10")),
+    Mutation(
+        name="state-path-rejection-not-rechecked",
+        guard="state path: a rejection judged on a stream appended meanwhile is a conflict",
+        file="application/state_path.py",
+        before="""                    return mine is not None or now_version != version""",
+        after="""                    return False""",
+        killers=("tests/unit/application/test_rejection_race.py::test_the_state_path_"
+                 "rechecks_a_rejection_against_its_stream",),
+        invariants=("I1", "I10")),
+    Mutation(
+        name="conflict-not-retried",
+        guard="7: an optimistic-concurrency conflict is retried (a lost commit is no "
+              "verdict)",
+        file="application/processor.py",
+        before="""            except Conflict as exc:
+                ev.emit(TRANSACTION_CONFLICT, endpoint=name, message_id=m, reason=str(exc))""",
+        after="""            except Conflict as exc:
+                raise PermanentError(str(exc)) from exc""",
+        killers=(f"{_FAILURE_TABLE}::test_a_commit_rejected_by_a_conflict_is_retried_and_the_"
+                 "winner_cleans_up",),
+        invariants=("I10",), rows=("commit-rejected",)),
+    Mutation(
+        name="own-committed-transaction-not-finished",
+        guard="3.1: a redelivery that finds the TR committed to its message finishes it",
+        file="application/transactional_path.py",
+        before="""            await self.finisher.finish(partition, tr.message_id, tr.attempt_id)
+            if tr.message_id == m:""",
+        after="""            if tr.message_id != m:
+                await self.finisher.finish(partition, tr.message_id, tr.attempt_id)
+            if tr.message_id == m:""",
+        killers=(f"{_FAILURE_TABLE}::test_commit_with_unknown_outcome_is_finished_without_"
+                 "running_the_handler_again",
+                 f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
+                 "a_second_handler_run"),
+        invariants=("I5",), rows=("commit-unknown", "before-publish")),
+    Mutation(
+        name="next-message-does-not-finish-the-partition",
+        guard="3.1: the next message of a partition finishes its committed transaction first",
+        file="application/transactional_path.py",
+        before="""        while (tr := loaded.tr).message_id is not None and tr.attempt_id is not None:""",
+        after="""        while (tr := loaded.tr).message_id == m and tr.attempt_id is not None:""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_token_delete_is_finished_by_the_next_"
+                 "message_of_the_partition",),
+        invariants=("I5", "I10"), rows=("token-delete",)),
+    Mutation(
+        name="sweeper-leaves-stale-transactions",
+        guard="8.1: the sweeper finishes transactions committed longer than a threshold",
+        file="application/sweeper.py",
+        before="""                finished += await self.finisher.finish(tr.partition, tr.message_id, tr.attempt_id)""",
+        after="""                pass""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_token_delete_is_finished_by_the_"
+                 "sweeper",),
+        invariants=("I5", "I10"), rows=("token-delete",)),
+    Mutation(
+        name="token-created-at-dispatch",
+        guard="3.3: a token is created before the commit, never at dispatch time",
+        file="application/side_effects.py",
+        before="""            destination, envelope = envelope_of(key, payload)
+            await self.dispatcher.dispatch(destination, envelope)""",
+        after="""            destination, envelope = envelope_of(key, payload)
+            await self.tokens.create(destination, [envelope])
+            await self.dispatcher.dispatch(destination, envelope)""",
+        killers=(f"{_FAILURE_TABLE}::test_a_repeated_publication_never_recreates_an_"
+                 "outgoing_token_already_consumed",),
+        invariants=("I1",), rows=("dispatch",)),
+    Mutation(
+        name="outgoing-id-per-dispatch",
+        guard="3.3: the winner's outgoing message IDs are final at commit (re-dispatch "
+              "sends the same ID)",
+        file="application/side_effects.py",
+        before="""        message_id=uuid.UUID(key),""",
+        after="""        message_id=uuid.uuid4(),""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
+                 "a_second_handler_run",),
+        invariants=("I2",), rows=("dispatch",)),
+    Mutation(
+        name="finish-publishes-every-attempt",
+        guard="3.1: finish publishes the committed attempt's records only",
+        file="application/finisher.py",
+        before="""        winners = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)""",
+        after="""        winners = sorted(records, key=_order)""",
+        killers=(f"{_INTERLEAVINGS}::test_every_schedule_within_two_preemptions_keeps_the_"
+                 "invariants",),
+        invariants=("I3", "I4", "I7")),
+    Mutation(
+        name="token-consumed-before-publication",
+        guard="3.1: the incoming token is deleted after every side effect is published",
+        file="application/finisher.py",
+        before="""        published = 0
+        for rec in winners:""",
+        after="""        published = 0
+        if self._tokens is not None and not self._colocated:
+            await self._tokens.delete(message_id)
+        for rec in winners:""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
+                 "a_second_handler_run",),
+        invariants=("I6",)),
+    Mutation(
+        name="token-never-consumed",
+        guard="3.1: finish consumes the incoming token (deduplication state bounded by the "
+              "messages in flight)",
+        file="application/finisher.py",
+        before="""                await self._tokens.delete(message_id)  # consume: the last publication step""",
+        after="""                pass""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_before_anything_durable_leaves_nothing",),
+        invariants=("I9",)),
+    Mutation(
+        name="outbox-without-positive-proof",
+        guard="4: a processed-message row drops the copies of a processed message",
+        file="application/outbox_path.py",
+        before="""        row = await self.processed.processed(stored.message_id)
+        if row is not None:""",
+        after="""        row = await self.processed.processed(stored.message_id)
+        if False:""",
+        killers=("tests/unit/application/test_outbox.py::test_duplicate_republishes_the_"
+                 "stored_copy_without_running_the_handler",),
+        invariants=("I1", "I10")),
+    Mutation(
+        name="outbox-accepts-another-body-under-a-known-id",
+        guard="4 (amendment): a known message ID with another body is no copy",
+        file="application/outbox_path.py",
+        before="""            if row.body_sha256 is not None and row.body_sha256 != stored.body_sha256:""",
+        after="""            if False:""",
+        killers=("tests/unit/application/test_boundary_security.py",),
+        invariants=("I1",)),
+    Mutation(
+        name="transient-failure-acked",
+        guard="7: a transient failure is retried, then dead-lettered with a reason, never "
+              "dropped",
+        file="application/consumer.py",
+        before="""            await delivery.retry(delay, reason)
+            events.emit(MESSAGE_RETRIED""",
+        after="""            await delivery.ack()
+            events.emit(MESSAGE_RETRIED""",
+        killers=("tests/unit/application/test_consumer.py",),
+        invariants=("I10",)),
+    Mutation(
+        name="follow-up-request-never-deleted",
+        guard="6 step 3: the follow-up's commit records the DELETE of its request",
+        file="application/preparation.py",
+        before="""        if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)""",
+        after="""        if False:""",
+        killers=("tests/unit/application/test_http_protocol.py::test_follow_up_debits_the_"
+                 "account_and_deletes_the_request_on_the_callee",),
+        invariants=("I8",)),
+)
