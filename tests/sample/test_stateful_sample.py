@@ -1,5 +1,11 @@
 """Hypothesis stateful test on the sample domain: random deliveries, duplicates, crashes at
-random failpoints and redeliveries; at quiescence the oracle and I1-I10 hold."""
+random failpoints and redeliveries, one delivery at a time; at quiescence the oracle holds
+(each order's outcome once: I1, and its invoice blob matches its state: I3), nothing
+committed is left unfinished (I5), nothing is left at rest: tokens, side-effect records,
+deferred clean-ups, callee requests (I8, I9), and every message was consumed without a dead
+letter (I10). The log-level invariants (I2, I4, I6, I7) and concurrent deliveries are the
+framework's tests' part: tests/unit/application/test_stateful_interleaved.py and
+test_interleavings.py."""
 
 from __future__ import annotations
 
