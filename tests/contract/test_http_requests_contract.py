@@ -23,13 +23,12 @@ import pytest
 from adapters.memory.http import InProcessHttp
 from application.errors import PermanentError, RequestDeleted
 from application.ports import HttpRequests, HttpResult
-from tests.support.callee import ACCOUNT, serve, withdrawal
-from tests.support.counters.endpoints import Account
+from tests.support.callee import ACCOUNT, BankView, serve, withdrawal
 from tests.support.counters.harness import Counters, counters
 
 
 @dataclass
-class Caller:
+class Caller(BankView):
     """An adapter under test with the callee it calls: `url(id)` is a request's URL,
     `foreign(id)` a URL under no configured callee."""
 
@@ -37,14 +36,6 @@ class Caller:
     counters: Counters
     url: Callable[[uuid.UUID], str]
     foreign: Callable[[uuid.UUID], str]
-
-    def runs(self) -> int:
-        return self.counters.runs("bank")
-
-    def balance(self) -> int:
-        account = self.counters.state("bank", ACCOUNT)
-        assert isinstance(account, Account)
-        return account.balance
 
 
 class HttpRequestsContract:

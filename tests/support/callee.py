@@ -26,8 +26,22 @@ def withdrawal(amount: int, account: str = ACCOUNT) -> bytes:
     return encode(Withdraw(account, amount))
 
 
+class BankView:
+    """What a test reads of the bank: its handler runs and the test account's balance."""
+
+    counters: Counters
+
+    def runs(self) -> int:
+        return self.counters.runs("bank")
+
+    def balance(self) -> int:
+        account = self.counters.state("bank", ACCOUNT)
+        assert isinstance(account, Account)
+        return account.balance
+
+
 @dataclass
-class Callee:
+class Callee(BankView):
     """A served bank: the counters on memory stores, base URL, raw client and the adapter."""
 
     counters: Counters
@@ -37,14 +51,6 @@ class Callee:
 
     def url(self, request_id: uuid.UUID | str) -> str:
         return f"{self.base}/requests/{request_id}"
-
-    def runs(self) -> int:
-        return self.counters.runs("bank")
-
-    def balance(self) -> int:
-        account = self.counters.state("bank", ACCOUNT)
-        assert isinstance(account, Account)
-        return account.balance
 
 
 @asynccontextmanager

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from application.envelope import Envelope
 from application.errors import PermanentError
 from application.observability import TRANSACTION_CONFLICT, CountingSink
 from application.ports import Loaded
@@ -85,75 +86,61 @@ class TornStream:
         return newest, version, None
 
 
-async def test_the_token_path_rechecks_a_rejection_against_its_transaction_record() -> None:
-    """Two copies of one message on the token path: no schedule dead-letters the copy that
-    lost, and some schedules take the re-check's `Conflict` branch."""
-    outcomes: list[str] = []
+async def _two_copies(world_of: Any, torn: str, wrapper: Any) -> tuple[int, set[str], int]:
+    """Every schedule of two copies of `M` within two preemptions, each worker's port `torn`
+    wrapped by `wrapper` (over the gate, so the scheduler may stop it between its two
+    reads): (schedules, outcomes, conflicts raised by the re-check). `world_of(sink)` makes
+    the world and the envelope to deliver."""
+    outcomes: set[str] = set()
     rechecks = 0
 
     async def one(prefix: list[Choice]) -> Run:
         nonlocal rechecks
         conflicts = _Conflicts()
-        world = World(LATCH, events=CountingSink(conflicts))
-        envelope = await world.send(Close("p"), M)
+        world, envelope = await world_of(CountingSink(conflicts))
         run = Run(prefix)
 
         async def body(wid: int) -> None:
-            processor = world.processor(wrap=lambda n, p: _torn(n, GatedPort(p, run, wid, n)))
+            def gated(name: str, port: Any) -> Any:
+                port = GatedPort(port, run, wid, name)
+                return wrapper(port) if name == torn else port
             try:
-                outcomes.append(str(await processor.process(envelope)))
+                outcomes.add(str(await world.processor(wrap=gated).process(envelope)))
             except PermanentError as exc:
-                outcomes.append(f"dead-lettered: {exc.reason}")
+                outcomes.add(f"dead-lettered: {exc.reason}")
 
         await run.execute({0: body, 1: body}, lambda _wid: None)
         rechecks += conflicts.rechecks
         return run
 
     explored = await explore(one, max_preemptions=2, max_crashes=0, limit=100_000)
-    print(f"\ntoken path, torn loads: {explored} schedules, {rechecks} re-check conflicts")
+    print(f"\n{torn} torn: {explored} schedules, {rechecks} re-check conflicts")
+    return explored, outcomes, rechecks
+
+
+async def test_the_token_path_rechecks_a_rejection_against_its_transaction_record() -> None:
+    """Two copies of one message on the token path: no schedule dead-letters the copy that
+    lost, and some schedules take the re-check's `Conflict` branch."""
+    async def world_of(sink: CountingSink) -> tuple[World, Envelope]:
+        world = World(LATCH, events=sink)
+        return world, await world.send(Close("p"), M)
+
+    explored, outcomes, rechecks = await _two_copies(world_of, "store", TornLoads)
     assert 50 <= explored < 100_000  # the bounded space, enumerated whole
-    assert set(outcomes) == {str(Outcome.PROCESSED), str(Outcome.DUPLICATE)}
+    assert outcomes == {str(Outcome.PROCESSED), str(Outcome.DUPLICATE)}
     assert rechecks > 0  # the branch under test is reached
 
 
 async def test_the_state_path_rechecks_a_rejection_against_its_stream() -> None:
     """Two copies of one message on the state path: the same, against the state stream."""
-    outcomes: list[str] = []
-    rechecks = 0
+    async def world_of(sink: CountingSink) -> tuple[StateWorld, Envelope]:
+        world = StateWorld(endpoint=LATCH, events=sink)
+        return world, await world.envelope(Close("p"), 9)
 
-    async def one(prefix: list[Choice]) -> Run:
-        nonlocal rechecks
-        conflicts = _Conflicts()
-        world = StateWorld(endpoint=LATCH, events=CountingSink(conflicts))
-        envelope = await world.envelope(Close("p"), 9)
-        run = Run(prefix)
-
-        def wrap(wid: int) -> Any:
-            def gated(name: str, port: Any) -> Any:
-                port = GatedPort(port, run, wid, name)
-                return TornStream(port) if name == "stream" else port
-            return gated
-
-        async def body(wid: int) -> None:
-            try:
-                outcomes.append(str(await world.processor(wrap(wid)).process(envelope)))
-            except PermanentError as exc:
-                outcomes.append(f"dead-lettered: {exc.reason}")
-
-        await run.execute({0: body, 1: body}, lambda _wid: None)
-        rechecks += conflicts.rechecks
-        return run
-
-    explored = await explore(one, max_preemptions=2, max_crashes=0, limit=100_000)
-    print(f"\nstate path, torn stream reads: {explored} schedules, {rechecks} re-check "
-          "conflicts")
+    explored, outcomes, rechecks = await _two_copies(world_of, "stream", TornStream)
     assert 10 <= explored < 100_000
-    assert set(outcomes) == {str(Outcome.PROCESSED), str(Outcome.DUPLICATE)}
+    assert outcomes == {str(Outcome.PROCESSED), str(Outcome.DUPLICATE)}
     assert rechecks > 0
-
-
-def _torn(name: str, port: Any) -> Any:
-    return TornLoads(port) if name == "store" else port
 
 
 class _Conflicts:
