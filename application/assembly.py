@@ -21,6 +21,7 @@ from application.side_effects import SideEffects
 from application.state_path import StatePath
 from application.strategy import Strategy
 from application.sweeper import Sweeper
+from application.token_batch import TokenBatch
 from application.token_path import AddressedTokens, TokenPath
 from application.transactional_path import PathParts
 from domain.decisions import Endpoint
@@ -61,7 +62,7 @@ def build_processor(
     if ports.colocated_tokens and not ports.store.holds_tokens:
         raise ValueError("colocated_tokens needs a transactional store that holds tokens")
     name, runner = endpoint.name, HandlerRunner(endpoint)
-    finisher = None
+    finisher, batch = None, None
     path: Path
     if strategy is Strategy.STATE:
         if ports.state_stream is None:
@@ -79,9 +80,12 @@ def build_processor(
                           ports.ids, ports.events, failpoints)
         if strategy is Strategy.TOKEN:
             path = TokenPath(parts, own, ports.colocated_tokens)
+            if ports.colocated_tokens and ports.incoming is None:  # batches need both
+                batch = TokenBatch(path, ports.tokens)
         else:
             path = OutboxPath(parts, ports.store, ports.dispatcher)
-    return Processor(name, strategy, path, runner, ports.events, conflict_retries, finisher)
+    return Processor(name, strategy, path, runner, ports.events, conflict_retries, finisher,
+                     batch)
 
 
 def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
-from application.errors import Conflict, DeadLetterRefused, PermanentError, TransientError
+from application.errors import DeadLetterRefused, PermanentError, TransientError
 from application.failpoints import Failpoints
 from application.observability import (
     MESSAGE_DEAD_LETTER_REFUSED,
@@ -54,38 +54,57 @@ class Consumer:
         retry_delays: Sequence[float] = (0.05, 0.2, 1.0, 5.0),
         failpoints: Failpoints | None = None,
         dead_letter_body_bytes: int = 4096,
+        batch_size: int = 1,
+        batch_wait_s: float = 0.0,
     ) -> None:
+        """`batch_size` > 1: `serve` hands the processor up to that many deliveries at once
+        (`Processor.process_batch`; an endpoint without a batched path processes them one
+        by one), those waiting when a batch starts plus what arrives within `batch_wait_s`
+        seconds of its first. Raises ValueError for a size below 1 or a negative wait."""
+        if batch_size < 1 or batch_wait_s < 0:
+            raise ValueError(f"batch_size {batch_size} < 1 or batch_wait_s {batch_wait_s} < 0")
         self.processor = processor
         self.dead_letter_body_bytes = dead_letter_body_bytes
         self.max_attempts = max_attempts
         self.retry_delays = tuple(retry_delays)
+        self.batch_size, self.batch_wait_s = batch_size, batch_wait_s
         self.counts: Counter[Settlement] = Counter()
         self._fp = failpoints
 
     async def settle(self, delivery: Delivery) -> Settlement:
         """Process one delivery and settle it; returns the settlement."""
-        name = self.processor.endpoint
-        events = self.processor.events
+        result: Outcome | BaseException
         try:
-            outcome = await self.processor.process(delivery.envelope)
-        except PermanentError as exc:
-            return await self._dead_letter(delivery, exc.reason, exc.replayable)
-        except (TransientError, Conflict, Exception) as exc:  # noqa: BLE001 - adapter errors retry
-            reason = f"{type(exc).__name__}: {exc}"
+            result = await self.processor.process(delivery.envelope)
+        except Exception as exc:  # noqa: BLE001 - settled by its kind below
+            result = exc
+        return await self._settle(delivery, result)
+
+    async def _settle(self, delivery: Delivery, result: Outcome | BaseException
+                      ) -> Settlement:
+        """Settle `delivery` by the outcome or error of its processing."""
+        if isinstance(result, PermanentError):
+            return await self._dead_letter(delivery, result.reason, result.replayable)
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):  # cancellation: not an outcome
+                raise result
+            # TransientError, Conflict or an unexpected adapter error: retry
+            reason = f"{type(result).__name__}: {result}"
             if delivery.attempt >= self.max_attempts:
                 return await self._dead_letter(
                     delivery, f"retries exhausted after {delivery.attempt} attempts: {reason}")
             delay = self.retry_delays[min(delivery.attempt, len(self.retry_delays)) - 1]
             await delivery.retry(delay, reason)
-            events.emit(MESSAGE_RETRIED, endpoint=name,
-                        message_id=str(delivery.envelope.message_id),
-                        attempt=delivery.attempt, delay_s=delay, reason=reason)
+            self.processor.events.emit(
+                MESSAGE_RETRIED, endpoint=self.processor.endpoint,
+                message_id=str(delivery.envelope.message_id), attempt=delivery.attempt,
+                delay_s=delay, reason=reason)
             self.counts[Settlement.RETRIED] += 1
             return Settlement.RETRIED
         if self._fp:
             await self._fp.hit("before_ack")
         await delivery.ack()
-        settlement = (Settlement.PROCESSED if outcome is Outcome.PROCESSED
+        settlement = (Settlement.PROCESSED if result is Outcome.PROCESSED
                       else Settlement.DUPLICATE)
         self.counts[settlement] += 1
         return settlement
@@ -114,30 +133,101 @@ class Consumer:
     async def serve(self, deliveries: AsyncIterator[Delivery], prefetch: int = 8) -> None:
         """Settle deliveries as they come, at most `prefetch` at a time, until the iterator
         ends; then wait for those in flight (graceful shutdown). An error of the iterator
-        (the broker is gone for good) is raised after those in flight have finished."""
+        (the broker is gone for good) is raised after those in flight have finished. With
+        `batch_size` > 1 and a processor that batches, deliveries are processed in batches
+        (see `__init__`)."""
+        if self.batch_size > 1 and self.processor.batches:
+            await self._serve_batches(deliveries, prefetch)
+            return
         slots = asyncio.Semaphore(prefetch)
-        tasks: set[asyncio.Task[Settlement | None]] = set()
-
-        async def one(delivery: Delivery) -> Settlement | None:
-            try:
-                return await self.settle(delivery)
-            except TransientError as exc:
-                # settling failed (the connection went away): the broker redelivers the
-                # message, and the protocol makes the second processing a no-op
-                self.processor.events.emit(
-                    SETTLEMENT_FAILED, endpoint=self.processor.endpoint,
-                    message_id=str(delivery.envelope.message_id), reason=str(exc))
-                self.counts[Settlement.UNSETTLED] += 1
-                return None
-            finally:
-                slots.release()
-
+        tasks: set[asyncio.Task[None]] = set()
         try:
             async for delivery in deliveries:
                 await slots.acquire()
-                task = asyncio.create_task(one(delivery))
+                task = asyncio.create_task(self._guarded(delivery, self.settle(delivery), slots))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:  # the source ended or failed: the deliveries in flight finish either way
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _serve_batches(self, deliveries: AsyncIterator[Delivery], prefetch: int) -> None:
+        slots = asyncio.Semaphore(prefetch)
+        waiting: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def pump() -> None:
+            try:
+                async for delivery in deliveries:
+                    await slots.acquire()
+                    waiting.put_nowait(delivery)
+            finally:
+                waiting.put_nowait(None)  # the end (or the source's failure)
+
+        pumping = asyncio.create_task(pump())
+        try:
+            while (batch := await self._next_batch(waiting)) is not None:
+                task = asyncio.create_task(self._settle_batch(batch, slots))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:  # the deliveries in flight finish either way
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if not pumping.done():
+                pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
+        pumping.result()  # the source's failure, after those in flight finished
+
+    async def _next_batch(self, waiting: asyncio.Queue[Delivery | None]
+                          ) -> list[Delivery] | None:
+        """The next batch: the first delivery to come, those waiting behind it and what
+        arrives within `batch_wait_s`, up to `batch_size`; None at the end (the end marker
+        stays queued, so the next call ends too)."""
+        first = await waiting.get()
+        if first is None:
+            waiting.put_nowait(None)
+            return None
+        batch = [first]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_wait_s
+        while len(batch) < self.batch_size:
+            if waiting.empty():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(left):
+                        item = await waiting.get()
+                except TimeoutError:
+                    break
+            else:
+                item = waiting.get_nowait()
+            if item is None:
+                waiting.put_nowait(None)
+                break
+            batch.append(item)
+        return batch
+
+    async def _settle_batch(self, batch: list[Delivery], slots: asyncio.Semaphore) -> None:
+        results: list[Outcome | BaseException]
+        try:
+            results = await self.processor.process_batch([d.envelope for d in batch])
+        except Exception as exc:  # noqa: BLE001 - every delivery of the batch is retried
+            results = [exc] * len(batch)
+        await asyncio.gather(*(self._guarded(d, self._settle(d, r), slots)
+                               for d, r in zip(batch, results, strict=True)))
+
+    async def _guarded(self, delivery: Delivery, settling: Awaitable[Settlement],
+                       slots: asyncio.Semaphore) -> None:
+        """Await `settling`; a failure to settle (the connection went away) leaves the
+        delivery to the broker, which redelivers it, and the protocol makes the second
+        processing a no-op. Frees `delivery`'s slot in every case."""
+        try:
+            await settling
+        except TransientError as exc:
+            self.processor.events.emit(
+                SETTLEMENT_FAILED, endpoint=self.processor.endpoint,
+                message_id=str(delivery.envelope.message_id), reason=str(exc))
+            self.counts[Settlement.UNSETTLED] += 1
+        finally:
+            slots.release()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 
 class PartitionLocks:
@@ -31,6 +31,15 @@ class PartitionLocks:
                 del self._locks[partition]
             else:
                 self._locks[partition] = (lock, users - 1)
+
+    @asynccontextmanager
+    async def hold_many(self, partitions: Iterable[str]) -> AsyncIterator[None]:
+        """Hold the locks of all `partitions`, taken in sorted order: two holders of several
+        locks never wait for each other in a cycle, and a holder of one never waits."""
+        async with AsyncExitStack() as stack:
+            for partition in sorted(set(partitions)):
+                await stack.enter_async_context(self.hold(partition))
+            yield
 
     def __len__(self) -> int:
         return len(self._locks)

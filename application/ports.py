@@ -65,6 +65,12 @@ class TokenStore(Protocol):
     async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
         """Whether the token addressed to `endpoint` exists."""
 
+    async def get_many(self, endpoint: str, message_ids: Sequence[uuid.UUID]
+                       ) -> dict[uuid.UUID, Envelope]:
+        """The stored messages of the tokens addressed to `endpoint` among `message_ids`, in
+        one read, keyed by message ID; an ID without such a token is absent (the batched
+        token path's `get`)."""
+
     async def delete(self, endpoint: str, message_id: uuid.UUID) -> None:
         """Delete the token addressed to `endpoint` (consume); a missing token is a no-op."""
 
@@ -111,6 +117,18 @@ class CommitRequest:
     reply: Reply | None = None
     processed: ProcessedMessage | None = None
     tokens: Sequence[tuple[str, Envelope]] = ()
+
+
+@dataclass(frozen=True)
+class Clear:
+    """One compare-and-clear of `PartitionStore.clear_many`: the arguments of `clear`."""
+
+    partition: str
+    expected_version: int
+    records: Sequence[SideEffectRecord]
+    aborted: Sequence[SideEffectRecord]
+    cleanup_due: datetime
+    consume: uuid.UUID | None = None
 
 
 class PartitionStore(Protocol):
@@ -167,6 +185,25 @@ class PartitionStore(Protocol):
         deferred clean-up at `cleanup_due`; with `consume` (and `holds_tokens`) delete that
         token, addressed to this store's endpoint, in the same transaction. Returns whether
         it cleared."""
+
+    # The batched token path (application/token_batch.py): each call is ONE statement for
+    # many partitions, with per-partition outcomes exactly those of the single calls above.
+
+    async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
+                        ) -> list[Loaded]:
+        """`load(partitions[i], tokens[i])` for every i, in one read (one snapshot); the
+        partitions are distinct."""
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[Committed | None]:
+        """`commit(request)` for every request, in one transaction, each guarded on its own:
+        None in place of the `Conflict` that `commit` would raise, and that partition writes
+        nothing (the others commit). The partitions are distinct. Transaction records are
+        locked in partition order, so two concurrent batches never deadlock."""
+
+    async def clear_many(self, clears: Sequence[Clear]) -> list[bool]:
+        """`clear(...)` for every item of `clears`, in one transaction, each compared on its
+        own version; returns whether each cleared. The partitions are distinct; records are
+        locked in partition order."""
 
 
 class ProcessedMessages(Protocol):

@@ -3,8 +3,10 @@ the endpoint's strategy (application/token_path.py, outbox_path.py, state_path.p
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from application.envelope import Envelope
@@ -14,6 +16,7 @@ from application.handler_runner import HandlerRunner
 from application.observability import MESSAGE_DUPLICATE, MESSAGE_RECEIVED, TRANSACTION_CONFLICT
 from application.ports import EventSink
 from application.strategy import Strategy
+from application.token_batch import Singly, TokenBatch
 
 
 class Outcome(enum.StrEnum):
@@ -44,22 +47,66 @@ class Processor:
 
     def __init__(self, endpoint: str, strategy: Strategy, path: Path, runner: HandlerRunner,
                  events: EventSink, conflict_retries: int = 3,
-                 finisher: Finisher | None = None) -> None:
-        """`finisher`: the path's (None for the state strategy), for the sweeper and tests."""
+                 finisher: Finisher | None = None, batch: TokenBatch | None = None) -> None:
+        """`finisher`: the path's (None for the state strategy), for the sweeper and tests;
+        `batch`: the batched token path (co-located tokens only), used by `process_batch`."""
         self.endpoint, self.strategy, self.path, self.runner = endpoint, strategy, path, runner
         self.events, self.conflict_retries = events, conflict_retries
-        self.finisher = finisher
+        self.finisher, self.batch = finisher, batch
 
     def decode(self, envelope: Envelope) -> Any:
         """The domain message of `envelope`; raises `UnknownMessageType` / `MalformedMessage`."""
         return self.runner.decode(envelope)
 
+    @property
+    def batches(self) -> bool:
+        """Whether `process_batch` batches (the token path with co-located tokens)."""
+        return self.batch is not None
+
     async def process(self, envelope: Envelope) -> Outcome:
         """Process one delivery; see the class docstring for the errors raised."""
-        ev, name, m = self.events, self.endpoint, str(envelope.message_id)
+        self._received(envelope)
+        return await self._attempts(envelope)
+
+    async def process_batch(self, envelopes: Sequence[Envelope]
+                            ) -> list[Outcome | BaseException]:
+        """Process deliveries together (application/token_batch.py); one result per
+        envelope, in order: its `Outcome`, or the error `process` would have raised for it
+        (nothing is raised). Without a batched path, each is processed on its own, all at
+        once."""
+        for envelope in envelopes:
+            self._received(envelope)
+        results: dict[int, Outcome | BaseException] = {}
+        singles = list(range(len(envelopes)))
+        if self.batch is not None:
+            singles = []
+            for i, result in enumerate(await self.batch.run(envelopes)):
+                if isinstance(result, Singly):
+                    singles.append(i)
+                elif result is None:
+                    results[i] = Outcome.PROCESSED
+                elif isinstance(result, Duplicate):
+                    self.events.emit(MESSAGE_DUPLICATE, endpoint=self.endpoint,
+                                     message_id=str(envelopes[i].message_id))
+                    results[i] = Outcome.DUPLICATE
+                else:
+                    results[i] = result
+        alone = await asyncio.gather(*(self._attempts(envelopes[i]) for i in singles),
+                                     return_exceptions=True)
+        for i, outcome in zip(singles, alone, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancelled (or a test's crash): no delivery is settled
+            results[i] = outcome
+        return [results[i] for i in range(len(envelopes))]
+
+    def _received(self, envelope: Envelope) -> None:
         # the body's digest lets an audit of the logs check I2 (every copy identical)
-        ev.emit(MESSAGE_RECEIVED, endpoint=name, message_id=m, type=envelope.type,
-                body_sha256=hashlib.sha256(envelope.body).hexdigest()[:16])
+        self.events.emit(MESSAGE_RECEIVED, endpoint=self.endpoint,
+                         message_id=str(envelope.message_id), type=envelope.type,
+                         body_sha256=hashlib.sha256(envelope.body).hexdigest()[:16])
+
+    async def _attempts(self, envelope: Envelope) -> Outcome:
+        ev, name, m = self.events, self.endpoint, str(envelope.message_id)
         for _ in range(self.conflict_retries + 1):
             try:
                 await self.path.attempt(envelope)
@@ -70,3 +117,4 @@ class Processor:
             except Conflict as exc:
                 ev.emit(TRANSACTION_CONFLICT, endpoint=name, message_id=m, reason=str(exc))
         raise TransientError(f"optimistic-concurrency conflict {self.conflict_retries + 1} times")
+

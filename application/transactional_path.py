@@ -61,7 +61,8 @@ class TransactionalPath:
                                                         parts.caller)
         self.clock, self.ids, self.events = parts.clock, parts.ids, parts.events
         self._fp = parts.failpoints
-        self._locks = PartitionLocks()
+        #: this worker's partition locks (shared with its batched path)
+        self.locks = PartitionLocks()
 
     async def hit(self, name: str) -> None:
         """Count a hit of failpoint `name` (nothing when none is configured)."""
@@ -92,7 +93,7 @@ class TransactionalPath:
         stored = await self.load(envelope)
         message = self.runner.decode(stored)
         partition = self.runner.partition_of(message)
-        async with self._locks.hold(partition):
+        async with self.locks.hold(partition):
             loaded = await self._settle_committed(partition, m)
             await self.still_pending(stored, loaded)
             await self.hit("after_token_check")

@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     max_attempts: int = Field(5, ge=1, description="deliveries before dead-lettering")
     retry_delays_s: tuple[float, ...] = (0.05, 0.2, 1.0, 5.0)
     prefetch: int = Field(8, ge=1, description="deliveries in flight per consumer")
+    batch_size: int = Field(
+        1, ge=1, description="deliveries processed as one unit (token path with co-located "
+                             "tokens; docs/batching.md); 1 turns batching off")
+    batch_wait_ms: float = Field(
+        0.0, ge=0, le=10_000,
+        description="how long a batch waits for more deliveries after its first")
     cleanup_grace_s: float = Field(1800.0, gt=0, description="longer than any attempt lives")
     stale_after_s: float = Field(30.0, gt=0, description="finish committed TRs older than this")
     retention_days: float = Field(7.0, gt=0,
@@ -147,6 +153,13 @@ class Settings(BaseSettings):
         if not value or any(d < 0 for d in value):
             raise ValueError("needs at least one non-negative delay")
         return value
+
+    @model_validator(mode="after")
+    def _batch_fits_in_flight(self) -> Settings:
+        if self.batch_size > self.prefetch:
+            raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
+                             f"{self.prefetch}, the deliveries in flight a batch is made of")
+        return self
 
     @model_validator(mode="after")
     def _production_needs_services(self) -> Settings:

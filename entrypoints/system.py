@@ -146,9 +146,10 @@ class System:
 
     def consumer(self, name: str) -> Consumer:
         """A new consumer (its own processor) of endpoint `name`."""
-        return Consumer(self.processor(name), self.settings.max_attempts,
-                        self.settings.retry_delays_s, self.failpoints,
-                        self.settings.dead_letter_body_bytes)
+        settings = self.settings
+        return Consumer(self.processor(name), settings.max_attempts, settings.retry_delays_s,
+                        self.failpoints, settings.dead_letter_body_bytes, settings.batch_size,
+                        settings.batch_wait_ms / 1000)
 
     def relay(self, name: str) -> InboxRelay:
         """A new inbox relay of gateway `name`: its inbox rows to its work queue."""

@@ -12,7 +12,14 @@ from typing import Any
 
 from adapters.memory.token_store import MemoryTokenStore
 from application.errors import Conflict
-from application.ports import Clock, CommitRequest, Committed, Loaded, TransactionalStore
+from application.ports import (
+    Clear,
+    Clock,
+    CommitRequest,
+    Committed,
+    Loaded,
+    TransactionalStore,
+)
 from application.records import (
     Abandoned,
     DeferredCleanup,
@@ -87,11 +94,19 @@ class MemoryTransactionalStore(TransactionalStore):
 
     async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
         await asyncio.sleep(0)
+        return self._load(partition, token)
+
+    def _load(self, partition: str, token: uuid.UUID | None) -> Loaded:
         p = self._partition(partition)
         exists = None
         if token is not None and self.tokens is not None:
             exists = self.tokens.holds(self.endpoint, token)
         return Loaded(p.tr, p.state, exists)
+
+    async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
+                        ) -> list[Loaded]:
+        await asyncio.sleep(0)
+        return [self._load(p, t) for p, t in zip(partitions, tokens, strict=True)]
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         await asyncio.sleep(0)
@@ -110,6 +125,21 @@ class MemoryTransactionalStore(TransactionalStore):
 
     async def commit(self, request: CommitRequest) -> Committed:
         await asyncio.sleep(0)
+        return self._commit(request)
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[Committed | None]:
+        await asyncio.sleep(0)
+        if any(r.tokens for r in requests) and self.tokens is None:
+            raise ValueError("tokens passed to commit, but no token store is co-located")
+        done: list[Committed | None] = []
+        for request in requests:
+            try:
+                done.append(self._commit(request))
+            except Conflict:
+                done.append(None)
+        return done
+
+    def _commit(self, request: CommitRequest) -> Committed:
         r = request
         p = self._partition(r.partition)
         if p.tr.is_committed or p.tr.version != r.expected_version:
@@ -143,6 +173,18 @@ class MemoryTransactionalStore(TransactionalStore):
         consume: uuid.UUID | None = None,
     ) -> bool:
         await asyncio.sleep(0)
+        return self._clear(Clear(partition, expected_version, records, aborted, cleanup_due,
+                                 consume))
+
+    async def clear_many(self, clears: Sequence[Clear]) -> list[bool]:
+        await asyncio.sleep(0)
+        if any(c.consume is not None for c in clears) and self.tokens is None:
+            raise ValueError("consume passed to clear, but no token store is co-located")
+        return [self._clear(c) for c in clears]
+
+    def _clear(self, c: Clear) -> bool:
+        partition, expected_version, records = c.partition, c.expected_version, c.records
+        aborted, cleanup_due, consume = c.aborted, c.cleanup_due, c.consume
         p = self._partition(partition)
         if p.tr.version != expected_version:
             return False

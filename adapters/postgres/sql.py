@@ -190,3 +190,93 @@ UNFINISHED = """
 SELECT count(*) FROM eo_transaction_record WHERE endpoint = $1 AND message_id IS NOT NULL"""
 
 CLEANUP_COUNT = "SELECT count(*) FROM eo_deferred_cleanup WHERE endpoint = $1"
+
+# The batched token path (application/token_batch.py): one statement for many partitions.
+# Each partition keeps the guard of its single statement above; the transaction records a
+# statement writes are locked first, in partition order, so concurrent batches cannot
+# deadlock (LockRows runs above the sort).
+
+_LOCKED = """
+locked AS (
+  SELECT t.partition_key FROM eo_transaction_record t
+   WHERE t.endpoint = $1 AND t.partition_key = ANY($2::text[])
+   ORDER BY t.partition_key FOR UPDATE)"""
+
+# $1 endpoint, $2 partitions, $3 tokens to check (NULL: none). Partitions without a TR row
+# are missing from the result: INSERT_TRS creates them, then this runs again for them.
+LOAD_MANY = """
+SELECT x.partition_key, t.message_id, t.attempt_id, t.version, t.committed_at, t.state,
+       CASE WHEN x.tok IS NULL THEN NULL
+            ELSE EXISTS (SELECT 1 FROM eo_token k WHERE k.message_id = x.tok
+                           AND (k.endpoint = $1 OR k.endpoint IS NULL)) END AS token_exists
+  FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)
+  JOIN eo_transaction_record t ON t.endpoint = $1 AND t.partition_key = x.partition_key"""
+
+INSERT_TRS = """
+INSERT INTO eo_transaction_record (endpoint, partition_key)
+SELECT $1, p FROM unnest($2::text[]) AS p ON CONFLICT DO NOTHING"""
+
+# $1 endpoint, $2-$6 per partition: partition, expected version, state, message, attempt;
+# $7 now; $8-$15 records (partition first); $16-$21 tokens (partition first). Every insert
+# joins the partitions whose guarded TR update matched (tr).
+COMMIT_MANY = f"""
+WITH req AS (
+  SELECT * FROM unnest($2::text[], $3::bigint[], $4::jsonb[], $5::uuid[], $6::uuid[])
+    AS x(partition_key, expected, state, message_id, attempt_id)),
+{_LOCKED},
+tr AS (
+  UPDATE eo_transaction_record t
+     SET state = req.state, message_id = req.message_id, attempt_id = req.attempt_id,
+         committed_at = $7, version = t.version + 1
+    FROM req JOIN locked USING (partition_key)
+   WHERE t.endpoint = $1 AND t.partition_key = req.partition_key
+     AND t.version = req.expected AND t.message_id IS NULL
+  RETURNING t.partition_key, t.version),
+recs AS (
+  INSERT INTO eo_side_effect_record
+    (endpoint, partition_key, kind, key, incoming_id, attempt_id, seq, payload, registered_at)
+  SELECT $1, x.p, x.k, x.ky, x.i, x.a, x.s, x.pl, x.at
+    FROM unnest($8::text[], $9::text[], $10::text[], $11::uuid[], $12::uuid[], $13::int[],
+                $14::jsonb[], $15::timestamptz[]) AS x(p, k, ky, i, a, s, pl, at)
+    JOIN tr ON tr.partition_key = x.p),
+toks AS (
+  INSERT INTO eo_token (endpoint, message_id, type, body, headers)
+  SELECT x.d, x.m, x.ty, x.b, x.h
+    FROM unnest($16::text[], $17::text[], $18::uuid[], $19::text[], $20::bytea[],
+                $21::jsonb[]) AS x(p, d, m, ty, b, h)
+    JOIN tr ON tr.partition_key = x.p
+  ON CONFLICT (message_id) DO NOTHING)
+SELECT tr.partition_key, tr.version,
+       {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
+                   .replace("t.partition_key", "tr.partition_key")} AS records
+  FROM tr"""
+
+# $1 endpoint, $2-$4 per partition: partition, expected version, token to consume (NULL:
+# none); $5-$7 records to delete (partition, kind, key); $8-$12 aborted records to list for
+# deferred clean-up (partition, kind, key, payload, due).
+CLEAR_MANY = f"""
+WITH req AS (
+  SELECT * FROM unnest($2::text[], $3::bigint[], $4::uuid[])
+    AS x(partition_key, expected, consume)),
+{_LOCKED},
+tr AS (
+  UPDATE eo_transaction_record t
+     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = t.version + 1
+    FROM req JOIN locked USING (partition_key)
+   WHERE t.endpoint = $1 AND t.partition_key = req.partition_key AND t.version = req.expected
+  RETURNING t.partition_key, req.consume),
+del AS (
+  DELETE FROM eo_side_effect_record r
+   USING tr, unnest($5::text[], $6::text[], $7::text[]) AS x(p, k, ky)
+   WHERE r.endpoint = $1 AND tr.partition_key = x.p AND r.partition_key = x.p
+     AND r.kind = x.k AND r.key = x.ky),
+def AS (
+  INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
+  SELECT $1, x.k, x.ky, x.pl, x.due
+    FROM unnest($8::text[], $9::text[], $10::text[], $11::jsonb[], $12::timestamptz[])
+      AS x(p, k, ky, pl, due)
+    JOIN tr ON tr.partition_key = x.p),
+tok AS (
+  DELETE FROM eo_token k USING tr
+   WHERE k.message_id = tr.consume AND (k.endpoint = $1 OR k.endpoint IS NULL))
+SELECT partition_key FROM tr"""

@@ -14,7 +14,14 @@ from adapters.postgres import sql
 from adapters.postgres.pool import translated
 from application.codec import from_jsonable, to_jsonable
 from application.errors import Conflict, TransientError
-from application.ports import Clock, CommitRequest, Committed, Loaded, TransactionalStore
+from application.ports import (
+    Clear,
+    Clock,
+    CommitRequest,
+    Committed,
+    Loaded,
+    TransactionalStore,
+)
 from application.records import (
     Abandoned,
     DeferredCleanup,
@@ -64,6 +71,24 @@ class PostgresTransactionalStore(TransactionalStore):
             raise TransientError(f"partition {partition}: transaction record not found")
         return Loaded(_tr(partition, row), from_jsonable(self.state_type, row["state"]),
                       row["token_exists"])
+
+    async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
+                        ) -> list[Loaded]:
+        checks = list(tokens) if self.holds_tokens else [None] * len(partitions)
+        async with translated():
+            rows = {r["partition_key"]: r for r in await self.pool.fetch(
+                sql.LOAD_MANY, self.endpoint, list(partitions), checks)}
+            missing = [p for p in partitions if p not in rows]
+            if missing:  # first messages of these partitions
+                await self.pool.execute(sql.INSERT_TRS, self.endpoint, missing)
+                again = [(p, t) for p, t in zip(partitions, checks, strict=True) if p in missing]
+                rows.update({r["partition_key"]: r for r in await self.pool.fetch(
+                    sql.LOAD_MANY, self.endpoint, [p for p, _ in again], [t for _, t in again])})
+        if len(rows) < len(partitions):
+            raise TransientError(f"partitions {sorted(set(partitions) - set(rows))}: "
+                                 "transaction records not found")
+        return [Loaded(_tr(p, rows[p]), from_jsonable(self.state_type, rows[p]["state"]),
+                       rows[p]["token_exists"]) for p in partitions]
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         async with translated():
@@ -123,6 +148,54 @@ class PostgresTransactionalStore(TransactionalStore):
                            "(version moved, transaction pending, or message processed)")
         existing = tuple(_record(r.partition, x) for x in row["records"])
         return Committed(row["version"], existing + tuple(r.records))
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[Committed | None]:
+        if any(r.reply is not None or r.processed is not None for r in requests):
+            raise ValueError("commit_many commits the token path's requests: replies and "
+                             "processed-message rows are committed one at a time")
+        if any(r.tokens for r in requests) and not self.holds_tokens:
+            raise ValueError("tokens passed to commit, but the token store is not co-located")
+        if not requests:
+            return []
+        now = self.clock.now()
+        records = [x for r in requests for x in r.records]
+        tokens = [(r.partition, d, e) for r in requests for d, e in r.tokens]
+        async with translated():
+            rows = await self.pool.fetch(
+                sql.COMMIT_MANY, self.endpoint, [r.partition for r in requests],
+                [r.expected_version for r in requests], [to_jsonable(r.state) for r in requests],
+                [r.message_id for r in requests], [r.attempt_id for r in requests], now,
+                [x.partition for x in records], *sql.record_arrays(records, now),
+                [p for p, _, _ in tokens], [d for _, d, _ in tokens],
+                [e.message_id for _, _, e in tokens], [e.type for _, _, e in tokens],
+                [e.body for _, _, e in tokens], [dict(e.headers) for _, _, e in tokens])
+        done = {row["partition_key"]: row for row in rows}
+        committed: list[Committed | None] = []
+        for r in requests:
+            row = done.get(r.partition)
+            committed.append(None if row is None else Committed(
+                row["version"],
+                tuple(_record(r.partition, x) for x in row["records"]) + tuple(r.records)))
+        return committed
+
+    async def clear_many(self, clears: Sequence[Clear]) -> list[bool]:
+        if any(c.consume is not None for c in clears) and not self.holds_tokens:
+            raise ValueError("consume passed to clear, but the token store is not co-located")
+        if not clears:
+            return []
+        records = [(c.partition, x) for c in clears for x in c.records]
+        aborted = [(c.partition, c.cleanup_due, x) for c in clears for x in c.aborted]
+        async with translated():
+            rows = await self.pool.fetch(
+                sql.CLEAR_MANY, self.endpoint, [c.partition for c in clears],
+                [c.expected_version for c in clears], [c.consume for c in clears],
+                [p for p, _ in records], [str(x.kind) for _, x in records],
+                [x.key for _, x in records],
+                [p for p, _, _ in aborted], [str(x.kind) for _, _, x in aborted],
+                [x.key for _, _, x in aborted], [dict(x.payload) for _, _, x in aborted],
+                [due for _, due, _ in aborted])
+        cleared = {row["partition_key"] for row in rows}
+        return [c.partition in cleared for c in clears]
 
     async def clear(
         self,

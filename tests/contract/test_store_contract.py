@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
@@ -20,7 +21,7 @@ from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Conflict
-from application.ports import CommitRequest
+from application.ports import Clear, CommitRequest
 from application.records import Kind, ProcessedMessage, SideEffectRecord
 from domain.decisions import Reply
 from tests.contract.adapters import postgres_pool
@@ -83,6 +84,24 @@ class TokenStoreContract:
         assert got.type == "OrderConfirmed"
         await tokens.delete("ledger", env.message_id)
         assert not await tokens.exists("ledger", env.message_id)
+
+
+    async def test_get_many_reads_the_addressed_tokens_of_many_messages(self, token_store
+                                                                          ) -> None:
+        tokens = token_store
+        mine = [Envelope(uuid.uuid4(), "Add", f'{{"n": {i}}}'.encode(),
+                         MappingProxyType({TOKEN_HEADER: "1"})) for i in range(3)]
+        theirs = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
+        await tokens.create("ledger", mine)
+        await tokens.create("audit", [theirs])
+        got = await tokens.get_many("ledger", [m.message_id for m in mine]
+                                    + [theirs.message_id, uuid.uuid4()])
+        assert {k: (e.type, e.body, dict(e.headers)) for k, e in got.items()} == {
+            m.message_id: ("Add", m.body, {TOKEN_HEADER: "1"}) for m in mine}
+        assert await tokens.get_many("ledger", []) == {}
+        for m in mine:
+            await tokens.delete("ledger", m.message_id)
+        await tokens.delete("audit", theirs.message_id)
 
 
 class TransactionalStoreContract:
@@ -297,6 +316,104 @@ class TransactionalStoreContract:
         await tokens.delete("someone-else", theirs.message_id)
 
 
+    # --- the batched token path's statements (one per step for many partitions) ----------
+
+    async def test_load_many_is_load_for_each_partition(self, colocated) -> None:
+        store, tokens, _ = colocated
+        me = store.endpoint
+        mine = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
+        await tokens.create(me, [mine])
+        await store.load_tr("old")
+        await store.commit(CommitRequest("old", 0, Tally(("m",), 1), M, A))
+        loaded = await store.load_many(["new", "old", "other"],
+                                       [mine.message_id, uuid.uuid4(), None])
+        assert [(x.tr.partition, x.tr.version, x.token_exists) for x in loaded] == [
+            ("new", 0, True), ("old", 1, False), ("other", 0, None)]
+        assert (loaded[1].tr.message_id, loaded[1].state) == (M, Tally(("m",), 1))
+        assert loaded[0].state is None
+        assert [x.tr for x in loaded] == [await store.load_tr(p) for p in ("new", "old", "other")]
+        await tokens.delete(me, mine.message_id)
+
+    async def test_commit_many_guards_each_partition_on_its_own(self, colocated) -> None:
+        store, tokens, _ = colocated
+        for p in ("a", "b", "c"):
+            await store.load_tr(p)
+        await store.commit(CommitRequest("c", 0, Tally(), M, A))  # c has a pending commit
+        outs = [Envelope(uuid.uuid4(), "Added", b'{"n": 1}', MappingProxyType({TOKEN_HEADER: "1"}))
+                for _ in range(3)]
+        loser = rec(B, f"blob/{uuid.uuid4()}", partition="a")
+        v = await store.register(loser, 0)
+        requests = [
+            CommitRequest(p, version, Tally((p,), 1), uuid.uuid4(), A,
+                          [rec(A, str(out.message_id), Kind.MESSAGE, partition=p)],
+                          tokens=[("audit", out)])
+            for p, version, out in (("a", v, outs[0]), ("b", 5, outs[1]), ("c", 1, outs[2]))]
+        done = await store.commit_many(requests)
+        assert done[1] is None
+        assert done[2] is None
+        assert done[0] is not None
+        tr, records = await store.load_tr_with_records("a")
+        assert (tr.message_id, tr.version) == (requests[0].message_id, done[0].version)
+        assert sorted(r.key for r in done[0].records) == sorted(r.key for r in records)
+        assert {r.key for r in records} == {loser.key, str(outs[0].message_id)}
+        assert (await store.load("a")).state == Tally(("a",), 1)
+        # the refused partitions wrote nothing: no state, no record, no token
+        assert (await store.load("b")).tr.version == 0
+        assert (await store.load_tr_with_records("b"))[1] == ()
+        assert (await store.load_tr("c")).attempt_id == A
+        assert [await tokens.exists("audit", o.message_id) for o in outs] == [True, False, False]
+        await tokens.delete("audit", outs[0].message_id)
+        assert await store.commit_many([]) == []
+
+    async def test_clear_many_compares_and_clears_each_partition(self, colocated) -> None:
+        store, tokens, clock = colocated
+        me = store.endpoint
+        incoming = [Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
+                    for _ in range(2)]
+        await tokens.create(me, incoming)
+        committed = []
+        for p, env in zip(("a", "b"), incoming, strict=True):
+            await store.load_tr(p)
+            loser = rec(B, f"blob/{uuid.uuid4()}", partition=p)
+            v = await store.register(loser, 0)
+            committed.append((await store.commit(CommitRequest(p, v, Tally(), env.message_id,
+                                                               A)), loser))
+        due = clock.now() + timedelta(minutes=30)
+        (ca, loser_a), (cb, loser_b) = committed
+        cleared = await store.clear_many([
+            Clear("a", ca.version, ca.records, [loser_a], due, incoming[0].message_id),
+            Clear("b", cb.version - 1, cb.records, [loser_b], due, incoming[1].message_id)])
+        assert cleared == [True, False]  # b: a stale version, fenced out
+        assert not await tokens.exists(me, incoming[0].message_id)
+        assert await tokens.exists(me, incoming[1].message_id)  # nothing consumed for b
+        assert (await store.load_tr_with_records("a"))[1] == ()
+        tr_b, records_b = await store.load_tr_with_records("b")
+        assert tr_b.message_id == incoming[1].message_id
+        assert len(records_b) == 1
+        assert [(c.kind, c.key) for c in await store.due_cleanups(due)] == [
+            (Kind.BLOB, loser_a.key)]
+        assert await store.clear_many([]) == []
+        await tokens.delete(me, incoming[1].message_id)
+
+    async def test_concurrent_batches_over_the_same_partitions_never_deadlock(
+        self, colocated
+    ) -> None:
+        store, _, _ = colocated
+        partitions = [f"p{i}" for i in range(8)]
+        for p in partitions:
+            await store.load_tr(p)
+
+        async def batch(order: list[str]) -> list[Any]:
+            return await store.commit_many([CommitRequest(p, 0, Tally((p,)), uuid.uuid4(),
+                                                          uuid.uuid4()) for p in order])
+
+        orders = [partitions, partitions[::-1], partitions[3:] + partitions[:3]]
+        results = await asyncio.gather(*(batch(order) for order in orders))
+        won = Counter(p for order, done in zip(orders, results, strict=True)
+                      for p, x in zip(order, done, strict=True) if x is not None)
+        assert won == dict.fromkeys(partitions, 1)  # each partition committed once
+
+
 class TestMemoryTokenStore(TokenStoreContract):
     @asynccontextmanager
     async def make(self) -> AsyncIterator[Any]:
@@ -333,3 +450,30 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
             store = PostgresTransactionalStore(pool, f"contract-{uuid.uuid4()}", Tally, clock,
                                                holds_tokens=True)
             yield store, PostgresTokenStore(pool)
+
+    async def test_batches_lock_in_partition_order_so_they_cannot_deadlock(self) -> None:
+        """A batch listing its partitions in descending order waits first for p7 (held
+        here), then an ascending one takes p0-p6 and waits for p7. Were rows locked in list
+        order, the first would then wait for p6 and PostgreSQL would abort one (deadlock)."""
+        clock = ManualClock()
+        async with self.make(clock) as store:
+            partitions = [f"p{i}" for i in range(8)]
+            for p in partitions:
+                await store.load_tr(p)
+
+            def batch(order: list[str]) -> Any:
+                return store.commit_many([CommitRequest(p, 0, Tally((p,)), uuid.uuid4(),
+                                                        uuid.uuid4()) for p in order])
+
+            async with store.pool.acquire() as conn, conn.transaction():
+                await conn.execute("SELECT 1 FROM eo_transaction_record WHERE endpoint = $1 "
+                                   "AND partition_key = 'p7' FOR UPDATE", store.endpoint)
+                descending = asyncio.ensure_future(batch(partitions[::-1]))
+                await asyncio.sleep(0.3)
+                ascending = asyncio.ensure_future(batch(partitions))
+                await asyncio.sleep(0.3)
+            results = await asyncio.gather(descending, ascending)  # no TransientError
+            won = Counter(p for order, done in zip((partitions[::-1], partitions), results,
+                                                   strict=True)
+                          for p, x in zip(order, done, strict=True) if x is not None)
+            assert won == dict.fromkeys(partitions, 1)

@@ -24,6 +24,8 @@ ROWS = ("token-load", "register", "create", "commit-rejected", "commit-unknown",
 
 _INTERLEAVINGS = "tests/unit/application/test_interleavings.py"
 _FAILURE_TABLE = "tests/unit/application/test_failure_table.py"
+_BATCH = "tests/unit/application/test_token_batch.py"
+_BATCH_INTERLEAVINGS = "tests/unit/application/test_batch_interleavings.py"
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1: finish cleans up the aborted attempts' artifacts",
         file="application/finisher.py",
         before="""            await self.effects.clean_up(rec.kind, rec.key, rec.payload)
-            ev.emit(SIDE_EFFECT_CLEANED""",
+            self._events.emit(SIDE_EFFECT_CLEANED""",
         after="""            pass
-            ev.emit(SIDE_EFFECT_CLEANED""",
+            self._events.emit(SIDE_EFFECT_CLEANED""",
         killers=(f"{_INTERLEAVINGS}::test_every_schedule_within_two_preemptions_keeps_the_"
                  "invariants",
                  f"{_FAILURE_TABLE}::test_crash_after_create_leaves_an_artifact_the_winner_"
@@ -229,8 +231,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="finish-publishes-every-attempt",
         guard="3.1: finish publishes the committed attempt's records only",
         file="application/finisher.py",
-        before="""        winners = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)""",
-        after="""        winners = sorted(records, key=_order)""",
+        before="""    winners = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)""",
+        after="""    winners = sorted(records, key=_order)""",
         killers=(f"{_INTERLEAVINGS}::test_every_schedule_within_two_preemptions_keeps_the_"
                  "invariants",),
         invariants=("I3", "I4", "I7")),
@@ -238,12 +240,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="token-consumed-before-publication",
         guard="3.1: the incoming token is deleted after every side effect is published",
         file="application/finisher.py",
-        before="""        published = 0
-        for rec in winners:""",
-        after="""        published = 0
-        if self._tokens is not None and not self._colocated:
+        before="""        await self._publish(winners, fields)
+""",
+        after="""        if self._tokens is not None and not self._colocated:
             await self._tokens.delete(message_id)
-        for rec in winners:""",
+        await self._publish(winners, fields)
+""",
         killers=(f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
                  "a_second_handler_run",),
         invariants=("I6",)),
@@ -281,9 +283,9 @@ MUTATIONS: tuple[Mutation, ...] = (
               "dropped",
         file="application/consumer.py",
         before="""            await delivery.retry(delay, reason)
-            events.emit(MESSAGE_RETRIED""",
+            self.processor.events.emit(""",
         after="""            await delivery.ack()
-            events.emit(MESSAGE_RETRIED""",
+            self.processor.events.emit(""",
         killers=("tests/unit/application/test_consumer.py",),
         invariants=("I10",)),
     Mutation(
@@ -295,4 +297,40 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=("tests/unit/application/test_http_protocol.py::test_follow_up_debits_the_"
                  "account_and_deletes_the_request_on_the_callee",),
         invariants=("I8",)),
+    Mutation(
+        name="batch-token-not-rechecked-after-tr-load",
+        guard="3.1 (batched): check the token AFTER loading the TR, for every message",
+        file="application/token_batch.py",
+        before="""            elif not load.token_exists:  # checked after the TR load (protocol 3.1)""",
+        after="""            elif False:  # checked after the TR load (protocol 3.1)""",
+        killers=(f"{_BATCH}::test_a_message_finished_elsewhere_after_the_token_read_is_a_"
+                 "duplicate",
+                 f"{_BATCH_INTERLEAVINGS}::test_two_batches_sharing_a_partition_keep_the_"
+                 "invariants"),
+        invariants=("I1",), rows=("token-load",)),
+    Mutation(
+        name="batch-no-token-check-at-all",
+        guard="3.1 (batched): no token means duplicate (at the token read and after the "
+              "TR load)",
+        file="application/token_batch.py",
+        before="""            body = stored.get(envelopes[i].message_id)
+            if body is None:""",
+        after="""            body = stored.get(envelopes[i].message_id, envelopes[i])
+            if body is None:""",
+        also=(("application/token_batch.py",
+               """            elif not load.token_exists:  # checked after the TR load (protocol 3.1)""",
+               """            elif False:  # checked after the TR load (protocol 3.1)"""),),
+        killers=(f"{_BATCH}::test_a_crash_before_the_acks_leaves_duplicates_only",),
+        invariants=("I1",), rows=("tr-clear",)),
+    Mutation(
+        name="batch-consumes-before-publication",
+        guard="3.1 (batched): every output of the batch is published and confirmed before "
+              "its tokens are consumed",
+        file="application/finisher.py",
+        before="""        outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),""",
+        after="""        await self._store.clear_many([
+            Clear(p, c.version, c.records, [], self._clock.now(), m) for p, m, _, c in done])
+        outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),""",
+        killers=(f"{_BATCH}::test_a_batch_costs_one_statement_per_step_for_all_its_messages",),
+        invariants=("I6",), rows=("token-delete",)),
 )

@@ -1,5 +1,7 @@
 """A minimal endpoint for protocol tests: every message is recorded in its partition's state,
-produces one blob and one outgoing message that repeats the state it committed."""
+produces one blob and one outgoing message that repeats the state it committed.
+`PLAIN_COUNTER` is the same without the blob (blob key ""): what the batched token path
+processes in its batches (a blob is a registered artifact: that message goes singly)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,25 @@ COUNTER: Endpoint[Tally] = Endpoint(
     messages={"Add": Add},
     partition_of=lambda m: m.partition,
     handle=handle,
+    state_type=Tally,
+    outputs=("audit",),
+)
+
+
+def handle_plain(state: Tally | None, message: Add, context: Context) -> Decision[Tally]:
+    """`handle` without the blob: the output and the state name blob key ""."""
+    state = state or Tally()
+    applied = (*state.applied, str(context.message_id))
+    new = Tally(applied, state.total + message.amount, (*state.blobs, ""))
+    out = Added(message.partition, str(context.message_id), applied, "")
+    return Decision(state=new, outgoing=(Outgoing("audit", out),))
+
+
+PLAIN_COUNTER: Endpoint[Tally] = Endpoint(
+    name="counter",
+    messages={"Add": Add},
+    partition_of=lambda m: m.partition,
+    handle=handle_plain,
     state_type=Tally,
     outputs=("audit",),
 )

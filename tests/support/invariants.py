@@ -26,7 +26,7 @@ class ProbedTokenStore(MemoryTokenStore):
             if not outs:
                 self.violations.append(f"I6: {message_id} consumed before its output")
             for out in outs:
-                if out.blob_key not in self.world.blobs.objects:
+                if out.blob_key and out.blob_key not in self.world.blobs.objects:
                     self.violations.append(f"I6: {message_id} consumed before its blob")
         super().discard(endpoint, message_id)
 
@@ -81,7 +81,7 @@ def check(world: World, incoming: set[uuid.UUID], all_consumed: bool = True) -> 
     for m in applied:  # I5
         if len(by_incoming.get(m, ())) != 1:
             v.append(f"I5: {m} has {len(by_incoming.get(m, ()))} distinct outputs")
-    committed_blobs = {b for s in states.values() for b in s.blobs}
+    committed_blobs = {b for s in states.values() for b in s.blobs if b}  # "": no blob
     if set(world.blobs.objects) != committed_blobs:  # I8
         v.append(f"I8: blobs {sorted(set(world.blobs.objects) ^ committed_blobs)} differ")
     out_ids = {mid for ids in by_incoming.values() for mid in ids}

@@ -58,13 +58,21 @@ class Run:
 
     def __post_init__(self) -> None:
         self._progress = asyncio.Event()
+        self._gates: dict[int, asyncio.Lock] = {}
 
     async def gate(self, worker: int, label: str) -> None:
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.waiting[worker] = fut
-        self._progress.set()
-        if await fut:
-            raise Crash(f"worker {worker} at {label}")
+        """Wait until the schedule lets `worker` make this call (raise `Crash` when it
+        crashes it). The tasks of one worker (a batch's concurrent publications, say) pass
+        its gate one at a time, in arrival order; a crashed worker's tasks all stop."""
+        lock = self._gates.setdefault(worker, asyncio.Lock())
+        async with lock:
+            if worker in self.crashed:
+                raise Crash(f"worker {worker} crashed before {label}")
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self.waiting[worker] = fut
+            self._progress.set()
+            if await fut:
+                raise Crash(f"worker {worker} at {label}")
 
     async def execute(
         self,
@@ -160,16 +168,35 @@ async def run_deliveries(
     deliveries: list[Any],
     make_processor: Callable[[int], Any],
     settle_errors: tuple[type[BaseException], ...],
+    make_batch_processor: Callable[[int], Any] | None = None,
 ) -> None:
     """One worker per delivery under `run`, each with `make_processor(worker_id)`, retrying
     on `settle_errors` as a broker redelivers; a crashed worker's delivery is redelivered to
-    a new worker (a new process)."""
+    a new worker (a new process). A delivery that is a list is a batch
+    (`Processor.process_batch`, on `make_batch_processor(worker_id)` when given): its
+    deliveries that ended in `settle_errors` are redelivered together, and after a crash
+    the whole batch is."""
     by_worker: dict[int, Any] = {}
 
     def worker_for(envelope: Any) -> Callable[[int], Awaitable[None]]:
         async def body(wid: int) -> None:
-            processor = make_processor(wid)
+            batched = isinstance(envelope, list)
+            processor = (make_batch_processor or make_processor)(wid) if batched \
+                else make_processor(wid)
             by_worker[wid] = envelope
+            if batched:  # a batch: its unsettled deliveries come back
+                pending = envelope
+                for _ in range(10):
+                    results = await processor.process_batch(pending)
+                    for result in results:
+                        if isinstance(result, BaseException) \
+                                and not isinstance(result, settle_errors):
+                            raise result
+                    pending = [e for e, r in zip(pending, results, strict=True)
+                               if isinstance(r, settle_errors)]
+                    if not pending:
+                        return
+                return
             for _ in range(10):  # what the broker does: redeliver until settled
                 try:
                     await processor.process(envelope)

@@ -75,17 +75,21 @@ class World:
         if self.colocated:
             self.store.tokens = tokens
 
-    def ports(self, wrap: Callable[[str, Any], Any] = lambda _name, port: port) -> Ports:
-        """Ports of one worker; `wrap(name, port)` may interpose (the scheduler's gates)."""
+    def ports(self, wrap: Callable[[str, Any], Any] = lambda _name, port: port,
+              general: bool = False) -> Ports:
+        """Ports of one worker; `wrap(name, port)` may interpose (the scheduler's gates);
+        `general`: this worker takes the general path even where tokens are co-located."""
         return Ports(tokens=wrap("tokens", self.tokens), store=wrap("store", self.store),
                      dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
                      ids=self.ids, events=self.events, blobs=wrap("blobs", self.blobs),
-                     colocated_tokens=self.colocated)
+                     colocated_tokens=self.colocated and not general)
 
     def processor(self, failpoints: str | None = None, **kwargs: Any) -> Processor:
-        """A worker; `failpoints` is an `EO_FAILPOINTS` spec whose `crash` raises `Crash`."""
+        """A worker; `failpoints` is an `EO_FAILPOINTS` spec whose `crash` raises `Crash`;
+        `wrap=` and `general=` as `ports` takes them."""
         wrap = kwargs.pop("wrap", lambda _name, port: port)
-        return build_processor(self.endpoint, self.ports(wrap), self.strategy,
+        general = kwargs.pop("general", False)
+        return build_processor(self.endpoint, self.ports(wrap, general), self.strategy,
                                Failpoints.from_spec(failpoints, crash),
                                cleanup_grace=timedelta(minutes=30), **kwargs)
 

@@ -312,6 +312,9 @@ def test_overriding_one_endpoints_strategy_keeps_the_others_defaults(
         ("EO_MAX_ATTEMPTS", "0"),
         ("EO_MAX_ATTEMPTS", "many"),
         ("EO_PREFETCH", "0"),
+        ("EO_BATCH_SIZE", "0"),
+        ("EO_BATCH_SIZE", "9"),  # more than EO_PREFETCH (8): no batch could fill
+        ("EO_BATCH_WAIT_MS", "-1"),
         ("EO_RETRY_DELAYS_S", "[]"),
         ("EO_RETRY_DELAYS_S", "[1, -1]"),
         ("EO_PROFILE", "staging"),

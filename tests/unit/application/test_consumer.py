@@ -25,7 +25,7 @@ from application.errors import TransientError
 from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, CountingSink
 from application.processor import Outcome
 from domain.errors import Rejected
-from tests.support.counter import COUNTER, Add
+from tests.support.counter import COUNTER, PLAIN_COUNTER, Add
 from tests.support.invariants import check
 from tests.support.world import World
 
@@ -400,3 +400,83 @@ async def test_a_delivery_is_settled_only_once() -> None:
     assert [d.headers[REASON_HEADER] for d in broker.dead_letters[QUEUE]] == ["first"]
     assert broker.depth(QUEUE) == 0
     assert broker.idle()
+
+
+# --- batches (application/token_batch.py) ---------------------------------------------------
+
+
+def _batched(world: World, batch_size: int, batch_wait_s: float = 0.0,
+             failpoints: str | None = None) -> tuple[Consumer, list[int]]:
+    """A batching consumer, and the sizes of the batches it hands its processor."""
+    consumer = Consumer(world.processor(failpoints), retry_delays=FAST, batch_size=batch_size,
+                        batch_wait_s=batch_wait_s)
+    sizes: list[int] = []
+    real = consumer.processor.process_batch
+
+    async def counted(envelopes: list[Envelope]) -> list[Outcome | BaseException]:
+        sizes.append(len(envelopes))
+        return await real(envelopes)
+
+    consumer.processor.process_batch = counted  # type: ignore[method-assign,assignment]
+    return consumer, sizes
+
+
+async def test_serve_in_batches_settles_each_delivery_by_its_own_outcome() -> None:
+    world, broker = World(PLAIN_COUNTER, colocated=True), MemoryBroker()
+    good = [await world.send(Add(f"p{i % 3}", i), uuid.UUID(int=300 + i)) for i in range(12)]
+    bad = _bad("unknown type")
+    await world.tokens.create(world.endpoint.name, [bad])
+    deliveries = [*good, *good[:4], bad]
+    for envelope in deliveries:
+        await _deliver(broker, envelope)
+    # the first batch's first commit fails: its round and the rounds behind it (messages
+    # 0-4, on partitions p0-p2) are retried later; the other batches are not touched
+    consumer, sizes = _batched(world, batch_size=5, failpoints="before_commit=raise@1")
+    assert consumer.processor.batches
+    stream = _first(len(deliveries) + 5, broker.consume(QUEUE, "server"))
+    await asyncio.wait_for(consumer.serve(stream, prefetch=10), 5.0)
+    assert broker.idle()
+    assert consumer.counts == {Settlement.PROCESSED: 12, Settlement.DUPLICATE: 4,
+                               Settlement.DEAD_LETTERED: 1, Settlement.RETRIED: 5}
+    assert max(sizes) == 5
+    assert sum(sizes) == len(deliveries) + 5
+    assert [e.message_id for e in broker.dead_letters[QUEUE]] == [bad.message_id]
+    world.tokens.discard(world.endpoint.name, bad.message_id)  # a dead letter keeps it
+    await world.quiesce()
+    assert check(world, {e.message_id for e in good}) == []
+
+
+@pytest.mark.parametrize(("wait_s", "expected"), [(0.0, [1, 1]), (0.5, [2])])
+async def test_a_batch_takes_what_arrives_within_the_batch_wait(
+        wait_s: float, expected: list[int]) -> None:
+    world, broker = World(PLAIN_COUNTER, colocated=True), MemoryBroker()
+    envelopes = [await world.send(Add("p", i), uuid.UUID(int=400 + i)) for i in range(2)]
+    for envelope in envelopes:
+        await _deliver(broker, envelope)
+    consumer, sizes = _batched(world, batch_size=8, batch_wait_s=wait_s)
+
+    async def trickle() -> AsyncIterator[MemoryDelivery]:
+        async for delivery in _first(2, broker.consume(QUEUE, "server")):
+            yield delivery
+            await asyncio.sleep(0.05)  # the second comes 50 ms after the first
+
+    await asyncio.wait_for(consumer.serve(trickle(), prefetch=8), 5.0)
+    assert sizes == expected
+    assert consumer.counts == {Settlement.PROCESSED: 2}
+
+
+async def test_an_endpoint_without_a_batched_path_serves_one_by_one() -> None:
+    world, broker = World(COUNTER), MemoryBroker()  # general path: no batches
+    envelopes = [await world.send(Add("p", i), uuid.UUID(int=500 + i)) for i in range(3)]
+    for envelope in envelopes:
+        await _deliver(broker, envelope)
+    consumer, sizes = _batched(world, batch_size=8)
+    assert not consumer.processor.batches
+    await asyncio.wait_for(consumer.serve(_first(3, broker.consume(QUEUE, "server")), 8), 5.0)
+    assert sizes == []
+    assert consumer.counts == {Settlement.PROCESSED: 3}
+
+
+def test_a_batch_size_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="batch_size 0"):
+        Consumer(World(COUNTER).processor(), batch_size=0)

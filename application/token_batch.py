@@ -1,0 +1,192 @@
+"""The batched token path: many deliveries of one endpoint as one unit of statements, with
+per-message exactly-once semantics (protocol 3.1, co-located tokens; docs/batching.md).
+
+A batch is processed in rounds. Round k holds the k-th message of each partition in the
+batch (a later message of a partition waits for the round after: a transaction record
+commits one transaction at a time), and costs, for all its messages together:
+
+1. one read of the incoming tokens (the first round only: a token's body never changes),
+2. one read of the rounds' transaction records and states, with the token check after it,
+3. the handlers,
+4. one commit statement (every partition's state, TR and outgoing tokens, each guarded on its
+   own version),
+5. one finish: every output published, the publisher confirms awaited together, then one
+   compare-and-clear statement that consumes every token and clears every TR.
+
+Only the plain case is batched. A message whose processing needs anything else goes the
+single-message path (`TransactionalPath.attempt`), which is exactly protocol 3.1: a delivery
+without a token header, a body that does not decode, an unfinished transaction on its
+partition, a handler failure (the single path re-checks a rejection), a decision with a blob
+or an HTTP call (registered artifacts), an HTTP follow-up, a commit conflict. So do the later
+messages of its partition in the batch, to keep their order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.errors import Duplicate
+from application.observability import (
+    HANDLER_INVOKED,
+    TRANSACTION_COMMITTED,
+    TRANSACTION_CONFLICT,
+)
+from application.ports import CommitRequest, Loaded, TokenStore
+from application.token_path import TokenPath
+from domain.context import Context
+
+
+class Singly:
+    """A batch result: process this delivery on the single-message path."""
+
+    def __repr__(self) -> str:
+        return "SINGLY"
+
+
+#: The batch result of a delivery the single-message path must process.
+SINGLY = Singly()
+
+#: A batch result per delivery: processed now (None), a `Duplicate`, `SINGLY`, or the error
+#: that ended its round (a `TransientError` after a statement failed, say).
+BatchResult = None | Singly | BaseException
+
+
+@dataclass(frozen=True)
+class _Item:
+    index: int
+    stored: Envelope
+    message: Any
+    partition: str
+
+
+class TokenBatch:
+    """Runs batches for one endpoint on the token path `path` (whose partition locks,
+    handler, preparation and finisher it shares). Needs co-located tokens: the batch's
+    commit inserts the outgoing tokens and its clear consumes the incoming ones. Build it
+    with `application.assembly.build_processor`."""
+
+    def __init__(self, path: TokenPath, tokens: TokenStore) -> None:
+        if not path.colocated:
+            raise ValueError("the batched token path needs co-located tokens")
+        self.path, self.tokens = path, tokens
+
+    async def run(self, envelopes: Sequence[Envelope]) -> list[BatchResult]:
+        """One result per envelope, in order (see `BatchResult`); nothing is raised."""
+        path = self.path
+        results: list[BatchResult] = [SINGLY] * len(envelopes)
+        candidates = [i for i, e in enumerate(envelopes) if e.header(TOKEN_HEADER) is not None
+                      and e.header(REQUEST_URL_HEADER) is None]
+        if not candidates:
+            return results
+        try:
+            stored = await self.tokens.get_many(
+                path.endpoint, list({envelopes[i].message_id: None for i in candidates}))
+            await path.hit("after_token_load")
+        except Exception as exc:  # noqa: BLE001 - each delivery gets its attempt's error
+            for i in candidates:
+                results[i] = exc
+            return results
+        items: list[_Item] = []
+        for i in candidates:
+            body = stored.get(envelopes[i].message_id)
+            if body is None:
+                results[i] = Duplicate()
+                continue
+            try:
+                message = path.runner.decode(body)
+                partition = path.runner.partition_of(message)
+            except Exception:  # noqa: BLE001 - the single path raises it, and dead-letters
+                continue
+            items.append(_Item(i, body, message, partition))
+        rounds: dict[str, list[_Item]] = defaultdict(list)
+        for item in items:
+            rounds[item.partition].append(item)
+        async with path.locks.hold_many(rounds):
+            singly: set[str] = set()  # partitions whose remaining messages go singly
+            depth = max((len(queue) for queue in rounds.values()), default=0)
+            for k in range(depth):
+                todo = [q[k] for p, q in rounds.items() if len(q) > k and p not in singly]
+                try:
+                    await self._round(todo, results, singly)
+                except Exception as exc:  # noqa: BLE001 - each delivery gets its attempt's error
+                    for p, queue in rounds.items():
+                        if p not in singly:
+                            for item in queue[k:]:
+                                results[item.index] = exc
+                    break
+        return results
+
+    async def _round(self, todo: list[_Item], results: list[BatchResult],
+                     singly: set[str]) -> None:
+        path = self.path
+        if not todo:
+            return
+        loaded = await path.store.load_many([it.partition for it in todo],
+                                            [it.stored.message_id for it in todo])
+        await path.hit("after_tr_load")
+        ready: list[tuple[_Item, Loaded]] = []
+        for item, load in zip(todo, loaded, strict=True):
+            if load.tr.message_id is not None:  # an unfinished transaction: 3.1 finishes it
+                singly.add(item.partition)
+            elif not load.token_exists:  # checked after the TR load (protocol 3.1)
+                results[item.index] = Duplicate()
+            else:
+                ready.append((item, load))
+        await path.hit("after_token_check")
+        requests: list[tuple[_Item, CommitRequest]] = []
+        for item, load in ready:
+            request = await self._decide(item, load)
+            if request is None:
+                singly.add(item.partition)
+            else:
+                requests.append((item, request))
+        await path.hit("after_handler")
+        if not requests:
+            return
+        await path.hit("before_commit")
+        committed = await path.store.commit_many([r for _, r in requests])
+        done = []
+        for (item, request), result in zip(requests, committed, strict=True):
+            fields = {"endpoint": path.endpoint, "message_id": str(request.message_id),
+                      "partition": item.partition}
+            if result is None:  # another attempt moved the partition: retried alone
+                path.events.emit(TRANSACTION_CONFLICT, **fields,
+                                 reason=f"partition {item.partition}: batch commit at "
+                                        f"v{request.expected_version} refused")
+                singly.add(item.partition)
+                continue
+            path.events.emit(TRANSACTION_COMMITTED, **fields,
+                             attempt_id=str(request.attempt_id))
+            done.append((item, request, result))
+        await path.hit("after_commit")
+        if not done:
+            return
+        await path.finisher.finish_many([(item.partition, request.message_id,
+                                          request.attempt_id, result)
+                                         for item, request, result in done])
+        for item, _, _ in done:
+            results[item.index] = None
+
+    async def _decide(self, item: _Item, load: Loaded) -> CommitRequest | None:
+        """The handler's decision as a commit request, or None when it needs the single
+        path (a handler failure, a blob, an HTTP call)."""
+        path, m = self.path, item.stored.message_id
+        attempt = path.ids()
+        context = Context(message_id=m, attempt_id=attempt, now=path.clock.now())
+        path.events.emit(HANDLER_INVOKED, endpoint=path.endpoint, message_id=str(m),
+                         attempt_id=str(attempt), partition=item.partition)
+        try:
+            decision = path.runner.handle(load.state, item.message, context)
+        except Exception:  # noqa: BLE001 - the single path re-runs it with the rejection re-check
+            return None
+        if decision.blobs or decision.http_call is not None:
+            return None
+        prepared = await path.preparation.run(item.partition, load.tr.version, item.stored,
+                                              attempt, decision)
+        return CommitRequest(item.partition, prepared.version, decision.state, m, attempt,
+                             prepared.records, decision.reply, None, prepared.tokens)
+
