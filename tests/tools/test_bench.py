@@ -29,16 +29,20 @@ def services() -> Iterator[Services]:
     found.close()
 
 
+RUNS = (*((path, 1) for path in PATHS), ("token-batched", 2))
+
+
 @pytest.fixture
 async def result(services: Services) -> AsyncIterator[BenchResult]:
-    # a database of its own (the bench truncates its baseline table) and queues of its own
+    # a database of its own (the bench truncates its tables) and queues of its own
     dsn = with_database(services.postgres_dsn, this_run("eo_bench_test"))
     prefix = f"bench-test-{uuid.uuid4().hex[:8]}"
     yield await run_bench(Params(messages=MESSAGES, partitions=PARTITIONS, in_flight=8,
-                                 database_dsn=dsn, amqp_url=services.amqp_url, prefix=prefix))
+                                 batch_size=10, database_dsn=dsn, amqp_url=services.amqp_url,
+                                 prefix=prefix, latency_messages=60, runs=RUNS))
     conn = await asyncpg.connect(dsn)
     try:  # the bench deleted its queues and output tokens; drop its endpoints' rows too
-        for table in ("eo_transaction_record", "eo_processed_message"):
+        for table in ("eo_transaction_record", "eo_processed_message", "eo_state_entry"):
             await conn.execute(f"DELETE FROM {table} WHERE endpoint LIKE $1", f"{prefix}-%")
     finally:
         await conn.close()
@@ -47,34 +51,35 @@ async def result(services: Services) -> AsyncIterator[BenchResult]:
 async def test_every_path_processes_every_message_and_leaves_what_it_should(
     result: BenchResult, tmp_path: Path
 ) -> None:
-    paths = {p.path: p for p in result.paths}
-    assert list(paths) == list(PATHS)
-    for p in result.paths:
-        assert p.at_rest["processed"] == MESSAGES, p.path  # the handler's count, summed
-        assert p.settlements == {"processed": MESSAGES}, p.path
-        assert p.at_rest["incoming_tokens_left"] == 0, p.path
-        assert p.at_rest["side_effect_records_left"] == 0, p.path
-        assert p.at_rest["unfinished_trs"] == 0, p.path
-        assert p.round_trips_per_message > 0, p.path
-        assert p.messages_per_s > 0, p.path  # a figure exists; its size is not tested
-        assert 0 <= p.p50_ms <= p.p99_ms, p.path
+    runs = {r.label: r for r in result.runs}
+    assert list(runs) == [p if n == 1 else f"{p} x{n}" for p, n in RUNS]
+    for r in result.runs:
+        # the drain's messages and the latency phase's, each counted once by the handler
+        handled = r.at_rest["processed"]
+        assert handled > MESSAGES, r.label
+        assert r.at_rest["side_effect_records_left"] == 0, r.label
+        assert r.at_rest["unfinished_trs"] == 0, r.label
+        assert r.at_rest["outbox_rows_left"] == 0, r.label
+        assert r.messages_per_s > 0, r.label  # a figure exists; its size is not tested
+        assert r.offered_per_s == pytest.approx(r.messages_per_s * 0.5)
+        assert 0 <= r.p50_ms <= r.p99_ms, r.label
+        assert r.cpu_ms["python"] > 0, r.label  # the consumer processes were measured
+        assert r.cpu_ms["total"] == pytest.approx(sum(
+            r.cpu_ms[g] for g in ("python", "postgresql", "rabbitmq")))
+        assert r.round_trips_per_message > 0, r.label
+        if r.path.startswith("token"):
+            assert r.dedup_rows_at_rest == 0, r.label  # I9: nothing left behind
+            assert r.at_rest["output_tokens"] == handled, r.label  # one per output
+        else:  # one row per message: processed-message rows, stream entries, inbox rows
+            assert r.dedup_rows_at_rest == handled, r.label
+    # the batched path costs fewer round trips than the unbatched one, in every run
+    assert runs["token-batched"].round_trips_per_message < runs["token"].round_trips_per_message
 
-    token, outbox, baseline = paths["token"], paths["outbox"], paths["baseline"]
-    state = paths["state"]
-    assert state.at_rest["stream_entries"] == MESSAGES  # one entry per message, at rest
-    assert state.dedup_rows_at_rest == MESSAGES
-    assert state.at_rest["incoming_tokens_left"] == 0
-    assert state.at_rest["output_tokens"] == 0  # a state endpoint creates no token
-    assert token.dedup_rows_at_rest == 0  # I9: nothing left behind by the token path
-    assert outbox.at_rest["processed_message_rows"] == MESSAGES  # one per message, until purged
-    assert outbox.dedup_rows_at_rest == MESSAGES
-    assert baseline.dedup_rows_at_rest == 0
-    # both protocol paths give every output a token for its receiver; the baseline none
-    assert token.at_rest["output_tokens"] == outbox.at_rest["output_tokens"] == MESSAGES
-    assert baseline.at_rest["output_tokens"] == 0
-    # co-located fast path: token read, TR+state+token read, commit, clear; plus the first
-    # message of each partition creating its TR
-    assert 4 <= token.round_trips_per_message < 5
+    summaries = {s.label: s for s in result.summaries()}
+    assert set(summaries["token"].ratios) == {"minimal", "minimal-batched", "faststream"}
+    assert summaries["token"].ratios["minimal"] == pytest.approx(
+        summaries["token"].messages_per_s[1] / summaries["minimal"].messages_per_s[1])
+    assert summaries["token-batched x2"].ratios == {}  # no reference ran on 2 processes
 
     out = tmp_path / "bench.json"
     write_json(result, out)
@@ -83,12 +88,13 @@ async def test_every_path_processes_every_message_and_leaves_what_it_should(
     assert written["parameters"]["messages"] == MESSAGES
     assert set(written["machine"]) == {"nproc", "python", "postgresql", "rabbitmq"}
     assert "database_dsn" not in written["parameters"]
+    assert len(written["runs"]) == len(RUNS)
 
     buffer = io.StringIO()
-    print_table(result, Console(file=buffer, width=200))
+    print_table(result, Console(file=buffer, width=250))
     text = buffer.getvalue()
-    assert "token path / baseline throughput =" in text
-    for column in ("messages/s", "p50 ms", "p99 ms", "DB round trips/msg", "dedup rows at rest"):
+    for column in ("msg/s min", "median", "CPU ms/msg", "Python", "PG", "RabbitMQ", "p50 ms",
+                   "dedup rows", "/ minimal", "/ faststream"):
         assert column in text
 
 

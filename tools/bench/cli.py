@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import asyncpg
 import typer
@@ -18,11 +19,35 @@ console = Console()
 bench_app = typer.Typer(add_completion=False)
 
 
+def _runs(spec: str) -> tuple[tuple[str, int], ...]:
+    """`path[xN],...` (N consumer processes, default 1) as (path, processes) pairs; raises
+    `typer.BadParameter` naming a bad item."""
+    from tools.bench.run import PATHS
+
+    runs = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        match = re.fullmatch(r"(?P<path>[a-z-]+?)(?:x(?P<n>\d+))?", item)
+        if match is None or match["path"] not in PATHS or int(match["n"] or 1) < 1:
+            raise typer.BadParameter(f"{item!r}: expected one of {', '.join(PATHS)}, "
+                                     "optionally followed by xN (N consumer processes)")
+        runs.append((match["path"], int(match["n"] or 1)))
+    return tuple(runs)
+
+
 @bench_app.command()
 def bench(
-    messages: Annotated[int, typer.Option(min=1, help="messages per path")] = 3_000,
+    messages: Annotated[int, typer.Option(min=2, help="messages per run")] = 3_000,
     partitions: Annotated[int, typer.Option(min=1, help="accounts (partitions)")] = 1_000,
-    in_flight: Annotated[int, typer.Option(min=1, help="deliveries in flight (prefetch)")] = 8,
+    in_flight: Annotated[int, typer.Option(
+        min=1, help="deliveries in flight per unbatched consumer")] = 8,
+    batch_size: Annotated[int, typer.Option(
+        min=2, help="deliveries per batch (batched paths: 2 x this in flight)")] = 50,
+    rounds: Annotated[int, typer.Option(min=1, help="interleaved rounds (min/median/max)")] = 1,
+    runs: Annotated[str | None, typer.Option(
+        help="comma-separated path[xN] (N consumer processes); default: every path, and "
+             "token-batched and minimal-batched on 2 processes")] = None,
+    load_ratio: Annotated[float, typer.Option(
+        min=0.05, max=1.0, help="latency's offered load, as a share of the throughput")] = 0.5,
     json_path: Annotated[Path, typer.Option("--json", help="where to write the results")] = Path(
         "var/bench.json"),
     database_dsn: Annotated[str, typer.Option(help="a database of the bench's own")] = (
@@ -30,10 +55,13 @@ def bench(
     amqp_url: Annotated[str | None, typer.Option(
         help="RabbitMQ (default: the local profile's)")] = None,
 ) -> None:
-    """At-least-once baseline, outbox path, token path and state path side by side on
-    PostgreSQL and RabbitMQ: messages/s, end-to-end latency, DB round trips per message,
-    deduplication rows at rest. The bench has an endpoint of its own (tools/bench/endpoint.py)."""
-    from tools.bench.report import Params, print_table, write_json
+    """The template's paths (token, token-batched, outbox, state) beside two references
+    with an inbox table and an outbox (a minimal aio-pika + asyncpg consumer, per message and
+    batched; FastStream), on PostgreSQL and RabbitMQ. Each consumer runs in processes of its
+    own and drains a preloaded queue: messages/s, machine CPU per message per process group
+    (Python, PostgreSQL, RabbitMQ), latency at a fixed offered load, each path's ratio to
+    the references, deduplication rows at rest (docs/bench.md)."""
+    from tools.bench.report import DEFAULT_RUNS, Params, print_table, write_json
     from tools.bench.run import run_bench
 
     try:
@@ -42,9 +70,17 @@ def bench(
     except SettingsError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    params = Params(messages, partitions, in_flight, database_dsn, url)
+    params = Params(messages, partitions, in_flight, batch_size, database_dsn, url,
+                    rounds=rounds, load_ratio=load_ratio,
+                    runs=_runs(runs) if runs else DEFAULT_RUNS)
+
+    def progress(run: object) -> None:
+        r: Any = run
+        console.print(f"round {r.round}: {r.label:<20} {r.messages_per_s:8,.0f} msg/s  "
+                      f"CPU {r.cpu_ms['total']:.2f} ms/msg  p50 {r.p50_ms:,.1f} ms")
+
     try:
-        result = asyncio.run(run_bench(params))
+        result = asyncio.run(run_bench(params, progress))
     except (TransientError, OSError, asyncpg.PostgresError, RuntimeError) as exc:
         Console(stderr=True).print(f"[red]bench failed: {type(exc).__name__}: {exc}[/red]")
         raise typer.Exit(3) from exc

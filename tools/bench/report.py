@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,52 +12,105 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+#: The references every path is compared with (tools/bench/references.py).
+REFERENCES = ("minimal", "minimal-batched", "faststream")
+
+DEFAULT_RUNS: tuple[tuple[str, int], ...] = (
+    ("token", 1), ("token-batched", 1), ("outbox", 1), ("state", 1),
+    ("minimal", 1), ("minimal-batched", 1), ("faststream", 1),
+    ("token-batched", 2), ("minimal-batched", 2))
+
 
 @dataclass(frozen=True)
 class Params:
-    """One bench: `messages` per path over `partitions` accounts, `in_flight` deliveries."""
+    """One bench: `messages` per run over `partitions` accounts; `in_flight` deliveries per
+    unbatched consumer, batched consumers `2 * batch_size`; `runs` as (path, consumer
+    processes), each run `rounds` times, interleaved; latency at `load_ratio` of the run's
+    throughput, over up to `latency_messages` messages."""
 
     messages: int = 3_000
     partitions: int = 1_000
     in_flight: int = 8
+    batch_size: int = 50
     database_dsn: str = "postgresql://postgres@127.0.0.1:5432/eo_bench"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     seed: int = 1
-    #: endpoints and queues are `<prefix>-<path>`, sinks `<prefix>-sink-<path>`
+    #: queues are `<prefix>-<path>-<processes>`, sinks `<prefix>-sink-<path>-<processes>`
     prefix: str = "bench"
+    rounds: int = 1
+    load_ratio: float = 0.5
+    latency_messages: int = 1_000
+    runs: tuple[tuple[str, int], ...] = DEFAULT_RUNS
 
 
 @dataclass
-class PathResult:
-    """One path's figures: throughput in messages/s, latencies in ms, per-message counts,
-    and rows counted once the consumer is idle (`at_rest`: name -> rows)."""
+class RunFigures:
+    """One run of one path: throughput draining the preloaded queue (messages/s, from the
+    first output at the sink to the last), machine CPU per message in ms per process group
+    (`python`: the consumer processes; `postgresql`, `rabbitmq`; `total`), latency in ms at
+    `offered_per_s`, database round trips per message, and rows counted at rest."""
 
+    label: str
     path: str
+    processes: int
+    round: int
     seconds: float
     messages_per_s: float
+    cpu_ms: dict[str, float]
+    offered_per_s: float
     p50_ms: float
     p99_ms: float
     round_trips_per_message: float
-    pool_resets_per_message: float
     dedup_rows_at_rest: int
     at_rest: dict[str, int]
-    settlements: dict[str, int]
     sink_duplicates: int
-    breakdown: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Summary:
+    """A label's runs: throughput min / median / max, median CPU per group and latency."""
+
+    label: str
+    messages_per_s: tuple[float, float, float]
+    cpu_ms: dict[str, float]
+    p50_ms: float
+    p99_ms: float
+    round_trips_per_message: float
+    dedup_rows_at_rest: int
+    ratios: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class BenchResult:
-    """The parameters, the machine (versions) and one `PathResult` per path."""
+    """The parameters, the machine (versions) and every run."""
 
     params: Params
     machine: dict[str, str]
-    paths: list[PathResult]
+    runs: list[RunFigures]
 
-    def ratio(self, path: str, to: str = "baseline") -> float:
-        """Throughput of `path` over that of `to`."""
-        by = {p.path: p.messages_per_s for p in self.paths}
-        return by[path] / by[to] if by.get(to) else 0.0
+    def summaries(self) -> list[Summary]:
+        """One summary per label, in the order first run; each with its median throughput
+        over each reference's of the same number of processes (`ratios`: reference -> x)."""
+        labels = list(dict.fromkeys(r.label for r in self.runs))
+        out = []
+        for label in labels:
+            runs = [r for r in self.runs if r.label == label]
+            rates = sorted(r.messages_per_s for r in runs)
+            out.append(Summary(
+                label, (rates[0], statistics.median(rates), rates[-1]),
+                {g: statistics.median(r.cpu_ms[g] for r in runs) for g in runs[0].cpu_ms},
+                statistics.median(r.p50_ms for r in runs),
+                statistics.median(r.p99_ms for r in runs),
+                statistics.median(r.round_trips_per_message for r in runs),
+                max(r.dedup_rows_at_rest for r in runs)))
+        medians = {s.label: s.messages_per_s[1] for s in out}
+        for s in out:
+            processes = next(r.processes for r in self.runs if r.label == s.label)
+            for ref in REFERENCES:
+                ref_label = ref if processes == 1 else f"{ref} x{processes}"
+                if medians.get(ref_label):
+                    s.ratios[ref] = medians[s.label] / medians[ref_label]
+        return out
 
 
 def percentile_ms(values_ns: list[int], p: float) -> float:
@@ -67,36 +121,28 @@ def percentile_ms(values_ns: list[int], p: float) -> float:
 
 #: How each path counts its deduplication rows at rest (for the table's notes and the JSON).
 DEDUP_ROWS = {
-    "baseline": "none by construction (no deduplication)",
-    "outbox": "processed-message rows of the endpoint, kept for the retention window",
-    "token": "incoming tokens left (eo_token rows of the run's message IDs); the outputs' "
-             "tokens belong to their receiver (none here): reported as output tokens, deleted",
-    "state": "state stream entries (eo_state_entry): one per message until retention "
-             "truncates them, keeping each partition's newest snapshot",
+    "token": "incoming tokens left (eo_token rows of the run's message IDs)",
+    "outbox": "processed-message rows, kept for the retention window",
+    "state": "state stream entries, one per message until retention truncates them",
+    "references": "inbox rows (bench_inbox), one per message, kept for ever",
 }
-
 
 #: What the latency columns measure.
 LATENCY = ("producer publish (sent_at_ns in the body, before the sender's token insert) to "
-           "first receipt at the sink; the producer publishes at full speed, so p50/p99 include "
-           "the time spent queued behind the backlog")
+           "first receipt at the sink, the producer publishing at a fixed rate: the run's "
+           "drain throughput times the load ratio")
 
 
 def as_json(result: BenchResult) -> dict[str, Any]:
-    """Everything the table shows plus parameters, machine, per-statement round trips
-    (per message) and the rows at rest. Units: seconds, messages/s, milliseconds."""
+    """Parameters, machine, every run and the summaries (ratios included). Units: seconds,
+    messages/s, milliseconds (CPU: machine CPU ms per message)."""
     params = asdict(result.params)
     params.pop("database_dsn")  # may hold a password; the database name is enough
     params.pop("amqp_url")
-    return {
-        "parameters": params,
-        "machine": result.machine,
-        "paths": [{**asdict(p), "dedup_rows_meaning": DEDUP_ROWS[p.path]} for p in result.paths],
-        "token_over_baseline_throughput": result.ratio("token"),
-        "outbox_over_baseline_throughput": result.ratio("outbox"),
-        "state_over_baseline_throughput": result.ratio("state"),
-        "latency_meaning": LATENCY,
-    }
+    return {"parameters": params, "machine": result.machine,
+            "runs": [asdict(r) for r in result.runs],
+            "summaries": [asdict(s) for s in result.summaries()],
+            "dedup_rows_meaning": DEDUP_ROWS, "latency_meaning": LATENCY}
 
 
 def write_json(result: BenchResult, path: Path) -> None:
@@ -106,29 +152,28 @@ def write_json(result: BenchResult, path: Path) -> None:
 
 
 def print_table(result: BenchResult, console: Console) -> None:
-    """The side-by-side table, the token/baseline ratio and the machine line."""
+    """The summaries side by side, then the machine line and the notes."""
     p = result.params
-    table = Table(title=f"eo bench: {p.messages:,} messages per path, {p.partitions:,} "
-                        f"partitions, {p.in_flight} deliveries in flight")
-    for column in ("path", "messages/s", "p50 ms", "p99 ms", "DB round trips/msg",
-                   "dedup rows at rest"):
+    table = Table(title=f"eo bench: {p.messages:,} messages per run, {p.partitions:,} "
+                        f"partitions, {p.rounds} round(s); in flight {p.in_flight} "
+                        f"(batched: {2 * p.batch_size}, batches of {p.batch_size})")
+    for column in ("path", "msg/s min", "median", "max", "CPU ms/msg", "Python", "PG",
+                   "RabbitMQ", "p50 ms", "p99 ms", "trips/msg", "dedup rows",
+                   *(f"/ {ref}" for ref in REFERENCES)):
         table.add_column(column, justify="left" if column == "path" else "right")
-    for r in result.paths:
-        table.add_row(r.path, f"{r.messages_per_s:,.0f}", f"{r.p50_ms:,.1f}", f"{r.p99_ms:,.1f}",
-                      f"{r.round_trips_per_message:.2f}", f"{r.dedup_rows_at_rest:,}")
+    for s in result.summaries():
+        low, mid, high = s.messages_per_s
+        table.add_row(s.label, f"{low:,.0f}", f"{mid:,.0f}", f"{high:,.0f}",
+                      f"{s.cpu_ms['total']:.2f}", f"{s.cpu_ms['python']:.2f}",
+                      f"{s.cpu_ms['postgresql']:.2f}", f"{s.cpu_ms['rabbitmq']:.2f}",
+                      f"{s.p50_ms:,.1f}", f"{s.p99_ms:,.1f}",
+                      f"{s.round_trips_per_message:.2f}", f"{s.dedup_rows_at_rest:,}",
+                      *(f"{s.ratios[ref]:.2f}" if ref in s.ratios else "-"
+                        for ref in REFERENCES))
     console.print(table)
-    console.print(f"token path / baseline throughput = {result.ratio('token'):.2f}"
-                  f"   (outbox / baseline = {result.ratio('outbox'):.2f}, "
-                  f"state / baseline = {result.ratio('state'):.2f})")
-    for r in result.paths:
-        rest = r.at_rest
-        console.print(
-            f"  {r.path}: processed {rest['processed']:,}, incoming tokens left "
-            f"{rest['incoming_tokens_left']}, side-effect records left "
-            f"{rest['side_effect_records_left']}, unfinished TRs {rest['unfinished_trs']}, "
-            f"output tokens (for the receiver) {rest['output_tokens']:,}")
     m = result.machine
     console.print(f"machine: {m['nproc']} CPUs, Python {m['python']}, PostgreSQL "
-                  f"{m['postgresql']}, RabbitMQ {m['rabbitmq']}")
+                  f"{m['postgresql']}, RabbitMQ {m['rabbitmq']}; latency at "
+                  f"{p.load_ratio:.0%} of each run's throughput")
     console.print("dedup rows: " + "; ".join(f"{k}: {v}" for k, v in DEDUP_ROWS.items()))
     console.print(f"latency: {LATENCY}")

@@ -1,5 +1,7 @@
-"""The runs of `eo bench`: at-least-once baseline, outbox, token and state paths; same
-handler."""
+"""The runs of `eo bench`: each path's consumer in processes of its own draining a preloaded
+queue (throughput, CPU per message per process group), then the same consumers under a fixed
+offered load (latency); the template's paths and the two references (tools/bench/references.py)
+in the same run, interleaved round by round."""
 
 from __future__ import annotations
 
@@ -8,89 +10,76 @@ import json
 import os
 import platform
 import random
+import sys
 import time
 import uuid
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
+import psutil
 from aio_pika.abc import AbstractIncomingMessage
 
 from adapters.postgres.admin import ensure_database
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
-from adapters.postgres.state_stream import PostgresStateStream
 from adapters.postgres.token_store import PostgresTokenStore
-from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
-from adapters.rabbitmq.consumer import RabbitSource
-from adapters.rabbitmq.dispatcher import RabbitDispatcher, envelope_message
-from adapters.system.clock import SystemClock
-from application.assembly import build_processor
-from application.codec import decode, encode, from_jsonable, to_jsonable
-from application.consumer import Consumer
+from adapters.rabbitmq.dispatcher import envelope_message
+from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
-from application.observability import CountingSink
-from application.ports import Ports
-from application.processor import Outcome, Processor
-from application.strategy import Strategy
-from domain.context import Context
-from domain.decisions import Endpoint
 from tools.bench import endpoint as bench
-from tools.bench.counting import CountingPool
-from tools.bench.report import BenchResult, Params, PathResult, percentile_ms
+from tools.bench import references
+from tools.bench.report import BenchResult, Params, RunFigures, percentile_ms
+from tools.bench.worker import RETRY_DELAYS_S, TEMPLATE_PATHS
 
-PATHS = ("baseline", "outbox", "token", "state")
-RETRY_DELAYS_S = (0.05, 0.2, 1.0, 5.0)
-BATCH = 50  #: publishes awaiting their confirms at once
+ROOT = Path(__file__).resolve().parents[2]
+PATHS = ("token", "token-batched", "outbox", "state", "minimal", "minimal-batched",
+         "faststream")
+#: process-group name -> the process names (psutil) whose CPU it sums
+GROUPS = {"postgresql": ("postgres",), "rabbitmq": ("beam.smp", "erl_child_setup")}
 _EO_TABLES = ("eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
               "eo_processed_message", "eo_stored_reply", "eo_state_entry")
-#: the state path's business state: the newest snapshot of each partition's stream
 _NEWEST = ("(SELECT DISTINCT ON (partition_key) state FROM eo_state_entry WHERE endpoint = $1 "
            "ORDER BY partition_key, version DESC) AS newest")
-_LOCK = "SELECT state FROM bench_baseline_state WHERE account = $1 FOR UPDATE"
-_CREATE = "INSERT INTO bench_baseline_state (account) VALUES ($1) ON CONFLICT DO NOTHING"
-_SAVE = "UPDATE bench_baseline_state SET state = $2 WHERE account = $1"
 _COUNT = "coalesce(sum((state->>'count')::bigint), 0)"
 
 
-class _Baseline:
-    """At least once: one transaction (lock, handle, write), dispatch, ack; no deduplication.
-    Duck-types what `Consumer` uses of a `Processor` (process, endpoint, events)."""
-
-    def __init__(self, pool: Any, endpoint: Endpoint[bench.Balance],
-                 dispatcher: RabbitDispatcher) -> None:
-        self.pool, self.definition, self.dispatcher = pool, endpoint, dispatcher
-        self.endpoint = endpoint.name
-        self.events = CountingSink()
-
-    async def process(self, envelope: Envelope) -> Outcome:
-        message = decode(bench.Deposit, envelope.body)
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(_LOCK, message.account)
-            if row is None:  # first deposit of the account: create its row, then lock it
-                await conn.execute(_CREATE, message.account)
-                row = await conn.fetchrow(_LOCK, message.account)
-            state = from_jsonable(bench.Balance, row["state"])
-            context = Context(envelope.message_id, uuid.uuid4(), datetime.now(UTC))
-            decision = self.definition.handle(state, message, context)
-            await conn.execute(_SAVE, message.account, to_jsonable(decision.state))
-        for out in decision.outgoing:
-            await self.dispatcher.dispatch(out.destination, Envelope(
-                uuid.uuid4(), type(out.message).__name__, encode(out.message)))
-        return Outcome.PROCESSED
+def group_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each of `GROUPS`' processes, summed."""
+    totals = dict.fromkeys(GROUPS, 0.0)
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None:
+            continue
+        for group, names in GROUPS.items():
+            if proc.info["name"] in names:
+                totals[group] += times.user + times.system
+    return totals
 
 
 class _Sink:
-    """Consumes a run's sink queue; latency (ns) of the first output of each message."""
+    """Consumes a run's sink queue: receipt times of distinct outputs (keyed by the
+    producer's `sent_at_ns`), their latency, and the process groups' CPU at the first and
+    at the expected output."""
 
-    def __init__(self, expected: int) -> None:
-        self.expected, self.done = expected, asyncio.Event()
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.duplicates = 0
+        self._expect(0)
+
+    def _expect(self, count: int) -> None:
+        self.target, self.done = len(self.seen) + count, asyncio.Event()
+        self.first_ns = self.last_ns = 0
+        self.cpu_first: dict[str, float] = {}
+        self.cpu_last: dict[str, float] = {}
         self.latencies_ns: list[int] = []
-        self.output_ids: list[uuid.UUID] = []
-        self.duplicates, self.last_ns = 0, 0
-        self._seen: set[int] = set()
+
+    def expect(self, count: int) -> None:
+        """Wait for `count` more distinct outputs (`done` is set at the last)."""
+        self._expect(count)
 
     async def start(self, connection: RabbitConnection, queue: str) -> None:
         self._channel = await connection.open_channel(prefetch=1000)
@@ -101,14 +90,15 @@ class _Sink:
         now = time.monotonic_ns()
         await message.ack()
         sent = int(json.loads(message.body)["sent_at_ns"])  # unique per incoming message
-        self.output_ids.append(uuid.UUID(message.message_id))
-        if sent in self._seen:
+        if sent in self.seen:
             self.duplicates += 1
             return
-        self._seen.add(sent)
+        self.seen.add(sent)
         self.latencies_ns.append(now - sent)
-        if len(self._seen) >= self.expected:
-            self.last_ns = now
+        if not self.first_ns:
+            self.first_ns, self.cpu_first = now, group_cpu_s()
+        if len(self.seen) == self.target:
+            self.last_ns, self.cpu_last = now, group_cpu_s()
             self.done.set()
 
     async def stop(self) -> None:
@@ -116,29 +106,79 @@ class _Sink:
         await self._channel.close()
 
 
-async def run_bench(params: Params) -> BenchResult:
-    """Create and migrate the database, then run every path in turn on fresh queues."""
+@dataclass
+class _Producer:
+    """Publishes deposits to a work queue (creating their tokens first on a token path);
+    `sent_at_ns` is unique and strictly increasing, the output's key at the sink."""
+
+    params: Params
+    driver: RabbitConnection
+    tokens: PostgresTokenStore
+    work: str
+    token: bool
+    rng: random.Random
+    last: int = 0
+
+    def _next(self) -> Envelope:
+        self.last = max(time.monotonic_ns(), self.last + 1)
+        deposit = bench.Deposit(f"acct-{self.rng.randrange(self.params.partitions)}",
+                                self.rng.randint(1, 10_000), self.last)
+        headers = MappingProxyType({TOKEN_HEADER: "1"} if self.token else {})
+        return Envelope(uuid.uuid4(), "Deposit", encode(deposit), headers)
+
+    async def _send(self, batch: list[Envelope]) -> None:
+        if self.token:
+            await self.tokens.create(self.work, batch)
+        await asyncio.gather(*(self.driver.publish(self.work, envelope_message(e))
+                               for e in batch))
+
+    async def preload(self, count: int) -> list[uuid.UUID]:
+        """Publish `count` deposits as fast as confirms allow; returns their IDs."""
+        ids: list[uuid.UUID] = []
+        for start in range(0, count, 200):
+            batch = [self._next() for _ in range(min(200, count - start))]
+            await self._send(batch)
+            ids += [e.message_id for e in batch]
+        return ids
+
+    async def paced(self, count: int, rate_per_s: float) -> list[uuid.UUID]:
+        """Publish `count` deposits at `rate_per_s`, each at its scheduled time."""
+        loop, ids = asyncio.get_running_loop(), []
+        start = loop.time()
+        for i in range(count):
+            await asyncio.sleep(max(0.0, start + i / rate_per_s - loop.time()))
+            envelope = self._next()
+            await self._send([envelope])
+            ids.append(envelope.message_id)
+        return ids
+
+
+async def run_bench(params: Params, on_run: Any = None) -> BenchResult:
+    """Create and migrate the database, then run every (path, processes) of `params`,
+    `params.rounds` times, interleaved; `on_run(figures)` after each run."""
     await ensure_database(params.database_dsn)
     await upgrade_async(params.database_dsn)
-    pool = await create_pool(params.database_dsn, max_size=params.in_flight + 2)
-    admin = await create_pool(params.database_dsn, max_size=2)  # producer, checks: uncounted
-    service, driver = RabbitConnection(params.amqp_url), RabbitConnection(params.amqp_url)
+    admin = await create_pool(params.database_dsn, max_size=4)  # producer, checks
+    driver = RabbitConnection(params.amqp_url)
     try:
-        await service.start()
         await driver.start()
-        await admin.execute("CREATE TABLE IF NOT EXISTS bench_baseline_state "
-                            "(account text PRIMARY KEY, state jsonb)")
+        for statement in references.SCHEMA:
+            await admin.execute(statement)
         underlay = await driver.channel.get_underlay_channel()
         machine = {"nproc": str(os.cpu_count()), "python": platform.python_version(),
                    "postgresql": str(await admin.fetchval("SHOW server_version")),
                    "rabbitmq": str(underlay.connection.server_properties.get("version", "?"))}
-        paths = [await _run(params, path, pool, admin, service, driver) for path in PATHS]
+        runs = []
+        for round_no in range(1, params.rounds + 1):
+            for path, processes in params.runs:
+                figures = await _run(params, path, processes, round_no, admin, driver)
+                runs.append(figures)
+                if on_run is not None:
+                    on_run(figures)
     finally:
-        await service.close()
         await driver.close()
-        await pool.close()
         await admin.close()
-    return BenchResult(params, machine, paths)
+    return BenchResult(params, machine, runs)
 
 
 async def _queues(driver: RabbitConnection, work: str, sink: str, declare: bool) -> None:
@@ -150,110 +190,144 @@ async def _queues(driver: RabbitConnection, work: str, sink: str, declare: bool)
         await topology.declare(driver, sink, (), delivery_limit=20)
 
 
-def _consumer(path: str, pool: Any, work: str, sink: str, service: RabbitConnection) -> Consumer:
-    """The run's consumer: the real `Processor` on the counted pool, or the baseline."""
-    endpoint, dispatcher = bench.endpoint(work, sink), RabbitDispatcher(service)
-    if path == "baseline":
-        return Consumer(cast(Processor, _Baseline(pool, endpoint, dispatcher)),
-                        retry_delays=RETRY_DELAYS_S)
-    clock = SystemClock()
-    # tokens in the endpoint database: protocol 3.2's co-located fast path, as the local
-    # profile runs it when EO_TOKEN_DSN is unset
-    state = path == "state"  # the state path keeps no TR and creates no token
-    ports = Ports(PostgresTokenStore(pool),
-                  PostgresTransactionalStore(pool, work, bench.Balance, clock,
-                                             holds_tokens=not state),
-                  dispatcher, clock, uuid.uuid4, CountingSink(), colocated_tokens=not state,
-                  state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
-                  if state else None)
-    return Consumer(build_processor(endpoint, ports, Strategy(path)), retry_delays=RETRY_DELAYS_S)
-
-
-async def _run(params: Params, path: str, pool: Any, admin: Any, service: RabbitConnection,
-               driver: RabbitConnection) -> PathResult:
-    n, work, sink = params.messages, f"{params.prefix}-{path}", f"{params.prefix}-sink-{path}"
-    await _queues(driver, work, sink, declare=True)
+async def _reset(admin: Any, work: str) -> None:
     for table in _EO_TABLES:
         await admin.execute(f"DELETE FROM {table} WHERE endpoint = $1", work)
     await admin.execute("DELETE FROM eo_token WHERE type IN ('Deposit', 'Deposited')")
-    await admin.execute("TRUNCATE bench_baseline_state")
-    counting = CountingPool(pool)
-    consumer = _consumer(path, counting, work, sink, service)
-    source, receiver = RabbitSource(service, work, RETRY_DELAYS_S), _Sink(n)
+    await admin.execute(f"TRUNCATE {', '.join(references.TABLES)}")
+
+
+async def _spawn(config: dict[str, Any]) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.bench.worker", json.dumps(config), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if not line:
+        error = (await proc.stderr.read()).decode() if proc.stderr else ""
+        raise RuntimeError(f"{config['path']}: the consumer did not start: {error[-2000:]}")
+    return proc
+
+
+async def _stop(proc: asyncio.subprocess.Process, path: str) -> dict[str, Any]:
+    if proc.returncode is None:
+        proc.terminate()
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = out.decode().strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"{path}: the consumer reported nothing: {err.decode()[-2000:]}")
+    report: dict[str, Any] = json.loads(lines[-1])
+    if report.get("failure"):
+        raise RuntimeError(f"{path}: the consumer failed: {report['failure']}")
+    return report
+
+
+def _cpu_at(samples: list[list[float]], t_ns: int) -> float:
+    """A process's CPU seconds at `t_ns`, interpolated between its samples."""
+    before = [s for s in samples if s[0] <= t_ns]
+    after = [s for s in samples if s[0] >= t_ns]
+    if not before:
+        return after[0][1]
+    if not after:
+        return before[-1][1]
+    (t0, c0), (t1, c1) = before[-1], after[0]
+    return c0 if t1 == t0 else c0 + (c1 - c0) * (t_ns - t0) / (t1 - t0)
+
+
+async def _run(params: Params, path: str, processes: int, round_no: int, admin: Any,
+               driver: RabbitConnection) -> RunFigures:
+    label = path if processes == 1 else f"{path} x{processes}"
+    n = params.messages
+    work = f"{params.prefix}-{path}-{processes}"
+    sink = f"{params.prefix}-sink-{path}-{processes}"
+    await _queues(driver, work, sink, declare=True)
+    await _reset(admin, work)
+    token = TEMPLATE_PATHS.get(path, ("",))[0] == "token"
+    producer = _Producer(params, driver, PostgresTokenStore(admin), work, token,
+                         random.Random(params.seed + round_no))
+    incoming = await producer.preload(n)
+    receiver = _Sink()
+    receiver.expect(n)
     await receiver.start(driver, sink)
-    serving = asyncio.create_task(consumer.serve(source.deliveries(params.in_flight),
-                                                 params.in_flight))
-    start_ns, timeout_s = time.monotonic_ns(), 60 + n * 0.05
+    batched = path.endswith("batched")
+    in_flight = params.batch_size * 2 if batched else params.in_flight
+    config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
+              "amqp_url": params.amqp_url, "in_flight": in_flight,
+              "batch_size": params.batch_size}
+    procs = [await _spawn(config) for _ in range(processes)]
+    reports: list[dict[str, Any]] = []
     try:
-        incoming = await _produce(params, admin, driver, work, token=path == "token")
-        waiter = asyncio.create_task(receiver.done.wait())
-        await asyncio.wait({waiter, serving}, timeout=timeout_s,
-                           return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
+        await _wait(receiver, procs, 60 + n * 0.05, label)
+        first, last = receiver.first_ns, receiver.last_ns
+        seconds = (last - first) / 1e9
+        throughput = (n - 1) / seconds
+        cpu = {g: (receiver.cpu_last[g] - receiver.cpu_first[g]) for g in GROUPS}
+        offered = throughput * params.load_ratio
+        count = max(50, min(params.latency_messages, int(offered * 5)))
+        receiver.expect(count)
+        incoming += await producer.paced(count, offered)
+        await _wait(receiver, procs, 60 + count / offered * 2, label)
+        latencies = receiver.latencies_ns
     finally:
-        await source.stop()
-        await serving  # the deliveries in flight finish: the consumer is at rest
+        for proc in procs:
+            reports.append(await _stop(proc, label))
         await receiver.stop()
-    settlements = {str(k): v for k, v in consumer.counts.items()}
-    if not receiver.done.is_set():
-        raise RuntimeError(f"{path}: {len(receiver.latencies_ns)} of {n} outputs in "
-                           f"{timeout_s:.0f} s; settlements {settlements}")
-    rows = await _at_rest(admin, path, work, incoming, receiver.output_ids)
+    cpu["python"] = sum(_cpu_at(r["samples"], last) - _cpu_at(r["samples"], first)
+                        for r in reports)
+    rows = await _at_rest(admin, path, work, incoming)
     await _queues(driver, work, sink, declare=False)
-    seconds, counts = (receiver.last_ns - start_ns) / 1e9, counting.counts
-    dedup = {"baseline": 0, "outbox": rows["processed_message_rows"],
-             "token": rows["incoming_tokens_left"], "state": rows["stream_entries"]}
-    return PathResult(
-        path, seconds, n / seconds, percentile_ms(receiver.latencies_ns, 0.50),
-        percentile_ms(receiver.latencies_ns, 0.99), counts.total / n, counts.resets / n,
-        dedup[path], rows, settlements, receiver.duplicates,
-        {k: v / n for k, v in counts.by_statement.most_common()})
+    per_message = {g: cpu[g] * 1000 / (n - 1) for g in ("python", *GROUPS)}
+    per_message["total"] = sum(per_message.values())
+    round_trips = sum(r["round_trips"] for r in reports) / len(incoming)
+    return RunFigures(label, path, processes, round_no, seconds, throughput, per_message,
+                      offered, percentile_ms(latencies, 0.50), percentile_ms(latencies, 0.99),
+                      round_trips, rows["dedup_rows"], rows, receiver.duplicates)
 
 
-async def _produce(params: Params, admin: Any, driver: RabbitConnection, work: str,
-                   token: bool) -> list[uuid.UUID]:
-    """Publish every deposit at full speed, `BATCH` confirms in flight; a token-based sender
-    creates the batch's tokens first. Returns the incoming message IDs."""
-    rng, tokens = random.Random(params.seed), PostgresTokenStore(admin)
-    headers = MappingProxyType({TOKEN_HEADER: "1"} if token else {})
-    ids: list[uuid.UUID] = []
-    last = 0
-    for start in range(0, params.messages, BATCH):
-        batch = []
-        for _ in range(start, min(params.messages, start + BATCH)):
-            last = max(time.monotonic_ns(), last + 1)  # strictly increasing: a message's key
-            deposit = bench.Deposit(f"acct-{rng.randrange(params.partitions)}",
-                                    rng.randint(1, 10_000), last)
-            batch.append(Envelope(uuid.uuid4(), "Deposit", encode(deposit), headers))
-        if token:
-            await tokens.create(work, batch)
-        await asyncio.gather(*(driver.publish(work, envelope_message(e)) for e in batch))
-        ids.extend(e.message_id for e in batch)
-    return ids
+async def _wait(receiver: _Sink, procs: list[asyncio.subprocess.Process], timeout_s: float,
+                label: str) -> None:
+    """Until the sink has its outputs; raises RuntimeError on a timeout or a dead consumer."""
+    deadline = time.monotonic() + timeout_s
+    while not receiver.done.is_set():
+        if any(p.returncode is not None for p in procs):
+            raise RuntimeError(f"{label}: a consumer process exited early")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{label}: {len(receiver.seen)} outputs of {receiver.target} "
+                               f"in {timeout_s:.0f} s")
+        try:
+            await asyncio.wait_for(receiver.done.wait(), 0.2)
+        except TimeoutError:
+            continue
 
 
-async def _at_rest(admin: Any, path: str, work: str, incoming: list[uuid.UUID],
-                   outputs: list[uuid.UUID]) -> dict[str, int]:
-    """Rows left once the consumer is idle. The outputs' tokens belong to the receiver that
-    would consume them (nobody here): counted apart, then deleted."""
-    eo = path != "baseline"
+async def _at_rest(admin: Any, path: str, work: str, incoming: list[uuid.UUID]
+                   ) -> dict[str, int]:
+    """Rows left once the consumers stopped: the handler's count summed over the accounts,
+    and each path's deduplication rows (`dedup_rows`, see report.DEDUP_ROWS)."""
+    strategy = TEMPLATE_PATHS.get(path, (path,))[0]
+    if strategy in ("token", "outbox"):
+        processed = f"SELECT {_COUNT} FROM eo_transaction_record WHERE endpoint = $1"
+    elif strategy == "state":
+        processed = f"SELECT {_COUNT} FROM {_NEWEST}"
+    else:
+        processed = f"SELECT {_COUNT} FROM bench_state WHERE $1::text IS NOT NULL"
+    dedup = {"token": ("SELECT count(*) FROM eo_token WHERE message_id = ANY($1)", incoming),
+             "outbox": ("SELECT count(*) FROM eo_processed_message WHERE endpoint = $1", work),
+             "state": ("SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", work)}.get(
+        strategy, ("SELECT count(*) FROM bench_inbox WHERE $1::text IS NOT NULL", work))
     queries = {
-        "incoming_tokens_left": ("SELECT count(*) FROM eo_token WHERE message_id = ANY($1)",
-                                 incoming),
-        "processed": (f"SELECT {_COUNT} FROM bench_baseline_state", None) if not eo
-        else (f"SELECT {_COUNT} FROM {_NEWEST}", work) if path == "state"
-        else (f"SELECT {_COUNT} FROM eo_transaction_record WHERE endpoint = $1", work),
-        "stream_entries": ("SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", work),
-        "processed_message_rows": (
-            "SELECT count(*) FROM eo_processed_message WHERE endpoint = $1", work),
+        "processed": (processed, work),
+        "dedup_rows": dedup,
         "side_effect_records_left": (
             "SELECT count(*) FROM eo_side_effect_record WHERE endpoint = $1", work),
         "unfinished_trs": ("SELECT count(*) FROM eo_transaction_record WHERE endpoint = $1 "
                            "AND message_id IS NOT NULL", work),
-        "deferred_cleanups": ("SELECT count(*) FROM eo_deferred_cleanup WHERE endpoint = $1",
-                              work),
-        "output_tokens": ("WITH gone AS (DELETE FROM eo_token WHERE message_id = ANY($1) "
-                          "RETURNING 1) SELECT count(*) FROM gone", outputs),
+        "outbox_rows_left": ("SELECT count(*) FROM bench_outbox WHERE $1::text IS NOT NULL",
+                             work),
+        # the outputs' tokens belong to the receiver that would consume them (nobody here)
+        "output_tokens": ("WITH gone AS (DELETE FROM eo_token WHERE type = 'Deposited' "
+                          "AND $1::text IS NOT NULL RETURNING 1) SELECT count(*) FROM gone",
+                          work),
     }
-    return {name: int(await admin.fetchval(query, *([] if arg is None else [arg])))
+    return {name: int(await admin.fetchval(query, arg))
             for name, (query, arg) in queries.items()}

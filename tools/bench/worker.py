@@ -1,0 +1,122 @@
+"""One consumer process of `eo bench`: `python -m tools.bench.worker '<json>'`.
+
+It consumes the path's work queue until SIGTERM, sampling its own CPU time every 20 ms, then
+prints one JSON line: the samples `[[monotonic_ns, cpu_s], ...]` (CLOCK_MONOTONIC is one
+clock for every process of the machine, so the orchestrator cuts them at its own marks) and
+the database round trips per statement (every path's pool is counted the same way). The
+JSON argument: `path`, `work`, `sink`, `database_dsn`, `amqp_url`, `in_flight`,
+`batch_size`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+from adapters.postgres.pool import create_pool
+from adapters.postgres.state_stream import PostgresStateStream
+from adapters.postgres.token_store import PostgresTokenStore
+from adapters.postgres.transactional_store import PostgresTransactionalStore
+from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.consumer import RabbitSource
+from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.system.clock import SystemClock
+from application.assembly import build_processor
+from application.consumer import Consumer
+from application.observability import CountingSink
+from application.ports import Ports
+from application.strategy import Strategy
+from tools.bench import endpoint as bench
+from tools.bench import references
+from tools.bench.counting import CountingPool
+
+RETRY_DELAYS_S = (0.05, 0.2, 1.0, 5.0)
+#: the template's paths: strategy and whether the consumer batches
+TEMPLATE_PATHS = {"token": ("token", False), "token-batched": ("token", True),
+                  "outbox": ("outbox", False), "state": ("state", False)}
+REFERENCE_PATHS = ("minimal", "minimal-batched", "faststream")
+
+
+async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection) -> None:
+    strategy, batched = TEMPLATE_PATHS[config["path"]]
+    clock, state = SystemClock(), strategy == "state"
+    work, sink = config["work"], config["sink"]
+    # tokens in the endpoint database: protocol 3.2's co-located fast path, as the local
+    # profile runs it when EO_TOKEN_DSN is unset
+    ports = Ports(PostgresTokenStore(pool),
+                  PostgresTransactionalStore(pool, work, bench.Balance, clock,
+                                             holds_tokens=not state),
+                  RabbitDispatcher(rabbit), clock, uuid.uuid4, CountingSink(),
+                  colocated_tokens=not state,
+                  state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
+                  if state else None)
+    processor = build_processor(bench.endpoint(work, sink), ports, Strategy(strategy))
+    consumer = Consumer(processor, retry_delays=RETRY_DELAYS_S,
+                        batch_size=config["batch_size"] if batched else 1)
+    source = RabbitSource(rabbit, work, RETRY_DELAYS_S)
+    try:
+        await consumer.serve(source.deliveries(config["in_flight"]), config["in_flight"])
+    finally:
+        await source.stop()
+
+
+async def _main(config: dict[str, Any]) -> dict[str, Any]:
+    samples: list[tuple[int, float]] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append((time.monotonic_ns(), time.process_time()))
+            await asyncio.sleep(0.02)
+
+    sampling = asyncio.create_task(sample())
+    path = config["path"]
+    pool = await create_pool(config["database_dsn"], max_size=config["in_flight"] + 2)
+    counted = CountingPool(pool)
+    rabbit = RabbitConnection(config["amqp_url"])
+    await rabbit.start()
+    if path in TEMPLATE_PATHS:
+        running = _template(config, counted, rabbit)
+    elif path == "faststream":
+        running = references.run_faststream(config["amqp_url"], counted, config["work"],
+                                            config["sink"], config["in_flight"])
+    else:
+        running = references.run_minimal(config["amqp_url"], counted, config["work"],
+                                         config["sink"], config["in_flight"],
+                                         config["batch_size"] if path.endswith("batched")
+                                         else 1)
+    task = asyncio.create_task(running)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    print(json.dumps({"ready": True}), flush=True)
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    failure = None
+    if task.done() and task.exception() is not None:
+        failure = f"{type(task.exception()).__name__}: {task.exception()}"
+    samples.append((time.monotonic_ns(), time.process_time()))
+    for pending in (task, sampling, waiter):
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pending
+    await rabbit.close()
+    await pool.close()
+    counts = counted.counts
+    return {"samples": samples, "round_trips": counts.total,
+            "by_statement": dict(counts.by_statement), "failure": failure}
+
+
+def main() -> None:
+    """Run the consumer of `sys.argv[1]` (JSON, see the module docstring) until SIGTERM."""
+    config = json.loads(sys.argv[1])
+    print(json.dumps(asyncio.run(_main(config))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
