@@ -165,9 +165,23 @@ class Consumer:
                 waiting.put_nowait(None)  # the end (or the source's failure)
 
         pumping = asyncio.create_task(pump())
+        # a batch is formed only when one of these is free: while they are all busy the
+        # deliveries pile up, and the next batch takes them (the batch size follows the load)
+        batches = asyncio.Semaphore(max(1, prefetch // self.batch_size))
+
+        async def settle(batch: list[Delivery]) -> None:
+            try:
+                await self._settle_batch(batch, slots)
+            finally:
+                batches.release()
+
         try:
-            while (batch := await self._next_batch(waiting)) is not None:
-                task = asyncio.create_task(self._settle_batch(batch, slots))
+            while True:
+                await batches.acquire()
+                batch = await self._next_batch(waiting)
+                if batch is None:
+                    break
+                task = asyncio.create_task(settle(batch))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:  # the deliveries in flight finish either way

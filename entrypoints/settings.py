@@ -79,9 +79,11 @@ class Settings(BaseSettings):
     conflict_retries: int = Field(3, ge=0, description="immediate retries after a conflict")
     max_attempts: int = Field(5, ge=1, description="deliveries before dead-lettering")
     retry_delays_s: tuple[float, ...] = (0.05, 0.2, 1.0, 5.0)
-    prefetch: int = Field(8, ge=1, description="deliveries in flight per consumer")
+    prefetch: int = Field(
+        8, ge=1, description="deliveries in flight per consumer; unset: 8, or twice "
+                             "EO_BATCH_SIZE when that is more")
     batch_size: int = Field(
-        1, ge=1, description="deliveries processed as one unit (token path with co-located "
+        50, ge=1, description="deliveries processed as one unit (token path with co-located "
                              "tokens; docs/batching.md); 1 turns batching off")
     batch_wait_ms: float = Field(
         0.0, ge=0, le=10_000,
@@ -156,6 +158,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _batch_fits_in_flight(self) -> Settings:
+        if "prefetch" not in self.model_fields_set:  # room for the next batch to fill
+            self.prefetch = max(self.prefetch, 2 * self.batch_size)
         if self.batch_size > self.prefetch:
             raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
                              f"{self.prefetch}, the deliveries in flight a batch is made of")

@@ -260,7 +260,7 @@ def test_defaults() -> None:
     assert settings.conflict_retries == 3
     assert settings.max_attempts == 5
     assert settings.retry_delays_s == (0.05, 0.2, 1.0, 5.0)
-    assert settings.prefetch == 8
+    assert (settings.batch_size, settings.batch_wait_ms, settings.prefetch) == (50, 0.0, 100)
     assert settings.retention_days == 7.0
     assert settings.cleanup_grace_s == 1800.0
     assert settings.blob_dir == Path("var/blobs")
@@ -313,7 +313,6 @@ def test_overriding_one_endpoints_strategy_keeps_the_others_defaults(
         ("EO_MAX_ATTEMPTS", "many"),
         ("EO_PREFETCH", "0"),
         ("EO_BATCH_SIZE", "0"),
-        ("EO_BATCH_SIZE", "9"),  # more than EO_PREFETCH (8): no batch could fill
         ("EO_BATCH_WAIT_MS", "-1"),
         ("EO_RETRY_DELAYS_S", "[]"),
         ("EO_RETRY_DELAYS_S", "[1, -1]"),
@@ -330,6 +329,19 @@ def test_an_invalid_setting_raises_settings_error_naming_the_variable(
     with pytest.raises(SettingsError) as caught:
         load_settings()
     assert f"invalid setting {variable}:" in str(caught.value)
+
+
+def test_the_prefetch_follows_the_batch_size_unless_it_is_set(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EO_BATCH_SIZE", "32")
+    assert load_settings().prefetch == 64  # room for the next batch to fill
+    monkeypatch.setenv("EO_PREFETCH", "40")
+    assert load_settings().prefetch == 40
+    monkeypatch.setenv("EO_PREFETCH", "16")  # a batch could never fill
+    with pytest.raises(SettingsError, match="invalid setting EO_BATCH_SIZE: 32 exceeds "
+                                            "prefetch 16"):
+        load_settings()
 
 
 @pytest.mark.parametrize("variable", ["EO_STRATEGIES", "EO_RETRY_DELAYS_S", "EO_CALLEES"])

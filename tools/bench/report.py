@@ -170,7 +170,7 @@ def print_table(result: BenchResult, console: Console) -> None:
                       f"{s.round_trips_per_message:.2f}", f"{s.dedup_rows_at_rest:,}",
                       *(f"{s.ratios[ref]:.2f}" if ref in s.ratios else "-"
                         for ref in REFERENCES))
-    console.print(table)
+    console.print(table, width=max(console.width, 190))
     m = result.machine
     console.print(f"machine: {m['nproc']} CPUs, Python {m['python']}, PostgreSQL "
                   f"{m['postgresql']}, RabbitMQ {m['rabbitmq']}; latency at "

@@ -11,6 +11,7 @@ import os
 import platform
 import random
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -198,24 +199,41 @@ async def _reset(admin: Any, work: str) -> None:
 
 
 async def _spawn(config: dict[str, Any]) -> asyncio.subprocess.Process:
+    """Start a consumer process; its stderr goes to a file (a pipe nobody reads while it
+    runs would fill and stop it), read back when it fails."""
+    errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tools.bench.worker", json.dumps(config), cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, stderr=errors)
+    _ERRORS[proc.pid] = errors
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 60)
     if not line:
-        error = (await proc.stderr.read()).decode() if proc.stderr else ""
-        raise RuntimeError(f"{config['path']}: the consumer did not start: {error[-2000:]}")
+        raise RuntimeError(f"{config['path']}: the consumer did not start: {_stderr(proc)}")
     return proc
+
+
+_ERRORS: dict[int, Any] = {}
+
+
+def _stderr(proc: asyncio.subprocess.Process) -> str:
+    errors = _ERRORS.pop(proc.pid, None)
+    if errors is None:
+        return ""
+    errors.seek(0)
+    text = errors.read().decode(errors="replace")
+    errors.close()
+    return text[-2000:]
 
 
 async def _stop(proc: asyncio.subprocess.Process, path: str) -> dict[str, Any]:
     if proc.returncode is None:
         proc.terminate()
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
     lines = out.decode().strip().splitlines()
+    stderr = _stderr(proc)
     if not lines:
-        raise RuntimeError(f"{path}: the consumer reported nothing: {err.decode()[-2000:]}")
+        raise RuntimeError(f"{path}: the consumer reported nothing: {stderr}")
     report: dict[str, Any] = json.loads(lines[-1])
     if report.get("failure"):
         raise RuntimeError(f"{path}: the consumer failed: {report['failure']}")

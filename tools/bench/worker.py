@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from adapters.postgres.pool import create_pool
@@ -113,9 +115,21 @@ async def _main(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Run the consumer of `sys.argv[1]` (JSON, see the module docstring) until SIGTERM."""
+    """Run the consumer of `sys.argv[1]` (JSON, see the module docstring) until SIGTERM.
+    With `EO_BENCH_PROFILE=<dir>` the process runs under cProfile and writes
+    `<dir>/<path>-<pid>.prof` (for `python -m pstats`, snakeviz...)."""
     config = json.loads(sys.argv[1])
-    print(json.dumps(asyncio.run(_main(config))), flush=True)
+    profile_dir = os.environ.get("EO_BENCH_PROFILE")
+    if not profile_dir:
+        print(json.dumps(asyncio.run(_main(config))), flush=True)
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    report = profiler.runcall(asyncio.run, _main(config))
+    Path(profile_dir).mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(Path(profile_dir) / f"{config['path']}-{os.getpid()}.prof")
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -45,10 +45,10 @@ async def test_artifact_created_after_the_winners_clean_up_is_left_to_the_deferr
         chaos: Run) -> None:
     """Row "create", its last clause: an artifact created after the winner's clean-up whose
     creator crashed before the re-check; only the deferred clean-up (protocol 8.2) deletes it.
-    orders-a alone takes the finalising message and stalls 6 s after registering the invoice
+    orders-a alone takes the finalising message and stalls 10 s after registering the invoice
     blob, while the test starts orders-b; orders-a then drops its connection after creating
     the payment request (the delivery goes to orders-b, which pauses 2 s before its handler)
-    and stalls 6 s after registering its follow-up's token; orders-b wins and its finish
+    and stalls 15 s after registering its follow-up's token; orders-b wins and its finish
     cleans orders-a's records (blob, request deleted; the token not created yet: a no-op) and
     moves them to the deferred clean-ups; orders-a wakes, creates the token, and dies before
     its re-check. Left: an orphan token no one will dispatch. Asserted: the crash; the winner
@@ -57,8 +57,11 @@ async def test_artifact_created_after_the_winners_clean_up_is_left_to_the_deferr
     period passed) deleted it."""
     await chaos.seed(ONE_ORDER)
     await chaos.start("orders-a", "orders", ";".join([
-        "after_register:blob=sleep:6000@1", "after_create:http_request=drop_conn@1",
-        "after_register:message=sleep:6000@1", "after_create:message=crash@1"]))
+        # the stalls leave room for a loaded machine (two suites at once): orders-b must be
+        # consuming before orders-a drops its connection, and must have finished (cleaning
+        # orders-a's records) before orders-a wakes and creates the token
+        "after_register:blob=sleep:10000@1", "after_create:http_request=drop_conn@1",
+        "after_register:message=sleep:15000@1", "after_create:message=crash@1"]))
     await chaos.publish(ONE_ORDER.commands)
     assert chaos.pool is not None
     deadline = asyncio.get_running_loop().time() + 60
