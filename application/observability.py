@@ -10,6 +10,10 @@ MESSAGE_DUPLICATE: Final = "message.duplicate"
 HANDLER_INVOKED: Final = "handler.invoked"
 TRANSACTION_COMMITTED: Final = "transaction.committed"
 TRANSACTION_CONFLICT: Final = "transaction.conflict"
+#: a batched attempt left before anything durable (its decision needs the single path, its
+#: handler failed, or its round's statement failed): the message is processed again alone
+#: (`reason`); the end of that attempt, as a conflict ends one
+ATTEMPT_ABANDONED: Final = "attempt.abandoned"
 SIDE_EFFECT_PUBLISHED: Final = "side_effect.published"
 SIDE_EFFECT_CLEANED: Final = "side_effect.cleaned"
 TOKEN_CONSUMED: Final = "token.consumed"
@@ -33,7 +37,8 @@ CONSUMER_RESTARTED: Final = "consumer.restarted"
 
 EVENTS: Final = (
     MESSAGE_RECEIVED, MESSAGE_DUPLICATE, HANDLER_INVOKED, TRANSACTION_COMMITTED,
-    TRANSACTION_CONFLICT, SIDE_EFFECT_PUBLISHED, SIDE_EFFECT_CLEANED, TOKEN_CONSUMED,
+    TRANSACTION_CONFLICT, ATTEMPT_ABANDONED, SIDE_EFFECT_PUBLISHED, SIDE_EFFECT_CLEANED,
+    TOKEN_CONSUMED,
     MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, MESSAGE_DEAD_LETTER_REFUSED,
     INBOX_RELAYED,
     INBOX_RELAY_FAILED, CONSUMER_LOST, CONSUMER_RESTARTED,

@@ -18,11 +18,14 @@ single-message path (`TransactionalPath.attempt`), which is exactly protocol 3.1
 without a token header, a body that does not decode, an unfinished transaction on its
 partition, a handler failure (the single path re-checks a rejection), a decision with a blob
 or an HTTP call (registered artifacts), an HTTP follow-up, a commit conflict. So do the later
-messages of its partition in the batch, to keep their order.
+messages of its partition in the batch, to keep their order. When a statement fails (PostgreSQL
+refusing one message's data fails it for all, and so does a lost connection), the messages of
+that round and of the rounds behind it go singly: each meets the error again alone, or not.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from typing import Any
 from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
 from application.errors import Duplicate
 from application.observability import (
+    ATTEMPT_ABANDONED,
     HANDLER_INVOKED,
     TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT,
@@ -50,8 +54,7 @@ class Singly:
 #: The batch result of a delivery the single-message path must process.
 SINGLY = Singly()
 
-#: A batch result per delivery: processed now (None), a `Duplicate`, `SINGLY`, or the error
-#: that ended its round (a `TransientError` after a statement failed, say).
+#: A batch result per delivery: processed now (None), a `Duplicate`, or `SINGLY`.
 BatchResult = None | Singly | BaseException
 
 
@@ -86,10 +89,8 @@ class TokenBatch:
             stored = await self.tokens.get_many(
                 path.endpoint, list({envelopes[i].message_id: None for i in candidates}))
             await path.hit("after_token_load")
-        except Exception as exc:  # noqa: BLE001 - each delivery gets its attempt's error
-            for i in candidates:
-                results[i] = exc
-            return results
+        except Exception:  # noqa: BLE001 - each delivery meets it again alone, or not
+            return results  # every one singly
         items: list[_Item] = []
         for i in candidates:
             body = stored.get(envelopes[i].message_id)
@@ -112,16 +113,38 @@ class TokenBatch:
                 todo = [q[k] for p, q in rounds.items() if len(q) > k and p not in singly]
                 try:
                     await self._round(todo, results, singly)
-                except Exception as exc:  # noqa: BLE001 - each delivery gets its attempt's error
-                    for p, queue in rounds.items():
-                        if p not in singly:
-                            for item in queue[k:]:
-                                results[item.index] = exc
+                except Exception:  # noqa: BLE001 - each delivery meets it again alone, or not
+                    # a statement failed: PostgreSQL refusing one message's data fails the
+                    # whole statement, a lost connection fails it for all. Which message it
+                    # was, if any, only the single path can tell: this round and the ones
+                    # behind it go singly (an unfinished commit of theirs is finished there)
+                    for item in (it for queue in rounds.values() for it in queue[k:]):
+                        if not isinstance(results[item.index], Duplicate):
+                            results[item.index] = SINGLY
                     break
         return results
 
     async def _round(self, todo: list[_Item], results: list[BatchResult],
                      singly: set[str]) -> None:
+        """One round; a statement's error is raised after every attempt of the round that
+        ran its handler and did not commit was logged as abandoned."""
+        started: dict[int, tuple[_Item, uuid.UUID]] = {}  # item index -> its attempt
+        try:
+            await self._round_of(todo, results, singly, started)
+        except Exception:
+            for item, attempt in started.values():
+                self._abandoned(item, attempt, "the batch's statement failed")
+            raise
+
+    def _abandoned(self, item: _Item, attempt: uuid.UUID, reason: str) -> None:
+        self.path.events.emit(ATTEMPT_ABANDONED, endpoint=self.path.endpoint,
+                              message_id=str(item.stored.message_id),
+                              attempt_id=str(attempt), partition=item.partition,
+                              reason=f"{reason}: processed alone")
+
+    async def _round_of(self, todo: list[_Item], results: list[BatchResult],
+                        singly: set[str], started: dict[int, tuple[_Item, uuid.UUID]]
+                        ) -> None:
         path = self.path
         if not todo:
             return
@@ -139,10 +162,13 @@ class TokenBatch:
         await path.hit("after_token_check")
         requests: list[tuple[_Item, CommitRequest]] = []
         for item, load in ready:
-            request = await self._decide(item, load)
+            attempt = path.ids()
+            request, reason = await self._decide(item, load, attempt)
             if request is None:
+                self._abandoned(item, attempt, reason)
                 singly.add(item.partition)
             else:
+                started[item.index] = (item, attempt)
                 requests.append((item, request))
         await path.hit("after_handler")
         if not requests:
@@ -153,6 +179,7 @@ class TokenBatch:
         for (item, request), result in zip(requests, committed, strict=True):
             fields = {"endpoint": path.endpoint, "message_id": str(request.message_id),
                       "partition": item.partition}
+            started.pop(item.index)  # committed or refused: ended either way
             if result is None:  # another attempt moved the partition: retried alone
                 path.events.emit(TRANSACTION_CONFLICT, **fields,
                                  reason=f"partition {item.partition}: batch commit at "
@@ -171,22 +198,21 @@ class TokenBatch:
         for item, _, _ in done:
             results[item.index] = None
 
-    async def _decide(self, item: _Item, load: Loaded) -> CommitRequest | None:
-        """The handler's decision as a commit request, or None when it needs the single
-        path (a handler failure, a blob, an HTTP call)."""
+    async def _decide(self, item: _Item, load: Loaded, attempt: uuid.UUID
+                      ) -> tuple[CommitRequest | None, str]:
+        """The handler's decision as a commit request, or None and why the message needs
+        the single path (a handler failure, a blob, an HTTP call)."""
         path, m = self.path, item.stored.message_id
-        attempt = path.ids()
         context = Context(message_id=m, attempt_id=attempt, now=path.clock.now())
         path.events.emit(HANDLER_INVOKED, endpoint=path.endpoint, message_id=str(m),
                          attempt_id=str(attempt), partition=item.partition)
         try:
             decision = path.runner.handle(load.state, item.message, context)
-        except Exception:  # noqa: BLE001 - the single path re-runs it with the rejection re-check
-            return None
+        except Exception as exc:  # noqa: BLE001 - the single path re-runs it, re-checking
+            return None, f"the handler failed ({type(exc).__name__})"
         if decision.blobs or decision.http_call is not None:
-            return None
+            return None, "its decision has a blob or an HTTP call"
         prepared = await path.preparation.run(item.partition, load.tr.version, item.stored,
                                               attempt, decision)
         return CommitRequest(item.partition, prepared.version, decision.state, m, attempt,
-                             prepared.records, decision.reply, None, prepared.tokens)
-
+                             prepared.records, decision.reply, None, prepared.tokens), ""

@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     prefetch: int = Field(
         8, ge=1, description="deliveries in flight per consumer; unset: 8, or twice "
                              "EO_BATCH_SIZE when that is more")
+    # EO_BATCH_SIZE unset beside a given EO_PREFETCH: half of it, at most 50
     batch_size: int = Field(
         50, ge=1, description="deliveries processed as one unit (token path with co-located "
                              "tokens; docs/batching.md); 1 turns batching off")
@@ -158,8 +159,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _batch_fits_in_flight(self) -> Settings:
-        if "prefetch" not in self.model_fields_set:  # room for the next batch to fill
+        given = self.model_fields_set
+        if "prefetch" not in given:  # room for the next batch to fill
             self.prefetch = max(self.prefetch, 2 * self.batch_size)
+        elif "batch_size" not in given:  # a prefetch of its own: two batches fit in it
+            self.batch_size = max(1, min(self.batch_size, self.prefetch // 2))
         if self.batch_size > self.prefetch:
             raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
                              f"{self.prefetch}, the deliveries in flight a batch is made of")

@@ -334,6 +334,11 @@ def test_an_invalid_setting_raises_settings_error_naming_the_variable(
 def test_the_prefetch_follows_the_batch_size_unless_it_is_set(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("EO_PREFETCH", "8")  # a prefetch alone: batches of half of it
+    assert (load_settings().batch_size, load_settings().prefetch) == (4, 8)
+    monkeypatch.setenv("EO_PREFETCH", "1")
+    assert load_settings().batch_size == 1  # batching off
+    monkeypatch.delenv("EO_PREFETCH")
     monkeypatch.setenv("EO_BATCH_SIZE", "32")
     assert load_settings().prefetch == 64  # room for the next batch to fill
     monkeypatch.setenv("EO_PREFETCH", "40")

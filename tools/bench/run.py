@@ -221,7 +221,7 @@ def _stderr(proc: asyncio.subprocess.Process) -> str:
     if errors is None:
         return ""
     errors.seek(0)
-    text = errors.read().decode(errors="replace")
+    text = str(errors.read().decode(errors="replace"))
     errors.close()
     return text[-2000:]
 

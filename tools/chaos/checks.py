@@ -40,7 +40,9 @@ import asyncpg
 from adapters.rabbitmq import topology
 from application.envelope import REASON_HEADER
 from application.observability import (
+    ATTEMPT_ABANDONED,
     HANDLER_INVOKED,
+    MESSAGE_DEAD_LETTERED,
     MESSAGE_RECEIVED,
     MESSAGE_RETRIED,
     SIDE_EFFECT_PUBLISHED,
@@ -60,7 +62,7 @@ AT_REST: dict[str, str] = {
 }
 #: The events the log audit attributes to (endpoint, message ID).
 PROTOCOL_EVENTS = frozenset({MESSAGE_RECEIVED, HANDLER_INVOKED, TRANSACTION_COMMITTED,
-                             SIDE_EFFECT_PUBLISHED})
+                             SIDE_EFFECT_PUBLISHED, ATTEMPT_ABANDONED})
 #: At most this many violations are listed per invariant (the rest are counted).
 MAX_LISTED = 10
 
@@ -82,10 +84,13 @@ def read_logs(log_dir: Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
 @dataclass
 class LogAudit:
     """The log-based checks' result: `violations` (empty when I1, I2 and I7 hold) and per
-    (endpoint, message ID) counts of handler runs, logged commits and received copies."""
+    (endpoint, message ID) counts of handler runs, logged commits and received copies.
+    `handler_runs` leaves out the runs a batch abandoned (`abandoned`: it ran the handler,
+    then left the message to the single path before anything was durable)."""
 
     violations: list[str] = field(default_factory=list)
     handler_runs: Counter[tuple[str, str]] = field(default_factory=Counter)
+    abandoned: Counter[tuple[str, str]] = field(default_factory=Counter)
     commits: Counter[tuple[str, str]] = field(default_factory=Counter)
     received: Counter[tuple[str, str]] = field(default_factory=Counter)
 
@@ -121,6 +126,9 @@ def audit_logs(records: Iterable[dict[str, Any]]) -> LogAudit:
                 undigested.append(f"{key[0]} received {key[1]} without a body digest")
         elif event == HANDLER_INVOKED:
             audit.handler_runs[key] += 1
+        elif event == ATTEMPT_ABANDONED:
+            audit.handler_runs[key] -= 1
+            audit.abandoned[key] += 1
         elif event == TRANSACTION_COMMITTED:
             audit.commits[key] += 1
             committers[key].add(str(record.get("attempt_id")))
@@ -151,16 +159,37 @@ def crashed_by_failpoint(log: Path) -> bool:
                for line in log.read_text(errors="replace").splitlines())
 
 
+def open_attempts(log: Iterable[Mapping[str, Any]]) -> list[tuple[tuple[str, str], str]]:
+    """((endpoint, message ID), attempt ID) of every attempt one process's `log` started
+    (`handler.invoked`) and did not end: no `transaction.committed` or `attempt.abandoned`
+    of that attempt, no `transaction.conflict`, `message.retried` or
+    `message.dead_lettered` of its message after it. In log order."""
+    pending: dict[str, tuple[str, str]] = {}
+    for r in log:
+        event, attempt = r.get("event"), str(r.get("attempt_id"))
+        key = (str(r.get("endpoint")), str(r.get("message_id")))
+        if event == HANDLER_INVOKED:
+            pending[attempt] = key
+        elif event in (TRANSACTION_COMMITTED, ATTEMPT_ABANDONED):
+            pending.pop(attempt, None)
+        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, MESSAGE_DEAD_LETTERED):
+            pending = {a: k for a, k in pending.items() if k != key}
+    return [(key, attempt) for attempt, key in pending.items()]
+
+
 def rerun_violations(records: Iterable[Mapping[str, Any]],
                      deaths: Iterable[Sequence[Mapping[str, Any]]]) -> list[str]:
     """Handler runs protocol 3.4 does not allow, from every process's log `records`: at most
     one attempt of a message commits, and every other attempt was aborted visibly, by a
-    `transaction.conflict` or `message.retried` of that message, or by a planned death.
+    `transaction.conflict`, `message.retried` or `attempt.abandoned` of that message, or by a
+    planned death.
 
     `deaths`: the log records of each process that died *by plan* (a `crash` failpoint's
-    exit, a SIGKILL the harness sent); of each, only the attempt in progress when it died
-    (its last `handler.invoked`, when not committed) counts as aborted. An exit nobody
-    planned excuses nothing. Returns one line per message in violation."""
+    exit, a SIGKILL the harness sent); of each, only the attempts in progress when it died
+    count as aborted: those it started (`handler.invoked`) and did not end in its log (no
+    commit or abandon of that attempt, no conflict, retry or dead letter of its message
+    after it). A batch has many in progress at once. An exit nobody planned excuses
+    nothing. Returns one line per message in violation."""
     attempts: dict[tuple[str, str], set[str]] = defaultdict(set)
     committed: dict[tuple[str, str], set[str]] = defaultdict(set)
     aborts: Counter[tuple[str, str]] = Counter()
@@ -171,14 +200,11 @@ def rerun_violations(records: Iterable[Mapping[str, Any]],
             attempts[key].add(str(r.get("attempt_id")))
         elif event == TRANSACTION_COMMITTED:
             committed[key].add(str(r.get("attempt_id")))
-        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED):
+        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, ATTEMPT_ABANDONED):
             aborts[key] += 1
     for log in deaths:
-        invoked = [r for r in log if r.get("event") == HANDLER_INVOKED]
-        if invoked:
-            last = invoked[-1]
-            key = (str(last.get("endpoint")), str(last.get("message_id")))
-            if str(last.get("attempt_id")) not in committed[key]:
+        for key, attempt in open_attempts(log):
+            if attempt not in committed[key]:
                 aborts[key] += 1
     problems = []
     for key, ids in sorted(attempts.items()):

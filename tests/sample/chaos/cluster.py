@@ -73,6 +73,7 @@ from tools.chaos.checks import (
     audit_logs,
     crashed_by_failpoint,
     dead_letters,
+    open_attempts,
     read_logs,
     rerun_violations,
 )
@@ -602,23 +603,13 @@ class Run:
         commit of that attempt, nor a conflict, retry or dead letter of its message, logged
         after it. A stalled attempt (a `sleep` failpoint) keeps the system from being quiet
         even when its log is."""
-        open_attempts: list[str] = []
+        found: list[str] = []
         for name in self.cluster.fleet.procs:
             if not self.cluster.alive(name):
                 continue
-            pending: dict[str, str] = {}  # attempt -> message
-            for e in log_events(self.cluster.log_of(name)):
-                event = e.get("event")
-                if event == "handler.invoked":
-                    pending[str(e.get("attempt_id"))] = str(e.get("message_id"))
-                elif event == "transaction.committed":
-                    pending.pop(str(e.get("attempt_id")), None)
-                elif event in ("transaction.conflict", "message.retried",
-                               "message.dead_lettered"):
-                    m = str(e.get("message_id"))
-                    pending = {a: x for a, x in pending.items() if x != m}
-            open_attempts += [f"{name}: {m} ({a})" for a, m in pending.items()]
-        return open_attempts
+            found += [f"{name}: {m} ({a})" for (_, m), a in open_attempts(
+                log_events(self.cluster.log_of(name)))]
+        return found
 
     def _log_size(self) -> int:
         return sum(p.stat().st_size for p in self.cluster.log_dir.glob("*.jsonl"))

@@ -312,8 +312,14 @@ async def test_a_campaign_of_bad_input_ends_processed_duplicate_or_dead_lettered
             dead = seen.by_seq()
             stuck = [(p.index, p.spec.kind, p.spec.endpoint, dict(outcomes(p, seen, dead)))
                      for p in plan if sum(outcomes(p, seen, dead).values()) < p.spec.copies]
+            relays = await relayed_ids(pool)
+            unrelayed = [r for r in relays.values()
+                         if not seen.count("orders", "transaction.committed", r)]
+            depths = [await rabbit.depths(e) for e in ENDPOINTS]
             pytest.fail(f"no quiescence after 60 s: unresolved {stuck[:20]}, in flight "
-                        f"{seen.in_flight()[:20]}\n{fleet.tails()}")
+                        f"{seen.in_flight()[:20]}, relays {len(relays)} of "
+                        f"{len(gateway_valid)}, not committed by orders {unrelayed[:5]}, "
+                        f"queues {depths}\n{fleet.tails()}")
         await asyncio.sleep(0.3)
 
     # no process crashed or restarted

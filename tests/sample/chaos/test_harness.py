@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.sample.chaos.cluster import CRASH_EXIT, Exit, ordering_violations
-from tools.chaos.checks import rerun_violations
+from tools.chaos.checks import open_attempts, rerun_violations
 
 
 def _event(event: str, attempt: str, message: str = "m1", **fields: Any) -> dict[str, Any]:
@@ -62,16 +62,33 @@ def test_an_exit_nobody_planned_excuses_no_re_run(tmp_path: Path) -> None:
     assert rerun_violations(crashed, []) != []
 
 
-def test_a_planned_death_excuses_only_the_attempt_in_progress() -> None:
-    """The dying process ran m1's handler, then m2's: only m2's attempt was in progress when
-    it died, so a second run of m1 still needs an abort of its own."""
-    dying = [_event("handler.invoked", "a1"), _event("handler.invoked", "b1", message="m2")]
-    records = [*dying, _event("handler.invoked", "a2"), _event("transaction.committed", "a2"),
-               _event("handler.invoked", "b2", message="m2"),
-               _event("transaction.committed", "b2", message="m2")]
+def test_a_planned_death_excuses_only_the_attempts_in_progress() -> None:
+    """The dying process ran m1's handler, saw that attempt retried, then ran m2's and
+    m3's (a batch: both in progress) and died: m2's and m3's second runs are excused, while
+    m1's third run still needs an abort of its own."""
+    dying = [_event("handler.invoked", "a1"), _event("message.retried", ""),
+             _event("handler.invoked", "b1", message="m2"),
+             _event("handler.invoked", "c1", message="m3")]
+    records = [*dying,
+               _event("handler.invoked", "a2"), _event("handler.invoked", "a3"),
+               _event("transaction.committed", "a3"),
+               *(e for m, a in (("m2", "b2"), ("m3", "c2"))
+                 for e in (_event("handler.invoked", a, message=m),
+                           _event("transaction.committed", a, message=m)))]
     assert rerun_violations(records, [dying]) == [
-        "('orders', 'm1'): 2 handler runs, 1 committed, only 0 visible aborts (conflict, "
+        "('orders', 'm1'): 3 handler runs, 1 committed, only 1 visible aborts (conflict, "
         "retry, planned death)"]
+
+
+def test_an_abandoned_batch_attempt_excuses_the_run_of_its_message_alone() -> None:
+    batch = [_event("handler.invoked", "a1"), _event("attempt.abandoned", "a1"),
+             _event("handler.invoked", "a2"), _event("transaction.committed", "a2")]
+    assert rerun_violations(batch, []) == []
+    assert open_attempts(batch) == []
+    silent = [_event("handler.invoked", "a1"),  # left without a word: not excused
+              _event("handler.invoked", "a2"), _event("transaction.committed", "a2")]
+    assert rerun_violations(silent, []) != []
+    assert open_attempts(silent) == [(("orders", "m1"), "a1")]
 
 
 def test_a_publication_before_the_commit_or_after_the_consume_is_a_violation() -> None:
@@ -86,3 +103,14 @@ def test_a_publication_before_the_commit_or_after_the_consume_is_a_violation() -
     assert ordering_violations([commit, at(4, publish), consume]) != []  # I6: consumed first
     # a stale finisher may publish again after the consume: allowed
     assert ordering_violations([commit, publish, consume, at(5, publish)]) == []
+
+
+def test_the_audit_counts_the_runs_a_batch_abandoned_apart() -> None:
+    from tools.chaos.checks import audit_logs
+
+    records = [_event("message.received", "", body_sha256="ab"),
+               _event("handler.invoked", "a1"), _event("attempt.abandoned", "a1"),
+               _event("handler.invoked", "a2"), _event("transaction.committed", "a2")]
+    audit = audit_logs(records)
+    assert audit.runs("orders", "m1") == 1  # the run that counted
+    assert audit.abandoned[("orders", "m1")] == 1

@@ -18,10 +18,10 @@ from application.errors import (
     Crash,
     HandlerRejected,
     MalformedMessage,
-    TransientError,
+    PermanentError,
     UnknownMessageType,
 )
-from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
+from application.observability import ATTEMPT_ABANDONED, HANDLER_INVOKED, TRANSACTION_CONFLICT
 from application.processor import Outcome, Processor
 from domain.context import Context
 from domain.decisions import CreateBlob, Decision, Endpoint, Outgoing
@@ -125,6 +125,9 @@ async def test_what_the_batch_does_not_handle_goes_singly_and_the_rest_commits()
     assert isinstance(results[4], HandlerRejected)
     assert isinstance(results[5], MalformedMessage)
     assert isinstance(results[6], UnknownMessageType)
+    # the batch ran the handler of 7 (a blob) and of the rejected one, then left them: each
+    # such attempt ends visibly (a log audit excuses the second run by it)
+    assert world.events.total(ATTEMPT_ABANDONED) == 2
     # 1 and 3 in the batch's commit; 7 (a blob) singly, and 4 behind it on its partition
     assert calls["commit_many"] == 1
     assert calls["commit"] == 2
@@ -167,19 +170,47 @@ async def test_a_message_finished_elsewhere_after_the_token_read_is_a_duplicate(
     assert violations + check(world, {e.message_id for e in envelopes}) == []
 
 
-async def test_a_failed_statement_fails_its_round_and_loses_nothing() -> None:
+async def test_a_failed_statement_sends_its_round_singly_and_loses_nothing() -> None:
+    """A statement fails for the whole round (PostgreSQL refusing one message's data, a lost
+    connection): which message it was only the single path can tell, so the round's
+    messages and the rounds behind it go singly; the rounds before it are done."""
     world, envelopes, violations = await _world(PLAIN_COUNTER, ("a", 1), ("b", 2), ("a", 3))
 
-    async def connection_lost() -> None:
-        raise TransientError("PostgreSQL: connection lost")
+    async def refused() -> None:
+        raise PermanentError("PostgreSQL refused the data: \\u0000")
 
-    batch = _counted(world, Counter(), {"commit_many": connection_lost})
-    results = await batch.process_batch(envelopes)
-    assert [type(r) for r in results] == [TransientError] * 3
-    assert world.store.record_count() == 0
-    assert not world.dispatcher.sent
-    assert await world.processor().process_batch(envelopes) == [Outcome.PROCESSED] * 3
+    calls: Counter[str] = Counter()
+    batch = _counted(world, calls, {"commit_many": refused})
+    assert await batch.process_batch(envelopes) == [Outcome.PROCESSED] * 3
+    assert world.events.total(ATTEMPT_ABANDONED) == 2  # the round's two attempts
+    assert calls["commit_many"] == 1  # the first round's, refused
+    assert calls["commit"] == 3  # then each message alone (the culprit would fail alone)
     assert violations + check(world, {e.message_id for e in envelopes}) == []
+
+
+async def test_a_message_whose_data_the_store_refuses_is_dead_lettered_alone() -> None:
+    world, envelopes, violations = await _world(PLAIN_COUNTER, ("a", 1), ("b", 2), ("c", 3))
+    real_commit, real_commit_many = world.store._commit, world.store.commit_many
+
+    def picky(request):  # type: ignore[no-untyped-def]
+        if request.partition == "b":
+            raise PermanentError("PostgreSQL refused the data: \\u0000 in a string")
+        return real_commit(request)
+
+    async def all_or_nothing(requests):  # type: ignore[no-untyped-def]
+        if any(r.partition == "b" for r in requests):  # one bad row fails the statement
+            raise PermanentError("PostgreSQL refused the data: \\u0000 in a string")
+        return await real_commit_many(requests)
+
+    world.store._commit = picky  # type: ignore[method-assign]
+    world.store.commit_many = all_or_nothing  # type: ignore[method-assign]
+    results = await world.processor().process_batch(envelopes)
+    assert results[0] is Outcome.PROCESSED
+    assert results[2] is Outcome.PROCESSED
+    assert isinstance(results[1], PermanentError)  # dead-lettered alone, its token kept
+    assert envelopes[1].message_id in world.tokens.rows
+    del world.tokens.rows[envelopes[1].message_id]  # (a replay's business, not checked here)
+    assert violations + check(world, {envelopes[0].message_id, envelopes[2].message_id}) == []
 
 
 # The failure table (protocol 3.4) for a batch: a crash at each step, for every message of
