@@ -1,5 +1,6 @@
 """Schema upgrades on a database that already holds rows: what revision 0005 (addressed
-tokens, the processed body's hash) does to tokens and processed-message rows in flight."""
+tokens, the processed body's hash) does to tokens and processed-message rows in flight, and
+what revision 0006 does to the transaction records' updates (heap-only)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -15,23 +17,66 @@ from adapters.postgres.admin import drop_database, ensure_database, with_databas
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
+from adapters.postgres.transactional_store import PostgresTransactionalStore
+from adapters.system.clock import ManualClock
+from application.ports import CommitRequest
+from tests.support.counter import Tally
 from tests.support.processes import this_run
 from tests.support.services import discover
 
 
-@pytest.fixture
-async def at_0004() -> AsyncIterator[str]:
-    """A database of its own at revision 0004 (before tokens had an address)."""
+async def _database_at(revision: str) -> AsyncIterator[str]:
     services = discover(rabbitmq=False)
     dsn = with_database(services.postgres_dsn, this_run("eo_it_migrations"))
     await drop_database(dsn)
     await ensure_database(dsn)
-    await upgrade_async(dsn, "0004")
+    await upgrade_async(dsn, revision)
     try:
         yield dsn
     finally:
         await drop_database(dsn)
         services.close()
+
+
+@pytest.fixture
+async def at_0004() -> AsyncIterator[str]:
+    """A database of its own at revision 0004 (before tokens had an address)."""
+    async for dsn in _database_at("0004"):
+        yield dsn
+
+
+@pytest.fixture
+async def at_0005() -> AsyncIterator[str]:
+    """A database of its own at revision 0005 (transaction records indexed on commit time)."""
+    async for dsn in _database_at("0005"):
+        yield dsn
+
+
+async def _heap_only_updates(dsn: str, endpoint: str, messages: int) -> tuple[int, int]:
+    """(updates, heap-only updates) of `eo_transaction_record` while `messages` messages
+    commit and clear on one partition, through the store, on one connection (whose
+    statistics are flushed before they are read)."""
+    pool = await create_pool(dsn, min_size=1, max_size=1)
+    try:
+        store = PostgresTransactionalStore(pool, endpoint, Tally, ManualClock())
+        before = await _update_counts(pool)
+        await store.load("p")
+        for _ in range(messages):
+            tr = await store.load_tr("p")
+            committed = await store.commit(CommitRequest("p", tr.version, Tally(), uuid.uuid4(),
+                                                         uuid.uuid4()))
+            assert await store.clear("p", committed.version, (), (), datetime.now(UTC))
+        after = await _update_counts(pool)
+    finally:
+        await pool.close()
+    return after[0] - before[0], after[1] - before[1]
+
+
+async def _update_counts(pool: asyncpg.Pool) -> tuple[int, int]:
+    await pool.execute("SELECT pg_stat_force_next_flush()")
+    row = await pool.fetchrow("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                              "WHERE relname = 'eo_transaction_record'")
+    return (0, 0) if row is None else (row["n_tup_upd"], row["n_tup_hot_upd"])
 
 
 async def test_0005_addresses_the_tokens_it_can_and_leaves_the_others_drainable(
@@ -73,6 +118,24 @@ async def test_0005_addresses_the_tokens_it_can_and_leaves_the_others_drainable(
                                "VALUES ($1, 'Added', '{}')", uuid.uuid4())
     finally:
         await pool.close()
+
+
+async def test_0006_makes_the_transaction_records_updates_heap_only(at_0005: str) -> None:
+    """Two updates per message (commit, clear): at 0005 the index on `committed_at` made
+    every one write index entries; from 0006 they stay on their page."""
+    updates, heap_only = await _heap_only_updates(at_0005, "before", 10)
+    assert (updates, heap_only) == (20, 0)
+    await upgrade_async(at_0005)
+    updates, heap_only = await _heap_only_updates(at_0005, "after", 10)
+    assert (updates, heap_only) == (20, 20)
+    conn = await asyncpg.connect(at_0005)
+    try:
+        assert await conn.fetchval("SELECT reloptions FROM pg_class "
+                                   "WHERE relname = 'eo_transaction_record'") == ["fillfactor=70"]
+        assert await conn.fetchval("SELECT count(*) FROM pg_indexes "
+                                   "WHERE tablename = 'eo_transaction_record'") == 1  # its key
+    finally:
+        await conn.close()
 
 
 async def test_a_database_name_is_an_identifier_never_sql() -> None:
