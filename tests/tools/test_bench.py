@@ -39,7 +39,8 @@ async def result(services: Services) -> AsyncIterator[BenchResult]:
     prefix = f"bench-test-{uuid.uuid4().hex[:8]}"
     yield await run_bench(Params(messages=MESSAGES, partitions=PARTITIONS, in_flight=8,
                                  batch_size=10, database_dsn=dsn, amqp_url=services.amqp_url,
-                                 prefix=prefix, latency_messages=60, runs=RUNS))
+                                 prefix=prefix, latency_messages=60, runs=RUNS,
+                                 batch_wait_ms=2))  # batches also wait to fill
     conn = await asyncpg.connect(dsn)
     try:  # the bench deleted its queues and output tokens; drop its endpoints' rows too
         for table in ("eo_transaction_record", "eo_processed_message", "eo_state_entry"):
@@ -86,6 +87,7 @@ async def test_every_path_processes_every_message_and_leaves_what_it_should(
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(as_json(result)))
     assert written["parameters"]["messages"] == MESSAGES
+    assert written["parameters"]["batch_wait_ms"] == 2
     assert set(written["machine"]) == {"nproc", "python", "postgresql", "rabbitmq"}
     assert "database_dsn" not in written["parameters"]
     assert len(written["runs"]) == len(RUNS)

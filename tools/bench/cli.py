@@ -42,6 +42,9 @@ def bench(
         min=1, help="deliveries in flight per unbatched consumer")] = 8,
     batch_size: Annotated[int, typer.Option(
         min=2, help="deliveries per batch (batched paths: 2 x this in flight)")] = 50,
+    batch_wait_ms: Annotated[float, typer.Option(
+        min=0, help="how long a batch waits to fill after its first delivery, both batched "
+                    "consumers (EO_BATCH_WAIT_MS)")] = 0.0,
     rounds: Annotated[int, typer.Option(min=1, help="interleaved rounds (min/median/max)")] = 1,
     runs: Annotated[str | None, typer.Option(
         help="comma-separated path[xN] (N consumer processes); default: every path, and "
@@ -71,7 +74,7 @@ def bench(
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     params = Params(messages, partitions, in_flight, batch_size, database_dsn, url,
-                    rounds=rounds, load_ratio=load_ratio,
+                    rounds=rounds, load_ratio=load_ratio, batch_wait_ms=batch_wait_ms,
                     runs=_runs(runs) if runs else DEFAULT_RUNS)
 
     def progress(run: object) -> None:

@@ -115,10 +115,11 @@ async def process_many(pool: Any, messages: Sequence[tuple[uuid.UUID, bench.Depo
 
 
 async def run_minimal(amqp_url: str, pool: Any, work: str, sink: str,
-                      in_flight: int, batch_size: int) -> None:
+                      in_flight: int, batch_size: int, batch_wait_s: float = 0.0) -> None:
     """Consume `work` with aio-pika (manual acks, `in_flight` prefetch, publisher confirms)
-    until cancelled: per message, or (`batch_size` > 1) the deliveries waiting, up to
-    `batch_size`, per transaction."""
+    until cancelled: per message, or (`batch_size` > 1) the deliveries waiting plus those
+    arriving within `batch_wait_s` seconds of the first, up to `batch_size`, per
+    transaction."""
     connection = await aio_pika.connect(amqp_url)
     try:
         consuming = await connection.channel()
@@ -150,8 +151,18 @@ async def run_minimal(amqp_url: str, pool: Any, work: str, sink: str,
         while True:  # a batch starts when a slot is free, with what piled up meanwhile
             await slots.acquire()
             batch = [await waiting.get()]
-            while len(batch) < batch_size and not waiting.empty():
-                batch.append(waiting.get_nowait())
+            deadline = asyncio.get_running_loop().time() + batch_wait_s
+            while len(batch) < batch_size:
+                if not waiting.empty():
+                    batch.append(waiting.get_nowait())
+                    continue
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(waiting.get(), left))
+                except TimeoutError:
+                    break
             task = asyncio.create_task(settle(batch))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -271,7 +271,7 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     in_flight = params.batch_size * 2 if batched else params.in_flight
     config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
               "amqp_url": params.amqp_url, "in_flight": in_flight,
-              "batch_size": params.batch_size}
+              "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000}
     procs = [await _spawn(config) for _ in range(processes)]
     reports: list[dict[str, Any]] = []
     try:

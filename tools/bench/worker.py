@@ -5,7 +5,7 @@ prints one JSON line: the samples `[[monotonic_ns, cpu_s], ...]` (CLOCK_MONOTONI
 clock for every process of the machine, so the orchestrator cuts them at its own marks) and
 the database round trips per statement (every path's pool is counted the same way). The
 JSON argument: `path`, `work`, `sink`, `database_dsn`, `amqp_url`, `in_flight`,
-`batch_size`.
+`batch_size`, `batch_wait_s`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection)
                   if state else None)
     processor = build_processor(bench.endpoint(work, sink), ports, Strategy(strategy))
     consumer = Consumer(processor, retry_delays=RETRY_DELAYS_S,
-                        batch_size=config["batch_size"] if batched else 1)
+                        batch_size=config["batch_size"] if batched else 1,
+                        batch_wait_s=config["batch_wait_s"])
     source = RabbitSource(rabbit, work, RETRY_DELAYS_S)
     try:
         await consumer.serve(source.deliveries(config["in_flight"]), config["in_flight"])
@@ -91,7 +92,7 @@ async def _main(config: dict[str, Any]) -> dict[str, Any]:
         running = references.run_minimal(config["amqp_url"], counted, config["work"],
                                          config["sink"], config["in_flight"],
                                          config["batch_size"] if path.endswith("batched")
-                                         else 1)
+                                         else 1, config["batch_wait_s"])
     task = asyncio.create_task(running)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
