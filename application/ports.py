@@ -26,11 +26,13 @@ from domain.documents import Document
 @dataclass(frozen=True)
 class Loaded:
     """One read of a partition: its transaction record, its business state (None when never
-    written) and, when asked and co-located, whether a token exists (None: not checked)."""
+    written) and, when asked and co-located, whether a token exists (None: not checked) and
+    the message it holds (`token`: None when it does not exist or was not asked)."""
 
     tr: TransactionRecord
     state: Any
     token_exists: bool | None = None
+    token: Envelope | None = None
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,11 @@ class PartitionStore(Protocol):
     async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
         """The transaction record (created idle when missing) and the business state, in one
         read; with `token` and `holds_tokens`, also whether that token, addressed to this
-        store's endpoint, exists (same snapshot:
+        store's endpoint, exists and the message it holds (same snapshot:
         `finish` consumes a token before it clears the TR, so a reader never sees an idle TR
-        beside the token of a finished message)."""
+        beside the token of a finished message). A missing TR is not created when that
+        token does not exist (a duplicate, or a message nobody sent, writes nothing): the
+        idle TR at version 0 is returned unstored."""
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         """The partition's transaction record, created idle at version 0 when missing."""

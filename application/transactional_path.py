@@ -99,11 +99,13 @@ class TransactionalPath:
             await self.hit("after_token_check")
             await self._run(stored, message, partition, loaded)
 
-    async def _settle_committed(self, partition: str, m: uuid.UUID) -> Loaded:
-        """Load the TR (with the state, and the token when co-located) and finish whatever
-        transaction is committed on it (3.1)."""
+    async def _settle_committed(self, partition: str, m: uuid.UUID,
+                                loaded: Loaded | None = None) -> Loaded:
+        """Load the TR (with the state, and the token when co-located), unless `loaded` is
+        that read already, and finish whatever transaction is committed on it (3.1)."""
         check = self.token_to_check(m)
-        loaded = await self.store.load(partition, check)
+        if loaded is None:
+            loaded = await self.store.load(partition, check)
         await self.hit("after_tr_load")
         while (tr := loaded.tr).message_id is not None and tr.attempt_id is not None:
             await self.finisher.finish(partition, tr.message_id, tr.attempt_id)

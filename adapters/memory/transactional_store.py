@@ -97,11 +97,14 @@ class MemoryTransactionalStore(TransactionalStore):
         return self._load(partition, token)
 
     def _load(self, partition: str, token: uuid.UUID | None) -> Loaded:
-        p = self._partition(partition)
-        exists = None
+        exists, stored = None, None
         if token is not None and self.tokens is not None:
             exists = self.tokens.holds(self.endpoint, token)
-        return Loaded(p.tr, p.state, exists)
+            stored = self.tokens.rows[token] if exists else None
+            if not exists and partition not in self.partitions:  # a duplicate: no new TR
+                return Loaded(TransactionRecord(partition, None, None, 0), None, False)
+        p = self._partition(partition)
+        return Loaded(p.tr, p.state, exists, stored)
 
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:

@@ -39,26 +39,33 @@ SELECT t.message_id, t.attempt_id, t.version, t.committed_at,
        {_RECORDS_OF.format(extra="")} AS records
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
-# the token addressed to this endpoint ($1), or written before tokens had an address
-_TOKEN_EXISTS = """CASE WHEN $3::uuid IS NULL THEN NULL
-       ELSE EXISTS (SELECT 1 FROM eo_token WHERE message_id = $3
-                      AND (endpoint = $1 OR endpoint IS NULL)) END AS token_exists"""
+# the token's row joined to the TR's read ($3 NULL: no token asked, every token column NULL):
+# whether the token addressed to this endpoint ($1, or written before tokens had an address)
+# exists, and the message it holds (claim check), in the TR's snapshot
+_TOKEN_COLUMNS = """CASE WHEN $3::uuid IS NULL THEN NULL ELSE k.message_id IS NOT NULL END
+       AS token_exists, k.type AS token_type, k.body AS token_body, k.headers AS token_headers"""
+_TOKEN_JOIN = """LEFT JOIN eo_token k
+    ON k.message_id = $3 AND (k.endpoint = $1 OR k.endpoint IS NULL)"""
 
+# one row always: `tr_exists` false when the partition has no TR yet
 LOAD = f"""
-SELECT message_id, attempt_id, version, committed_at, state, {_TOKEN_EXISTS}
-  FROM eo_transaction_record WHERE endpoint = $1 AND partition_key = $2"""
+SELECT t.message_id, t.attempt_id, t.version, t.committed_at, t.state,
+       t.partition_key IS NOT NULL AS tr_exists, {_TOKEN_COLUMNS}
+  FROM (SELECT) AS one
+  LEFT JOIN eo_transaction_record t ON t.endpoint = $1 AND t.partition_key = $2
+  {_TOKEN_JOIN}"""
 
 INSERT_LOAD = f"""
 WITH ins AS (
   INSERT INTO eo_transaction_record (endpoint, partition_key) VALUES ($1, $2)
   ON CONFLICT DO NOTHING
   RETURNING message_id, attempt_id, version, committed_at, state)
-SELECT x.*, {_TOKEN_EXISTS} FROM (
+SELECT x.*, {_TOKEN_COLUMNS} FROM (
   SELECT * FROM ins
   UNION ALL
   SELECT message_id, attempt_id, version, committed_at, state FROM eo_transaction_record
    WHERE endpoint = $1 AND partition_key = $2
-  LIMIT 1) AS x"""
+  LIMIT 1) AS x {_TOKEN_JOIN}"""
 
 REGISTER = """
 WITH bump AS (

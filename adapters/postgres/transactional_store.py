@@ -12,6 +12,7 @@ import asyncpg
 
 from adapters.postgres import sql
 from adapters.postgres.pool import translated
+from adapters.postgres.token_store import envelope_of_row
 from application.codec import from_jsonable, to_jsonable
 from application.errors import Conflict, TransientError
 from application.ports import (
@@ -63,14 +64,20 @@ class PostgresTransactionalStore(TransactionalStore):
         token = token if self.holds_tokens else None
         async with translated():
             row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
-            if row is None:  # first message of the partition
+            if not row["tr_exists"] and row["token_exists"] is False:  # a duplicate: no TR
+                return Loaded(TransactionRecord(partition, None, None, 0), None, False)
+            if not row["tr_exists"]:  # first message of the partition
                 row = await self.pool.fetchrow(sql.INSERT_LOAD, self.endpoint, partition, token)
             if row is None:  # a concurrent first insert won: visible to a new statement
                 row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
-        if row is None:
+        if row is None or row.get("tr_exists") is False:
             raise TransientError(f"partition {partition}: transaction record not found")
+        stored = None
+        if token is not None and row["token_body"] is not None:
+            stored = envelope_of_row(token, {"type": row["token_type"], "body": row["token_body"],
+                                             "headers": row["token_headers"]})
         return Loaded(_tr(partition, row), from_jsonable(self.state_type, row["state"]),
-                      row["token_exists"])
+                      row["token_exists"], stored)
 
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:

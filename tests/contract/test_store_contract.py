@@ -306,6 +306,7 @@ class TransactionalStoreContract:
         store, tokens, clock = colocated
         theirs = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
         await tokens.create("someone-else", [theirs])
+        await store.load_tr("p")
         loaded = await store.load("p", theirs.message_id)
         assert loaded.token_exists is False
         committed = await store.commit(CommitRequest("p", loaded.tr.version, Tally(),
@@ -477,3 +478,19 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
                                                    strict=True)
                           for p, x in zip(order, done, strict=True) if x is not None)
             assert won == dict.fromkeys(partitions, 1)
+
+    async def test_a_load_for_an_absent_token_creates_no_transaction_record(self) -> None:
+        """A duplicate, or a delivery nobody sent, names a partition from a body nobody
+        vouched for: reading it with its (absent) token leaves no row behind, while a
+        present token's first message creates the partition's TR, and gets its message."""
+        clock = ManualClock()
+        async with self.make_colocated(clock) as (store, tokens):
+            loaded = await store.load("nobody", uuid.uuid4())
+            assert (loaded.tr.version, loaded.token_exists, loaded.token) == (0, False, None)
+            mine = Envelope(uuid.uuid4(), "Add", b'{"n": 1}', MappingProxyType({TOKEN_HEADER: "1"}))
+            await tokens.create(store.endpoint, [mine])
+            loaded = await store.load("somebody", mine.message_id)
+            assert (loaded.token_exists, loaded.token) == (True, mine)
+            rows = await store.pool.fetch("SELECT partition_key FROM eo_transaction_record "
+                                          "WHERE endpoint = $1", store.endpoint)
+            assert [r["partition_key"] for r in rows] == ["somebody"]

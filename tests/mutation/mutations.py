@@ -26,6 +26,7 @@ _INTERLEAVINGS = "tests/unit/application/test_interleavings.py"
 _FAILURE_TABLE = "tests/unit/application/test_failure_table.py"
 _BATCH = "tests/unit/application/test_token_batch.py"
 _BATCH_INTERLEAVINGS = "tests/unit/application/test_batch_interleavings.py"
+_CLAIM_CHECK = "tests/unit/application/test_colocated_claim_check.py"
 
 
 @dataclass(frozen=True)
@@ -333,4 +334,31 @@ MUTATIONS: tuple[Mutation, ...] = (
         outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),""",
         killers=(f"{_BATCH}::test_a_batch_costs_one_statement_per_step_for_all_its_messages",),
         invariants=("I6",), rows=("token-delete",)),
+    Mutation(
+        name="colocated-claim-check-trusts-the-delivery",
+        guard="3.1 (co-located): the token's message is processed, not the delivery's body "
+              "(claim check; docs/security.md)",
+        file="application/token_path.py",
+        before="""            if stored.type == envelope.type and stored.body == envelope.body:""",
+        after="""            if True:""",
+        killers=(f"{_CLAIM_CHECK}::test_a_delivery_that_is_not_the_tokens_message_is_"
+                 "processed_as_the_token_says",),
+        invariants=("I3",)),
+    Mutation(
+        name="colocated-no-token-check-at-all",
+        guard="3.1 (co-located): no token means duplicate (at the read with the TR and at "
+              "the re-check)",
+        file="application/token_path.py",
+        before="""            stored = loaded.token
+            if stored is None:""",
+        after="""            stored = loaded.token or envelope
+            if stored is None:""",
+        also=(("application/token_path.py", """        if not exists:
+            raise Duplicate""", """        if False:
+            raise Duplicate"""),),
+        killers=(f"{_CLAIM_CHECK}::test_a_delivery_without_its_token_is_a_duplicate_and_"
+                 "writes_nothing",
+                 f"{_FAILURE_TABLE}::test_crash_after_clear_leaves_nothing_and_redelivery_is_"
+                 "dropped"),
+        invariants=("I1",), rows=("tr-clear",)),
 )
