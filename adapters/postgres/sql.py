@@ -210,7 +210,7 @@ locked AS (
    ORDER BY t.partition_key FOR UPDATE)"""
 
 # $1 endpoint, $2 partitions, $3 tokens to check (NULL: none). Partitions without a TR row
-# are missing from the result: INSERT_TRS creates them, then this runs again for them.
+# are missing from the result: INSERT_LOAD_MANY creates and reads them.
 LOAD_MANY = """
 SELECT x.partition_key, t.message_id, t.attempt_id, t.version, t.committed_at, t.state,
        CASE WHEN x.tok IS NULL THEN NULL
@@ -219,9 +219,22 @@ SELECT x.partition_key, t.message_id, t.attempt_id, t.version, t.committed_at, t
   FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)
   JOIN eo_transaction_record t ON t.endpoint = $1 AND t.partition_key = x.partition_key"""
 
-INSERT_TRS = """
-INSERT INTO eo_transaction_record (endpoint, partition_key)
-SELECT $1, p FROM unnest($2::text[]) AS p ON CONFLICT DO NOTHING"""
+# LOAD_MANY's partitions without a TR: create and read them in one statement. A partition a
+# concurrent statement created first is missing from the result (its row is not in this
+# statement's snapshot): LOAD_MANY reads it again.
+INSERT_LOAD_MANY = """
+WITH req AS (
+  SELECT * FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)),
+ins AS (
+  INSERT INTO eo_transaction_record (endpoint, partition_key)
+  SELECT $1, partition_key FROM req ORDER BY partition_key
+  ON CONFLICT DO NOTHING
+  RETURNING partition_key, message_id, attempt_id, version, committed_at, state)
+SELECT x.partition_key, i.message_id, i.attempt_id, i.version, i.committed_at, i.state,
+       CASE WHEN x.tok IS NULL THEN NULL
+            ELSE EXISTS (SELECT 1 FROM eo_token k WHERE k.message_id = x.tok
+                           AND (k.endpoint = $1 OR k.endpoint IS NULL)) END AS token_exists
+  FROM req x JOIN ins i USING (partition_key)"""
 
 # $1 endpoint, $2-$6 per partition: partition, expected version, state, message, attempt;
 # $7 now; $8-$15 records (partition first); $16-$21 tokens (partition first). Every insert

@@ -85,12 +85,14 @@ class PostgresTransactionalStore(TransactionalStore):
         async with translated():
             rows = {r["partition_key"]: r for r in await self.pool.fetch(
                 sql.LOAD_MANY, self.endpoint, list(partitions), checks)}
-            missing = [p for p in partitions if p not in rows]
-            if missing:  # first messages of these partitions
-                await self.pool.execute(sql.INSERT_TRS, self.endpoint, missing)
-                again = [(p, t) for p, t in zip(partitions, checks, strict=True) if p in missing]
+            for statement in (sql.INSERT_LOAD_MANY, sql.LOAD_MANY):
+                # first messages of these partitions; then those a concurrent batch created
+                missing = [(p, t) for p, t in zip(partitions, checks, strict=True)
+                           if p not in rows]
+                if not missing:
+                    break
                 rows.update({r["partition_key"]: r for r in await self.pool.fetch(
-                    sql.LOAD_MANY, self.endpoint, [p for p, _ in again], [t for _, t in again])})
+                    statement, self.endpoint, [p for p, _ in missing], [t for _, t in missing])})
         if len(rows) < len(partitions):
             raise TransientError(f"partitions {sorted(set(partitions) - set(rows))}: "
                                  "transaction records not found")

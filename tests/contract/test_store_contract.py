@@ -335,6 +335,19 @@ class TransactionalStoreContract:
         assert [x.tr for x in loaded] == [await store.load_tr(p) for p in ("new", "old", "other")]
         await tokens.delete(me, mine.message_id)
 
+    async def test_concurrent_first_loads_of_new_partitions_each_read_them_all(
+        self, colocated
+    ) -> None:
+        """Batches creating the same partitions at once: whichever inserts a TR, every batch
+        reads every partition (a row created by a concurrent statement is read again)."""
+        store, _, _ = colocated
+        partitions = [f"new-{i}" for i in range(20)]
+        loads = await asyncio.gather(*(store.load_many(order, [None] * len(order))
+                                       for order in (partitions, partitions[::-1]) * 3))
+        for loaded in loads:
+            assert sorted((x.tr.partition, x.tr.version, x.tr.message_id) for x in loaded) == [
+                (p, 0, None) for p in sorted(partitions)]
+
     async def test_commit_many_guards_each_partition_on_its_own(self, colocated) -> None:
         store, tokens, _ = colocated
         for p in ("a", "b", "c"):
