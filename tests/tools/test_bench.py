@@ -108,3 +108,25 @@ def test_the_bench_refuses_the_production_profile() -> None:
     result = CliRunner().invoke(app, ["bench"], env={"EO_PROFILE": "production"})
     assert result.exit_code == 2, result.output
     assert "refuses the production profile" in " ".join(result.output.split())
+
+
+async def test_the_bench_refuses_a_database_holding_other_endpoints(services: Services) -> None:
+    """Each run empties the protocol's tables: a database with a service's rows in it is
+    refused, by name, before anything is touched."""
+    from adapters.postgres.admin import drop_database, ensure_database
+    from adapters.postgres.migrate import upgrade_async
+
+    dsn = with_database(services.postgres_dsn, this_run("eo_bench_refused"))
+    await ensure_database(dsn)
+    await upgrade_async(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO eo_transaction_record (endpoint, partition_key) "
+                           "VALUES ('orders', 'o-1')")
+        with pytest.raises(RuntimeError, match="'orders'"):
+            await run_bench(Params(database_dsn=dsn, amqp_url=services.amqp_url,
+                                   runs=(("token", 1),)))
+        assert await conn.fetchval("SELECT count(*) FROM eo_transaction_record") == 1
+    finally:
+        await conn.close()
+        await drop_database(dsn)

@@ -156,12 +156,15 @@ class _Producer:
 
 async def run_bench(params: Params, on_run: Any = None) -> BenchResult:
     """Create and migrate the database, then run every (path, processes) of `params`,
-    `params.rounds` times, interleaved; `on_run(figures)` after each run."""
+    `params.rounds` times, interleaved; `on_run(figures)` after each run. Raises
+    RuntimeError when the database holds another endpoint's rows: each run empties the
+    tables, so the bench needs a database of its own."""
     await ensure_database(params.database_dsn)
     await upgrade_async(params.database_dsn)
     admin = await create_pool(params.database_dsn, max_size=4)  # producer, checks
     driver = RabbitConnection(params.amqp_url)
     try:
+        await _own_database(admin, params.prefix)
         await driver.start()
         for statement in references.SCHEMA:
             await admin.execute(statement)
@@ -191,11 +194,26 @@ async def _queues(driver: RabbitConnection, work: str, sink: str, declare: bool)
         await topology.declare(driver, sink, (), delivery_limit=20)
 
 
-async def _reset(admin: Any, work: str) -> None:
-    for table in _EO_TABLES:
-        await admin.execute(f"DELETE FROM {table} WHERE endpoint = $1", work)
-    await admin.execute("DELETE FROM eo_token WHERE type IN ('Deposit', 'Deposited')")
-    await admin.execute(f"TRUNCATE {', '.join(references.TABLES)}")
+async def _own_database(admin: Any, prefix: str) -> None:
+    """Raise RuntimeError naming the endpoints found when the database holds rows of
+    endpoints other than the bench's (`<prefix>-...`)."""
+    others = await admin.fetch(
+        "SELECT DISTINCT endpoint FROM (SELECT endpoint FROM eo_transaction_record UNION ALL "
+        "SELECT endpoint FROM eo_token UNION ALL SELECT endpoint FROM eo_processed_message "
+        "UNION ALL SELECT endpoint FROM eo_state_entry) AS e "
+        "WHERE endpoint IS NOT NULL AND endpoint NOT LIKE $1 LIMIT 5", f"{prefix}-%")
+    if others:
+        names = ", ".join(repr(r["endpoint"]) for r in others)
+        raise RuntimeError(f"the bench's database holds other endpoints' rows ({names}): "
+                           "each run empties the tables, give --database-dsn a database of "
+                           "the bench's own")
+
+
+async def _reset(admin: Any) -> None:
+    """Every run starts from empty tables, the template's as the references': deleted rows
+    would stay behind as dead tuples until a vacuum (a server with autovacuum off, as CI
+    configurations may have, made each run read those of all the runs before it)."""
+    await admin.execute(f"TRUNCATE eo_token, {', '.join((*_EO_TABLES, *references.TABLES))}")
 
 
 async def _spawn(config: dict[str, Any]) -> asyncio.subprocess.Process:
@@ -259,7 +277,7 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     work = f"{params.prefix}-{path}-{processes}"
     sink = f"{params.prefix}-sink-{path}-{processes}"
     await _queues(driver, work, sink, declare=True)
-    await _reset(admin, work)
+    await _reset(admin)
     token = TEMPLATE_PATHS.get(path, ("",))[0] == "token"
     producer = _Producer(params, driver, PostgresTokenStore(admin), work, token,
                          random.Random(params.seed + round_no))
