@@ -66,10 +66,7 @@ class TokenPath(TransactionalPath):
             if stored is None:
                 raise Duplicate
             if stored.type == envelope.type and stored.body == envelope.body:
-                loaded = await self._settle_committed(partition, m, loaded)
-                await self.still_pending(stored, loaded)
-                await self.hit("after_token_check")
-                await self._run(stored, message, partition, loaded)
+                await self._attempt_held(stored, message, partition, loaded)
                 return
         await super().attempt(envelope)  # the delivery is not the token's message
 

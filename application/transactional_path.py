@@ -89,15 +89,20 @@ class TransactionalPath:
 
     async def attempt(self, envelope: Envelope) -> None:
         """One attempt at `envelope`; see the class docstring."""
-        m = envelope.message_id
         stored = await self.load(envelope)
         message = self.runner.decode(stored)
         partition = self.runner.partition_of(message)
         async with self.locks.hold(partition):
-            loaded = await self._settle_committed(partition, m)
-            await self.still_pending(stored, loaded)
-            await self.hit("after_token_check")
-            await self._run(stored, message, partition, loaded)
+            await self._attempt_held(stored, message, partition)
+
+    async def _attempt_held(self, stored: Envelope, message: Any, partition: str,
+                            loaded: Loaded | None = None) -> None:
+        """The attempt under `partition`'s lock, from the TR load on (`loaded`: that read,
+        when the caller made it already): settle what is committed, re-check, run."""
+        loaded = await self._settle_committed(partition, stored.message_id, loaded)
+        await self.still_pending(stored, loaded)
+        await self.hit("after_token_check")
+        await self._run(stored, message, partition, loaded)
 
     async def _settle_committed(self, partition: str, m: uuid.UUID,
                                 loaded: Loaded | None = None) -> Loaded:
