@@ -195,8 +195,9 @@ class PartitionStore(Protocol):
 
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:
-        """`load(partitions[i], tokens[i])` for every i, in one read (one snapshot); the
-        partitions are distinct."""
+        """`load(partitions[i], tokens[i])` for every i, in one read (one snapshot), but the
+        tokens' existence only (`Loaded.token` None: the batch read their messages before);
+        the partitions are distinct."""
 
     async def commit_many(self, requests: Sequence[CommitRequest]) -> list[Committed | None]:
         """`commit(request)` for every request, in one transaction, each guarded on its own:

@@ -209,20 +209,25 @@ locked AS (
    WHERE t.endpoint = $1 AND t.partition_key = ANY($2::text[])
    ORDER BY t.partition_key FOR UPDATE)"""
 
-# $1 endpoint, $2 partitions, $3 tokens to check (NULL: none). Partitions without a TR row
-# are missing from the result: INSERT_LOAD_MANY creates and reads them.
-LOAD_MANY = """
-SELECT x.partition_key, t.message_id, t.attempt_id, t.version, t.committed_at, t.state,
-       CASE WHEN x.tok IS NULL THEN NULL
+# whether request x's token (x.tok; NULL: none asked) addressed to endpoint $1 exists
+_TOKEN_EXISTS_MANY = """CASE WHEN x.tok IS NULL THEN NULL
             ELSE EXISTS (SELECT 1 FROM eo_token k WHERE k.message_id = x.tok
-                           AND (k.endpoint = $1 OR k.endpoint IS NULL)) END AS token_exists
+                           AND (k.endpoint = $1 OR k.endpoint IS NULL)) END AS token_exists"""
+
+# $1 endpoint, $2 partitions, $3 tokens to check (NULL: none). A row per partition;
+# `tr_exists` false for one without a TR: INSERT_LOAD_MANY creates and reads those whose token
+# is not absent.
+LOAD_MANY = f"""
+SELECT x.partition_key, t.partition_key IS NOT NULL AS tr_exists, t.message_id, t.attempt_id,
+       t.version, t.committed_at, t.state, {_TOKEN_EXISTS_MANY}
   FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)
-  JOIN eo_transaction_record t ON t.endpoint = $1 AND t.partition_key = x.partition_key"""
+  LEFT JOIN eo_transaction_record t
+    ON t.endpoint = $1 AND t.partition_key = x.partition_key"""
 
 # LOAD_MANY's partitions without a TR: create and read them in one statement. A partition a
 # concurrent statement created first is missing from the result (its row is not in this
 # statement's snapshot): LOAD_MANY reads it again.
-INSERT_LOAD_MANY = """
+INSERT_LOAD_MANY = f"""
 WITH req AS (
   SELECT * FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)),
 ins AS (
@@ -230,10 +235,8 @@ ins AS (
   SELECT $1, partition_key FROM req ORDER BY partition_key
   ON CONFLICT DO NOTHING
   RETURNING partition_key, message_id, attempt_id, version, committed_at, state)
-SELECT x.partition_key, i.message_id, i.attempt_id, i.version, i.committed_at, i.state,
-       CASE WHEN x.tok IS NULL THEN NULL
-            ELSE EXISTS (SELECT 1 FROM eo_token k WHERE k.message_id = x.tok
-                           AND (k.endpoint = $1 OR k.endpoint IS NULL)) END AS token_exists
+SELECT x.partition_key, TRUE AS tr_exists, i.message_id, i.attempt_id, i.version,
+       i.committed_at, i.state, {_TOKEN_EXISTS_MANY}
   FROM req x JOIN ins i USING (partition_key)"""
 
 # $1 endpoint, $2-$6 per partition: partition, expected version, state, message, attempt;

@@ -82,22 +82,29 @@ class PostgresTransactionalStore(TransactionalStore):
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:
         checks = list(tokens) if self.holds_tokens else [None] * len(partitions)
+        rows: dict[str, Any] = {}
+        duplicates: set[str] = set()  # no TR and an absent token: as `load`, none created
         async with translated():
-            rows = {r["partition_key"]: r for r in await self.pool.fetch(
-                sql.LOAD_MANY, self.endpoint, list(partitions), checks)}
-            for statement in (sql.INSERT_LOAD_MANY, sql.LOAD_MANY):
-                # first messages of these partitions; then those a concurrent batch created
+            for statement in (sql.LOAD_MANY, sql.INSERT_LOAD_MANY, sql.LOAD_MANY):
+                # then the first messages of new partitions; then those a concurrent batch
+                # created first (not in the insert's snapshot)
                 missing = [(p, t) for p, t in zip(partitions, checks, strict=True)
-                           if p not in rows]
+                           if p not in rows and p not in duplicates]
                 if not missing:
                     break
-                rows.update({r["partition_key"]: r for r in await self.pool.fetch(
-                    statement, self.endpoint, [p for p, _ in missing], [t for _, t in missing])})
-        if len(rows) < len(partitions):
-            raise TransientError(f"partitions {sorted(set(partitions) - set(rows))}: "
+                for r in await self.pool.fetch(statement, self.endpoint,
+                                               [p for p, _ in missing], [t for _, t in missing]):
+                    if r["tr_exists"]:
+                        rows[r["partition_key"]] = r
+                    elif r["token_exists"] is False:
+                        duplicates.add(r["partition_key"])
+        if len(rows) + len(duplicates) < len(partitions):
+            raise TransientError(f"partitions {sorted(set(partitions) - set(rows) - duplicates)}: "
                                  "transaction records not found")
         return [Loaded(_tr(p, rows[p]), from_jsonable(self.state_type, rows[p]["state"]),
-                       rows[p]["token_exists"]) for p in partitions]
+                       rows[p]["token_exists"]) if p in rows
+                else Loaded(TransactionRecord(p, None, None, 0), None, False)
+                for p in partitions]
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         async with translated():

@@ -500,6 +500,8 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
         async with self.make_colocated(clock) as (store, tokens):
             loaded = await store.load("nobody", uuid.uuid4())
             assert (loaded.tr.version, loaded.token_exists, loaded.token) == (0, False, None)
+            [loaded] = await store.load_many(["nobody-either"], [uuid.uuid4()])
+            assert (loaded.tr.version, loaded.token_exists) == (0, False)
             mine = Envelope(uuid.uuid4(), "Add", b'{"n": 1}', MappingProxyType({TOKEN_HEADER: "1"}))
             await tokens.create(store.endpoint, [mine])
             loaded = await store.load("somebody", mine.message_id)
