@@ -270,6 +270,40 @@ async def test_dispatch_returns_once_the_broker_confirmed(rabbit: Rabbit) -> Non
     assert dispatcher.published == 1
 
 
+async def test_concurrent_publishes_of_one_message_id_keep_their_own_outcomes(
+        rabbit: Rabbit) -> None:
+    # aiormq matches a returned (unroutable) message to its publish by message ID: the
+    # connection lets one publish of an ID at a time in flight, so a routable copy is
+    # confirmed and an unroutable one refused, however they interleave
+    dispatcher = RabbitDispatcher(rabbit.publisher)
+    envelope = valid()
+    missing = f"{rabbit.names.work}-missing"
+    outcomes = await asyncio.gather(
+        *(dispatcher.dispatch(queue, envelope) for _ in range(10)
+          for queue in (rabbit.names.work, missing)), return_exceptions=True)
+    assert outcomes[0::2] == [None] * 10
+    assert all(isinstance(o, TransientError) and "unroutable" in str(o)
+               for o in outcomes[1::2])
+    assert await rabbit.depth(rabbit.names.work) == 10
+    assert rabbit.publisher._publishing == {}  # nothing kept per message ID afterwards
+
+
+async def test_a_publish_cancelled_while_waiting_its_turn_leaves_nothing_behind(
+        rabbit: Rabbit) -> None:
+    dispatcher = RabbitDispatcher(rabbit.publisher)
+    envelope = valid()
+    first = asyncio.create_task(dispatcher.dispatch(rabbit.names.work, envelope))
+    second = asyncio.create_task(dispatcher.dispatch(rabbit.names.work, envelope))
+    await asyncio.sleep(0)  # both started: the second waits for the first's confirm
+    second.cancel()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert rabbit.publisher._publishing == {}
+    await dispatcher.dispatch(rabbit.names.work, envelope)  # the ID is free again
+    assert await rabbit.depth(rabbit.names.work) == 2
+
+
 async def test_stop_ends_the_iterator_and_in_flight_deliveries_stay_settleable(
     rabbit: Rabbit,
 ) -> None:
