@@ -81,7 +81,7 @@ def build_processor(
         if strategy is Strategy.TOKEN:
             path = TokenPath(parts, own, ports.colocated_tokens)
             if ports.colocated_tokens and ports.incoming is None:  # batches need both
-                batch = TokenBatch(path, ports.tokens)
+                batch = TokenBatch(path)
         else:
             path = OutboxPath(parts, ports.store, ports.dispatcher)
     return Processor(name, strategy, path, runner, ports.events, conflict_retries, finisher,

@@ -67,12 +67,6 @@ class TokenStore(Protocol):
     async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
         """Whether the token addressed to `endpoint` exists."""
 
-    async def get_many(self, endpoint: str, message_ids: Sequence[uuid.UUID]
-                       ) -> dict[uuid.UUID, Envelope]:
-        """The stored messages of the tokens addressed to `endpoint` among `message_ids`, in
-        one read, keyed by message ID; an ID without such a token is absent (the batched
-        token path's `get`)."""
-
     async def delete(self, endpoint: str, message_id: uuid.UUID) -> None:
         """Delete the token addressed to `endpoint` (consume); a missing token is a no-op."""
 
@@ -195,9 +189,9 @@ class PartitionStore(Protocol):
 
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:
-        """`load(partitions[i], tokens[i])` for every i, in one read (one snapshot), but the
-        tokens' existence only (`Loaded.token` None: the batch read their messages before);
-        the partitions are distinct."""
+        """`load(partitions[i], tokens[i])` for every i, in one read (one snapshot): the
+        transaction records and states, and with `holds_tokens` each token's existence and
+        message; the partitions are distinct."""
 
     async def commit_many(self, requests: Sequence[CommitRequest]) -> list[Committed | None]:
         """`commit(request)` for every request, in one transaction, each guarded on its own:

@@ -3,24 +3,28 @@ per-message exactly-once semantics (protocol 3.1, co-located tokens; docs/batchi
 
 A batch is processed in rounds. Round k holds the k-th message of each partition in the
 batch (a later message of a partition waits for the round after: a transaction record
-commits one transaction at a time), and costs, for all its messages together:
+commits one transaction at a time), the partition as the delivery's body names it, and
+costs, for all its messages together:
 
-1. one read of the incoming tokens (the first round only: a token's body never changes),
-2. one read of the rounds' transaction records and states, with the token check after it,
-3. the handlers,
-4. one commit statement (every partition's state, TR and outgoing tokens, each guarded on its
+1. one read of the round's transaction records and states with their incoming tokens (the
+   claim checks, in the same snapshot: the token check after the TR load of protocol 3.1 is
+   that read); a delivery whose body is not its token's message goes singly, where the
+   token's body decides,
+2. the handlers,
+3. one commit statement (every partition's state, TR and outgoing tokens, each guarded on its
    own version),
-5. one finish: every output published, the publisher confirms awaited together, then one
+4. one finish: every output published, the publisher confirms awaited together, then one
    compare-and-clear statement that consumes every token and clears every TR.
 
 Only the plain case is batched. A message whose processing needs anything else goes the
 single-message path (`TransactionalPath.attempt`), which is exactly protocol 3.1: a delivery
-without a token header, a body that does not decode, an unfinished transaction on its
-partition, a handler failure (the single path re-checks a rejection), a decision with a blob
-or an HTTP call (registered artifacts), an HTTP follow-up, a commit conflict. So do the later
-messages of its partition in the batch, to keep their order. When a statement fails (PostgreSQL
-refusing one message's data fails it for all, and so does a lost connection), the messages of
-that round and of the rounds behind it go singly: each meets the error again alone, or not.
+without a token header, a body that does not decode or is not its token's message, an
+unfinished transaction on its partition, a handler failure (the single path re-checks a
+rejection), a decision with a blob or an HTTP call (registered artifacts), an HTTP
+follow-up, a commit conflict. So do the later messages of its partition in the batch, to
+keep their order. When a statement fails (PostgreSQL refusing one message's data fails it
+for all, and so does a lost connection), the messages of that round and of the rounds behind
+it go singly: each meets the error again alone, or not.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from application.observability import (
     TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT,
 )
-from application.ports import CommitRequest, Loaded, TokenStore
+from application.ports import CommitRequest, Loaded
 from application.token_path import TokenPath
 from domain.context import Context
 
@@ -61,7 +65,7 @@ BatchResult = None | Singly | BaseException
 @dataclass(frozen=True)
 class _Item:
     index: int
-    stored: Envelope
+    delivery: Envelope  # as delivered: its token's message is what is processed
     message: Any
     partition: str
 
@@ -72,43 +76,30 @@ class TokenBatch:
     commit inserts the outgoing tokens and its clear consumes the incoming ones. Build it
     with `application.assembly.build_processor`."""
 
-    def __init__(self, path: TokenPath, tokens: TokenStore) -> None:
+    def __init__(self, path: TokenPath) -> None:
         if not path.colocated:
             raise ValueError("the batched token path needs co-located tokens")
-        self.path, self.tokens = path, tokens
+        self.path = path
 
     async def run(self, envelopes: Sequence[Envelope]) -> list[BatchResult]:
         """One result per envelope, in order (see `BatchResult`); nothing is raised."""
         path = self.path
         results: list[BatchResult] = [SINGLY] * len(envelopes)
-        candidates = [i for i, e in enumerate(envelopes) if e.header(TOKEN_HEADER) is not None
-                      and e.header(REQUEST_URL_HEADER) is None]
-        if not candidates:
-            return results
-        try:
-            stored = await self.tokens.get_many(
-                path.endpoint, list({envelopes[i].message_id: None for i in candidates}))
-            await path.hit("after_token_load")
-        except Exception:  # noqa: BLE001 - each delivery meets it again alone, or not
-            return results  # every one singly
-        items: list[_Item] = []
-        for i in candidates:
-            body = stored.get(envelopes[i].message_id)
-            if body is None:
-                results[i] = Duplicate()
-                continue
-            try:
-                message = path.runner.decode(body)
-                partition = path.runner.partition_of(message)
-            except Exception:  # noqa: BLE001 - the single path raises it, and dead-letters
-                continue
-            items.append(_Item(i, body, message, partition))
         rounds: dict[str, list[_Item]] = defaultdict(list)
-        for item in items:
-            rounds[item.partition].append(item)
+        for i, delivery in enumerate(envelopes):
+            if delivery.header(TOKEN_HEADER) is None or delivery.header(REQUEST_URL_HEADER):
+                continue
+            try:  # the partition as the delivery names it; the token's message decides
+                message = path.runner.decode(delivery)
+                partition = path.runner.partition_of(message)
+            except Exception:  # noqa: BLE001 - the single path reads the token's body
+                continue
+            rounds[partition].append(_Item(i, delivery, message, partition))
+        if not rounds:
+            return results
         async with path.locks.hold_many(rounds):
             singly: set[str] = set()  # partitions whose remaining messages go singly
-            depth = max((len(queue) for queue in rounds.values()), default=0)
+            depth = max(len(queue) for queue in rounds.values())
             for k in range(depth):
                 todo = [q[k] for p, q in rounds.items() if len(q) > k and p not in singly]
                 try:
@@ -138,7 +129,7 @@ class TokenBatch:
 
     def _abandoned(self, item: _Item, attempt: uuid.UUID, reason: str) -> None:
         self.path.events.emit(ATTEMPT_ABANDONED, endpoint=self.path.endpoint,
-                              message_id=str(item.stored.message_id),
+                              message_id=str(item.delivery.message_id),
                               attempt_id=str(attempt), partition=item.partition,
                               reason=f"{reason}: processed alone")
 
@@ -149,21 +140,25 @@ class TokenBatch:
         if not todo:
             return
         loaded = await path.store.load_many([it.partition for it in todo],
-                                            [it.stored.message_id for it in todo])
+                                            [it.delivery.message_id for it in todo])
+        await path.hit("after_token_load")  # the tokens were read with the TRs
         await path.hit("after_tr_load")
-        ready: list[tuple[_Item, Loaded]] = []
+        ready: list[tuple[_Item, Envelope, Loaded]] = []
         for item, load in zip(todo, loaded, strict=True):
-            if load.tr.message_id is not None:  # an unfinished transaction: 3.1 finishes it
-                singly.add(item.partition)
-            elif not load.token_exists:  # checked after the TR load (protocol 3.1)
+            stored, delivery = load.token, item.delivery
+            if stored is None:  # no token, in the TR's snapshot: a duplicate (protocol 3.1)
                 results[item.index] = Duplicate()
+            elif load.tr.message_id is not None:  # an unfinished transaction: 3.1 finishes it
+                singly.add(item.partition)
+            elif stored.type != delivery.type or stored.body != delivery.body:
+                singly.add(item.partition)  # not the token's message: the token decides
             else:
-                ready.append((item, load))
+                ready.append((item, stored, load))
         await path.hit("after_token_check")
         requests: list[tuple[_Item, CommitRequest]] = []
-        for item, load in ready:
+        for item, stored, load in ready:
             attempt = path.ids()
-            request, reason = await self._decide(item, load, attempt)
+            request, reason = await self._decide(item, stored, load, attempt)
             if request is None:
                 self._abandoned(item, attempt, reason)
                 singly.add(item.partition)
@@ -198,11 +193,12 @@ class TokenBatch:
         for item, _, _ in done:
             results[item.index] = None
 
-    async def _decide(self, item: _Item, load: Loaded, attempt: uuid.UUID
+    async def _decide(self, item: _Item, stored: Envelope, load: Loaded, attempt: uuid.UUID
                       ) -> tuple[CommitRequest | None, str]:
-        """The handler's decision as a commit request, or None and why the message needs
-        the single path (a handler failure, a blob, an HTTP call)."""
-        path, m = self.path, item.stored.message_id
+        """The handler's decision on the token's message `stored` as a commit request, or
+        None and why the message needs the single path (a handler failure, a blob, an HTTP
+        call)."""
+        path, m = self.path, stored.message_id
         context = Context(message_id=m, attempt_id=attempt, now=path.clock.now())
         path.events.emit(HANDLER_INVOKED, endpoint=path.endpoint, message_id=str(m),
                          attempt_id=str(attempt), partition=item.partition)
@@ -212,7 +208,7 @@ class TokenBatch:
             return None, f"the handler failed ({type(exc).__name__})"
         if decision.blobs or decision.http_call is not None:
             return None, "its decision has a blob or an HTTP call"
-        prepared = await path.preparation.run(item.partition, load.tr.version, item.stored,
+        prepared = await path.preparation.run(item.partition, load.tr.version, stored,
                                               attempt, decision)
         return CommitRequest(item.partition, prepared.version, decision.state, m, attempt,
                              prepared.records, decision.reply, None, prepared.tokens), ""

@@ -38,11 +38,6 @@ class MemoryTokenStore(TokenStore):
         await asyncio.sleep(0)
         return self.rows[message_id] if self.holds(endpoint, message_id) else None
 
-    async def get_many(self, endpoint: str, message_ids: Sequence[uuid.UUID]
-                       ) -> dict[uuid.UUID, Envelope]:
-        await asyncio.sleep(0)
-        return {m: self.rows[m] for m in message_ids if self.holds(endpoint, m)}
-
     async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
         await asyncio.sleep(0)
         return self.holds(endpoint, message_id)

@@ -96,11 +96,11 @@ class MemoryTransactionalStore(TransactionalStore):
         await asyncio.sleep(0)
         return self._load(partition, token)
 
-    def _load(self, partition: str, token: uuid.UUID | None, message: bool = True) -> Loaded:
+    def _load(self, partition: str, token: uuid.UUID | None) -> Loaded:
         exists, stored = None, None
         if token is not None and self.tokens is not None:
             exists = self.tokens.holds(self.endpoint, token)
-            stored = self.tokens.rows[token] if exists and message else None
+            stored = self.tokens.rows[token] if exists else None
             if not exists and partition not in self.partitions:  # a duplicate: no new TR
                 return Loaded(TransactionRecord(partition, None, None, 0), None, False)
         p = self._partition(partition)
@@ -109,7 +109,7 @@ class MemoryTransactionalStore(TransactionalStore):
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:
         await asyncio.sleep(0)
-        return [self._load(p, t, message=False) for p, t in zip(partitions, tokens, strict=True)]
+        return [self._load(p, t) for p, t in zip(partitions, tokens, strict=True)]
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         await asyncio.sleep(0)

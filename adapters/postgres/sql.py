@@ -209,20 +209,23 @@ locked AS (
    WHERE t.endpoint = $1 AND t.partition_key = ANY($2::text[])
    ORDER BY t.partition_key FOR UPDATE)"""
 
-# whether request x's token (x.tok; NULL: none asked) addressed to endpoint $1 exists
-_TOKEN_EXISTS_MANY = """CASE WHEN x.tok IS NULL THEN NULL
-            ELSE EXISTS (SELECT 1 FROM eo_token k WHERE k.message_id = x.tok
-                           AND (k.endpoint = $1 OR k.endpoint IS NULL)) END AS token_exists"""
+# request x's token (x.tok; NULL: none asked) addressed to endpoint $1, joined to its TR's
+# read as `_TOKEN_JOIN` is to LOAD's: whether it exists and the message it holds
+_TOKEN_COLUMNS_MANY = """CASE WHEN x.tok IS NULL THEN NULL ELSE k.message_id IS NOT NULL END
+       AS token_exists, k.type AS token_type, k.body AS token_body, k.headers AS token_headers"""
+_TOKEN_JOIN_MANY = """LEFT JOIN eo_token k
+    ON k.message_id = x.tok AND (k.endpoint = $1 OR k.endpoint IS NULL)"""
 
 # $1 endpoint, $2 partitions, $3 tokens to check (NULL: none). A row per partition;
 # `tr_exists` false for one without a TR: INSERT_LOAD_MANY creates and reads those whose token
 # is not absent.
 LOAD_MANY = f"""
 SELECT x.partition_key, t.partition_key IS NOT NULL AS tr_exists, t.message_id, t.attempt_id,
-       t.version, t.committed_at, t.state, {_TOKEN_EXISTS_MANY}
+       t.version, t.committed_at, t.state, {_TOKEN_COLUMNS_MANY}
   FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)
   LEFT JOIN eo_transaction_record t
-    ON t.endpoint = $1 AND t.partition_key = x.partition_key"""
+    ON t.endpoint = $1 AND t.partition_key = x.partition_key
+  {_TOKEN_JOIN_MANY}"""
 
 # LOAD_MANY's partitions without a TR: create and read them in one statement. A partition a
 # concurrent statement created first is missing from the result (its row is not in this
@@ -236,8 +239,9 @@ ins AS (
   ON CONFLICT DO NOTHING
   RETURNING partition_key, message_id, attempt_id, version, committed_at, state)
 SELECT x.partition_key, TRUE AS tr_exists, i.message_id, i.attempt_id, i.version,
-       i.committed_at, i.state, {_TOKEN_EXISTS_MANY}
-  FROM req x JOIN ins i USING (partition_key)"""
+       i.committed_at, i.state, {_TOKEN_COLUMNS_MANY}
+  FROM req x JOIN ins i USING (partition_key)
+  {_TOKEN_JOIN_MANY}"""
 
 # $1 endpoint, $2-$6 per partition: partition, expected version, state, message, attempt;
 # $7 now; $8-$15 records (partition first); $16-$21 tokens (partition first). Every insert

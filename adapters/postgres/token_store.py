@@ -59,19 +59,6 @@ class PostgresTokenStore(TokenStore):
                 endpoint, message_id)
         return envelope_of_row(message_id, row)
 
-    async def get_many(self, endpoint: str, message_ids: Sequence[uuid.UUID]
-                       ) -> dict[uuid.UUID, Envelope]:
-        async with translated():
-            rows = await self.pool.fetch(
-                "SELECT message_id, type, body, headers FROM eo_token "
-                f"WHERE message_id = ANY($2::uuid[]) AND {ADDRESSED}", endpoint, list(message_ids))
-        found = {}
-        for row in rows:
-            envelope = envelope_of_row(row["message_id"], row)
-            if envelope is not None:
-                found[row["message_id"]] = envelope
-        return found
-
     async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
         async with translated():
             return bool(await self.pool.fetchval(

@@ -72,6 +72,10 @@ class PostgresTransactionalStore(TransactionalStore):
                 row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
         if row is None or row.get("tr_exists") is False:
             raise TransientError(f"partition {partition}: transaction record not found")
+        return self._loaded(partition, token, row)
+
+    def _loaded(self, partition: str, token: uuid.UUID | None, row: Any) -> Loaded:
+        """`Loaded` of a LOAD-shaped row: TR, state, and the token's existence and message."""
         stored = None
         if token is not None and row["token_body"] is not None:
             stored = envelope_of_row(token, {"type": row["token_type"], "body": row["token_body"],
@@ -101,10 +105,9 @@ class PostgresTransactionalStore(TransactionalStore):
         if len(rows) + len(duplicates) < len(partitions):
             raise TransientError(f"partitions {sorted(set(partitions) - set(rows) - duplicates)}: "
                                  "transaction records not found")
-        return [Loaded(_tr(p, rows[p]), from_jsonable(self.state_type, rows[p]["state"]),
-                       rows[p]["token_exists"]) if p in rows
+        return [self._loaded(p, t, rows[p]) if p in rows
                 else Loaded(TransactionRecord(p, None, None, 0), None, False)
-                for p in partitions]
+                for p, t in zip(partitions, checks, strict=True)]
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         async with translated():

@@ -86,24 +86,6 @@ class TokenStoreContract:
         assert not await tokens.exists("ledger", env.message_id)
 
 
-    async def test_get_many_reads_the_addressed_tokens_of_many_messages(self, token_store
-                                                                          ) -> None:
-        tokens = token_store
-        mine = [Envelope(uuid.uuid4(), "Add", f'{{"n": {i}}}'.encode(),
-                         MappingProxyType({TOKEN_HEADER: "1"})) for i in range(3)]
-        theirs = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
-        await tokens.create("ledger", mine)
-        await tokens.create("audit", [theirs])
-        got = await tokens.get_many("ledger", [m.message_id for m in mine]
-                                    + [theirs.message_id, uuid.uuid4()])
-        assert {k: (e.type, e.body, dict(e.headers)) for k, e in got.items()} == {
-            m.message_id: ("Add", m.body, {TOKEN_HEADER: "1"}) for m in mine}
-        assert await tokens.get_many("ledger", []) == {}
-        for m in mine:
-            await tokens.delete("ledger", m.message_id)
-        await tokens.delete("audit", theirs.message_id)
-
-
 class TransactionalStoreContract:
     """The `TransactionalStore` contract (the semantics the protocol relies on: ports.py). An
     adapter's test class subclasses it and gives the factory hooks: `make` (a store of an
@@ -322,18 +304,29 @@ class TransactionalStoreContract:
     async def test_load_many_is_load_for_each_partition(self, colocated) -> None:
         store, tokens, _ = colocated
         me = store.endpoint
-        mine = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
-        await tokens.create(me, [mine])
+        mine, known = (Envelope(uuid.uuid4(), "Add", f'{{"n": {n}}}'.encode(),
+                                MappingProxyType({TOKEN_HEADER: "1"})) for n in (1, 2))
+        theirs = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
+        await tokens.create(me, [mine, known])
+        await tokens.create("audit", [theirs])
         await store.load_tr("old")
+        await store.load_tr("known")
         await store.commit(CommitRequest("old", 0, Tally(("m",), 1), M, A))
-        loaded = await store.load_many(["new", "old", "other"],
-                                       [mine.message_id, uuid.uuid4(), None])
+        partitions = ["new", "old", "other", "known", "theirs"]
+        loaded = await store.load_many(partitions, [mine.message_id, uuid.uuid4(), None,
+                                                    known.message_id, theirs.message_id])
         assert [(x.tr.partition, x.tr.version, x.token_exists) for x in loaded] == [
-            ("new", 0, True), ("old", 1, False), ("other", 0, None)]
+            ("new", 0, True), ("old", 1, False), ("other", 0, None), ("known", 0, True),
+            ("theirs", 0, False)]
         assert (loaded[1].tr.message_id, loaded[1].state) == (M, Tally(("m",), 1))
         assert loaded[0].state is None
-        assert [x.tr for x in loaded] == [await store.load_tr(p) for p in ("new", "old", "other")]
+        # the claim checks, read with the TRs (only those addressed to this endpoint)
+        assert [x.token for x in loaded] == [mine, None, None, known, None]
+        assert [x.tr for x in loaded] == [await store.load_tr(p) for p in partitions[:4]] + [
+            loaded[4].tr]
         await tokens.delete(me, mine.message_id)
+        await tokens.delete(me, known.message_id)
+        await tokens.delete("audit", theirs.message_id)
 
     async def test_concurrent_first_loads_of_new_partitions_each_read_them_all(
         self, colocated

@@ -299,30 +299,29 @@ MUTATIONS: tuple[Mutation, ...] = (
                  "account_and_deletes_the_request_on_the_callee",),
         invariants=("I8",)),
     Mutation(
-        name="batch-token-not-rechecked-after-tr-load",
-        guard="3.1 (batched): check the token AFTER loading the TR, for every message",
+        name="batch-claim-check-trusts-the-delivery",
+        guard="3.1 (batched): the token's message is processed, not the delivery's body "
+              "(claim check; docs/security.md)",
         file="application/token_batch.py",
-        before="""            elif not load.token_exists:  # checked after the TR load (protocol 3.1)""",
-        after="""            elif False:  # checked after the TR load (protocol 3.1)""",
-        killers=(f"{_BATCH}::test_a_message_finished_elsewhere_after_the_token_read_is_a_"
+        before="""            elif stored.type != delivery.type or stored.body != delivery.body:""",
+        after="""            elif False:""",
+        killers=(f"{_BATCH}::test_a_delivery_that_is_not_its_tokens_message_goes_singly_as_"
+                 "the_token_says",),
+        invariants=("I3",)),
+    Mutation(
+        name="batch-no-token-check-at-all",
+        guard="3.1 (batched): no token, read with the TR, means duplicate",
+        file="application/token_batch.py",
+        before="""            stored, delivery = load.token, item.delivery
+            if stored is None:""",
+        after="""            stored, delivery = load.token or item.delivery, item.delivery
+            if stored is None:""",
+        killers=(f"{_BATCH}::test_a_crash_before_the_acks_leaves_duplicates_only",
+                 f"{_BATCH}::test_a_message_finished_elsewhere_before_the_batch_read_is_a_"
                  "duplicate",
                  f"{_BATCH_INTERLEAVINGS}::test_two_batches_sharing_a_partition_keep_the_"
                  "invariants"),
-        invariants=("I1",), rows=("token-load",)),
-    Mutation(
-        name="batch-no-token-check-at-all",
-        guard="3.1 (batched): no token means duplicate (at the token read and after the "
-              "TR load)",
-        file="application/token_batch.py",
-        before="""            body = stored.get(envelopes[i].message_id)
-            if body is None:""",
-        after="""            body = stored.get(envelopes[i].message_id, envelopes[i])
-            if body is None:""",
-        also=(("application/token_batch.py",
-               """            elif not load.token_exists:  # checked after the TR load (protocol 3.1)""",
-               """            elif False:  # checked after the TR load (protocol 3.1)"""),),
-        killers=(f"{_BATCH}::test_a_crash_before_the_acks_leaves_duplicates_only",),
-        invariants=("I1",), rows=("tr-clear",)),
+        invariants=("I1",), rows=("token-load", "tr-clear")),
     Mutation(
         name="batch-consumes-before-publication",
         guard="3.1 (batched): every output of the batch is published and confirmed before "

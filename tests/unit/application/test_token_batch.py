@@ -83,8 +83,9 @@ async def test_a_batch_costs_one_statement_per_step_for_all_its_messages() -> No
     calls: Counter[str] = Counter()
     results = await _counted(world, calls).process_batch([*envelopes, copy])
     assert results == [Outcome.PROCESSED] * 5 + [Outcome.DUPLICATE]
-    # partition a holds three deliveries (1, 4 and the copy of 1): three rounds
-    assert calls == {"get_many": 1, "load_many": 3, "commit_many": 2, "clear_many": 2}
+    # partition a holds three deliveries (1, 4 and the copy of 1): three rounds, each
+    # reading its TRs with the tokens (claim checks), no read of the tokens alone
+    assert calls == {"load_many": 3, "commit_many": 2, "clear_many": 2}
     assert world.events.total(HANDLER_INVOKED) == 5
     assert violations + check(world, {e.message_id for e in envelopes}) == []
     # the order of a partition's messages is kept: 1 before 4
@@ -157,9 +158,9 @@ async def test_a_conflict_in_the_batch_commit_is_retried_alone() -> None:
     assert violations + check(world, {*(e.message_id for e in envelopes), _id(9)}) == []
 
 
-async def test_a_message_finished_elsewhere_after_the_token_read_is_a_duplicate() -> None:
-    """The token is checked again with the TR (protocol 3.1): between the batch's token read
-    and its TR read another worker processed and consumed message 2."""
+async def test_a_message_finished_elsewhere_before_the_batch_read_is_a_duplicate() -> None:
+    """The token is checked with the TR, in its snapshot (protocol 3.1): before the batch's
+    read another worker processed message 2 and consumed its token."""
     world, envelopes, violations = await _world(PLAIN_COUNTER, ("a", 1), ("b", 2))
 
     async def another_worker_processes_2() -> None:
@@ -277,4 +278,20 @@ async def test_a_batch_with_a_single_message_attempt_on_the_general_path() -> No
 
     batch = _counted(world, Counter(), {"commit_many": general_path_worker})
     assert await batch.process_batch(envelopes) == [Outcome.PROCESSED, Outcome.DUPLICATE]
+    assert violations + check(world, {e.message_id for e in envelopes}) == []
+
+
+async def test_a_delivery_that_is_not_its_tokens_message_goes_singly_as_the_token_says(
+) -> None:
+    """The batch takes the partition from the delivery's body, and processes it only when it
+    is the token's message (claim check, docs/security.md): a forged body goes singly, where
+    the token's body decides; the batch's other messages commit together."""
+    world, envelopes, violations = await _world(PLAIN_COUNTER, ("a", 1), ("b", 2))
+    forged = Envelope(_id(2), "Add", encode(Add("c", 500)), envelopes[1].headers)
+    calls: Counter[str] = Counter()
+    results = await _counted(world, calls).process_batch([envelopes[0], forged])
+    assert results == [Outcome.PROCESSED] * 2
+    assert (calls["commit_many"], calls["commit"]) == (1, 1)
+    assert world.store.states()["b"].total == 2
+    assert "c" not in world.store.states()
     assert violations + check(world, {e.message_id for e in envelopes}) == []
