@@ -87,7 +87,8 @@ class TokenBatch:
         results: list[BatchResult] = [SINGLY] * len(envelopes)
         rounds: dict[str, list[_Item]] = defaultdict(list)
         for i, delivery in enumerate(envelopes):
-            if delivery.header(TOKEN_HEADER) is None or delivery.header(REQUEST_URL_HEADER):
+            if (delivery.header(TOKEN_HEADER) is None
+                    or delivery.header(REQUEST_URL_HEADER) is not None):
                 continue
             try:  # the partition as the delivery names it; the token's message decides
                 message = path.runner.decode(delivery)
@@ -152,6 +153,8 @@ class TokenBatch:
                 singly.add(item.partition)
             elif stored.type != delivery.type or stored.body != delivery.body:
                 singly.add(item.partition)  # not the token's message: the token decides
+            elif stored.header(REQUEST_URL_HEADER) is not None:  # whatever the delivery says
+                singly.add(item.partition)  # an HTTP follow-up: the single path's
             else:
                 ready.append((item, stored, load))
         await path.hit("after_token_check")

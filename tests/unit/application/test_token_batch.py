@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from application.codec import encode
-from application.envelope import Envelope
+from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import (
     Crash,
     HandlerRejected,
@@ -295,3 +295,24 @@ async def test_a_delivery_that_is_not_its_tokens_message_goes_singly_as_the_toke
     assert world.store.states()["b"].total == 2
     assert "c" not in world.store.states()
     assert violations + check(world, {e.message_id for e in envelopes}) == []
+
+
+async def test_a_follow_up_goes_singly_by_its_tokens_headers_not_the_deliverys() -> None:
+    """HTTP follow-ups are the single path's (protocol 6). The batch tells them by the
+    token's message: a copy whose request-URL header was lost on the way is not batched
+    (the counter here has no HTTP client, so the single path refuses it, by that header)."""
+    world, _, violations = await _world(PLAIN_COUNTER)
+    token = Envelope(_id(30), "Add", encode(Add("a", 1)), MappingProxyType(
+        {"eo-token": "1", REQUEST_URL_HEADER: "inproc://bank/requests/1"}))
+    await world.tokens.create(world.endpoint.name, [token])
+    stripped = Envelope(token.message_id, token.type, token.body,
+                        MappingProxyType({"eo-token": "1"}))
+    calls: Counter[str] = Counter()
+    results = await _counted(world, calls).process_batch([stripped])
+    assert calls["commit_many"] == 0
+    # the single path read the token's header: this endpoint has no HTTP client to ask
+    [result] = results
+    assert isinstance(result, PermanentError)
+    assert "HTTP follow-up" in str(result)
+    assert world.events.total(HANDLER_INVOKED) == 0
+    assert violations == []
