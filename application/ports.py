@@ -97,11 +97,15 @@ class CommitRequest:
     - `partition`, `expected_version`: the optimistic check (the TR idle at that version);
     - `state`: the partition's new business state;
     - `message_id`, `attempt_id`: the TR becomes committed to them;
-    - `records`: side-effect records needing no artifact (inserted by the commit);
+    - `records`: side-effect records needing no artifact (inserted by the commit); those
+      `in_token` are stood for by their message's token in `tokens` (no row of their own);
     - `reply`: an HTTP callee's stored business response (protocol 6);
     - `processed`: the processed-message row (positive-proof path, protocol 4);
     - `tokens`: outgoing tokens the commit inserts itself (co-located fast path, 3.2), as
       (destination endpoint, envelope): each addressed to its destination.
+
+    Raises ValueError when an `in_token` record's message has no token in `tokens`: nothing
+    would hold it.
     """
 
     partition: str
@@ -113,6 +117,12 @@ class CommitRequest:
     reply: Reply | None = None
     processed: ProcessedMessage | None = None
     tokens: Sequence[tuple[str, Envelope]] = ()
+
+    def __post_init__(self) -> None:
+        held = [x.key for x in self.records if x.in_token]
+        if held and not set(held) <= {str(e.message_id) for _, e in self.tokens}:
+            raise ValueError(f"partition {self.partition}: in-token records without their "
+                             "token in the commit")
 
 
 @dataclass(frozen=True)

@@ -92,10 +92,12 @@ class Preparation:
         now = self._clock.now()
 
         def record(
-            kind: Kind, key: str, payload: Mapping[str, str] | None = None
+            kind: Kind, key: str, payload: Mapping[str, str] | None = None,
+            in_token: bool = False,
         ) -> SideEffectRecord:
             return SideEffectRecord(partition, kind, key, incoming.message_id, attempt,
-                                    next(seq), MappingProxyType(dict(payload or {})), now)
+                                    next(seq), MappingProxyType(dict(payload or {})), now,
+                                    in_token)
 
         blobs = self._blobs
         for blob in decision.blobs:
@@ -125,13 +127,15 @@ class Preparation:
                                 MappingProxyType(headers))
             payload = message_payload(destination, envelope)
             payloads.append(MappingProxyType({**payload, "message_id": str(envelope.message_id)}))
+            if self._colocated and tokened:
+                # the token exists exactly when the commit does (3.2), and stands for the
+                # record: the commit inserts the token only (`SideEffectRecord.in_token`)
+                extra.append(record(Kind.MESSAGE, str(envelope.message_id), payload, True))
+                tokens.append((destination, envelope))
+                continue
             message_record = record(Kind.MESSAGE, str(envelope.message_id), payload)
             if not tokened:  # no artifact: the commit inserts the record, finish dispatches
                 extra.append(message_record)
-                continue
-            if self._colocated:  # the token exists exactly when the commit does (3.2)
-                extra.append(message_record)
-                tokens.append((destination, envelope))
                 continue
             version = await self._artifact(
                 message_record, version,

@@ -49,6 +49,12 @@ class SideEffectRecord:
     - `seq`: position in the attempt's decision, so publication keeps the handler's order.
     - `payload`: what publication needs (for a message: destination, type, body, headers).
     - `registered_at`: UTC time of registration, used by the sweeper's grace period.
+    - `in_token`: a message record that its outgoing token stands for (co-located tokens,
+      protocol 3.2's fast path): the commit that inserts the token writes no record row, only
+      the message's ID and `seq` on the transaction record, and the store reads the record
+      back from the token while the transaction is committed and the token exists (a
+      consumed token was delivered: nothing is left to publish). Such a record read back
+      has the commit time as `registered_at`.
     """
 
     partition: str
@@ -59,6 +65,7 @@ class SideEffectRecord:
     seq: int
     payload: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     registered_at: datetime | None = None
+    in_token: bool = False
 
 
 @dataclass(frozen=True)

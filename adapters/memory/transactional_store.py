@@ -23,10 +23,12 @@ from application.ports import (
 from application.records import (
     Abandoned,
     DeferredCleanup,
+    Kind,
     ProcessedMessage,
     SideEffectRecord,
     TransactionRecord,
 )
+from application.side_effects import message_payload
 from domain.decisions import Reply
 
 
@@ -35,6 +37,9 @@ class _Partition:
     tr: TransactionRecord
     state: Any = None
     records: list[SideEffectRecord] = field(default_factory=list)
+    #: the committed transaction's messages whose tokens stand for their records: (message
+    #: ID, seq) each, as PostgreSQL keeps them on the transaction record
+    in_tokens: tuple[tuple[uuid.UUID, int], ...] = ()
 
 
 def _same(a: SideEffectRecord, b: SideEffectRecord) -> bool:
@@ -90,7 +95,18 @@ class MemoryTransactionalStore(TransactionalStore):
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
         await asyncio.sleep(0)
         p = self._partition(partition)
-        return p.tr, tuple(p.records)
+        return p.tr, tuple(p.records) + self._read_back(p)
+
+    def _read_back(self, p: _Partition) -> tuple[SideEffectRecord, ...]:
+        """The records that `p`'s outgoing tokens stand for, of those tokens still there."""
+        tr, tokens = p.tr, self.tokens
+        if not p.in_tokens or tokens is None or tr.message_id is None or tr.attempt_id is None:
+            return ()
+        return tuple(
+            SideEffectRecord(tr.partition, Kind.MESSAGE, str(m), tr.message_id, tr.attempt_id,
+                             seq, message_payload(tokens.addresses[m], tokens.rows[m]),
+                             tr.committed_at, in_token=True)
+            for m, seq in p.in_tokens if m in tokens.rows)
 
     async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
         await asyncio.sleep(0)
@@ -154,7 +170,8 @@ class MemoryTransactionalStore(TransactionalStore):
         if r.tokens and self.tokens is None:
             raise ValueError("tokens passed to commit, but no token store is co-located")
         p.state = r.state
-        p.records.extend(r.records)
+        p.records.extend(x for x in r.records if not x.in_token)
+        p.in_tokens = tuple((uuid.UUID(x.key), x.seq) for x in r.records if x.in_token)
         self._bump(p, message_id=r.message_id, attempt_id=r.attempt_id,
                    committed_at=self.clock.now())
         if r.reply is not None:
@@ -164,7 +181,8 @@ class MemoryTransactionalStore(TransactionalStore):
         if self.tokens is not None:
             for destination, envelope in r.tokens:
                 self.tokens.insert(destination, [envelope])
-        return Committed(p.tr.version, tuple(p.records))
+        return Committed(p.tr.version,
+                         tuple(p.records) + tuple(x for x in r.records if x.in_token))
 
     async def clear(
         self,
@@ -196,6 +214,7 @@ class MemoryTransactionalStore(TransactionalStore):
                 raise ValueError("consume passed to clear, but no token store is co-located")
             self.tokens.discard(self.endpoint, consume)
         p.records = [r for r in p.records if not any(_same(r, x) for x in records)]
+        p.in_tokens = ()
         self._bump(p, message_id=None, attempt_id=None, committed_at=None)
         self._defer(aborted, cleanup_due)
         return True

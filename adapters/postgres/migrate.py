@@ -39,6 +39,17 @@ async def upgrade_async(dsn: str, revision: str = "head") -> None:
     await asyncio.to_thread(upgrade, dsn, revision)
 
 
+def downgrade(dsn: str, revision: str) -> None:
+    """Revert migrations down to `revision` (stop the workers first: older code may not read
+    what newer code wrote). Blocking, as `upgrade`."""
+    command.downgrade(_config(dsn), revision)
+
+
+async def downgrade_async(dsn: str, revision: str) -> None:
+    """`downgrade` off the event loop."""
+    await asyncio.to_thread(downgrade, dsn, revision)
+
+
 def head_revision() -> str:
     """The newest migration's revision ID (what `eo_schema_version` holds once migrated)."""
     from alembic.script import ScriptDirectory

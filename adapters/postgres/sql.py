@@ -34,9 +34,19 @@ coalesce((SELECT jsonb_agg(jsonb_build_object(
   FROM eo_side_effect_record r
   WHERE r.endpoint = t.endpoint AND r.partition_key = t.partition_key {extra}), '[]'::jsonb)"""
 
+# the committed transaction's messages whose tokens stand for their records
+# (`SideEffectRecord.in_token`), of those tokens still there, in `seq` order
+_IN_TOKENS_OF = """
+coalesce((SELECT jsonb_agg(jsonb_build_object(
+    'message_id', o.message_id, 'seq', o.seq, 'destination', k.endpoint, 'type', k.type,
+    'body', encode(k.body, 'base64'), 'headers', k.headers) ORDER BY o.seq)
+  FROM unnest(t.in_token_ids, t.in_token_seqs) AS o(message_id, seq)
+  JOIN eo_token k ON k.message_id = o.message_id
+  WHERE t.message_id IS NOT NULL), '[]'::jsonb)"""
+
 SELECT_TR_WITH_RECORDS = f"""
 SELECT t.message_id, t.attempt_id, t.version, t.committed_at,
-       {_RECORDS_OF.format(extra="")} AS records
+       {_RECORDS_OF.format(extra="")} AS records, {_IN_TOKENS_OF} AS in_tokens
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
 # the token's row joined to the TR's read ($3 NULL: no token asked, every token column NULL):
@@ -86,12 +96,14 @@ SELECT t.message_id IS NULL AND EXISTS (
 
 # $1 endpoint, $2 partition, $3 expected version, $4 state, $5 message, $6 attempt, $7 now,
 # $8 with processed-message row, $9-$15 record columns, $16 reply status, $17 reply body,
-# $18 outgoing, $19-$23 token columns, $24 the processed body's SHA-256. One statement: the
-# TR update guards every insert (FROM tr).
+# $18 outgoing, $19-$23 token columns, $24 the processed body's SHA-256, $25-$26 the IDs and
+# seqs of the messages whose tokens stand for their records. One statement: the TR update
+# guards every insert (FROM tr).
 COMMIT = f"""
 WITH tr AS (
   UPDATE eo_transaction_record
-     SET state = $4, message_id = $5, attempt_id = $6, committed_at = $7, version = version + 1
+     SET state = $4, message_id = $5, attempt_id = $6, committed_at = $7, version = version + 1,
+         in_token_ids = $25, in_token_seqs = $26
    WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
      AND NOT ($8::boolean AND EXISTS (
        SELECT 1 FROM eo_processed_message WHERE endpoint = $1 AND message_id = $5))
@@ -132,7 +144,8 @@ def record_arrays(records: Sequence[SideEffectRecord], now: datetime) -> list[li
 CLEAR = """
 WITH tr AS (
   UPDATE eo_transaction_record
-     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = version + 1
+     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = version + 1,
+         in_token_ids = NULL, in_token_seqs = NULL
    WHERE endpoint = $1 AND partition_key = $2 AND version = $3
   RETURNING 1),
 del AS (
@@ -244,17 +257,21 @@ SELECT x.partition_key, TRUE AS tr_exists, i.message_id, i.attempt_id, i.version
   {_TOKEN_JOIN_MANY}"""
 
 # $1 endpoint, $2-$6 per partition: partition, expected version, state, message, attempt;
-# $7 now; $8-$15 records (partition first); $16-$21 tokens (partition first). Every insert
-# joins the partitions whose guarded TR update matched (tr).
+# $7 now; $8-$15 records (partition first); $16-$21 tokens (partition first); $22-$23 per
+# partition, the IDs and seqs of the messages whose tokens stand for their records (array
+# literals: a statement's parameters cannot be arrays of arrays). Every insert joins the
+# partitions whose guarded TR update matched (tr).
 COMMIT_MANY = f"""
 WITH req AS (
-  SELECT * FROM unnest($2::text[], $3::bigint[], $4::jsonb[], $5::uuid[], $6::uuid[])
-    AS x(partition_key, expected, state, message_id, attempt_id)),
+  SELECT * FROM unnest($2::text[], $3::bigint[], $4::jsonb[], $5::uuid[], $6::uuid[],
+                       $22::text[], $23::text[])
+    AS x(partition_key, expected, state, message_id, attempt_id, in_ids, in_seqs)),
 {_LOCKED},
 tr AS (
   UPDATE eo_transaction_record t
      SET state = req.state, message_id = req.message_id, attempt_id = req.attempt_id,
-         committed_at = $7, version = t.version + 1
+         committed_at = $7, version = t.version + 1, in_token_ids = req.in_ids::uuid[],
+         in_token_seqs = req.in_seqs::int[]
     FROM req JOIN locked USING (partition_key)
    WHERE t.endpoint = $1 AND t.partition_key = req.partition_key
      AND t.version = req.expected AND t.message_id IS NULL
@@ -288,7 +305,8 @@ WITH req AS (
 {_LOCKED},
 tr AS (
   UPDATE eo_transaction_record t
-     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = t.version + 1
+     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = t.version + 1,
+         in_token_ids = NULL, in_token_seqs = NULL
     FROM req JOIN locked USING (partition_key)
    WHERE t.endpoint = $1 AND t.partition_key = req.partition_key AND t.version = req.expected
   RETURNING t.partition_key, req.consume),

@@ -3,9 +3,11 @@ deferred clean-ups, processed-message rows and stored replies of one endpoint.""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import asyncpg
@@ -14,6 +16,7 @@ from adapters.postgres import sql
 from adapters.postgres.pool import translated
 from adapters.postgres.token_store import envelope_of_row
 from application.codec import from_jsonable, to_jsonable
+from application.envelope import Envelope
 from application.errors import Conflict, TransientError
 from application.ports import (
     Clear,
@@ -31,6 +34,7 @@ from application.records import (
     SideEffectRecord,
     TransactionRecord,
 )
+from application.side_effects import message_payload
 from domain.decisions import Reply
 
 
@@ -39,10 +43,38 @@ def _tr(partition: str, row: Any) -> TransactionRecord:
                              row["committed_at"])
 
 
+def _array_literal(items: Any) -> str | None:
+    """A PostgreSQL array literal of plain items (UUIDs, integers), None when empty."""
+    text = ",".join(items)
+    return f"{{{text}}}" if text else None
+
+
 def _record(partition: str, r: dict[str, Any]) -> SideEffectRecord:
     return SideEffectRecord(partition, Kind(r["kind"]), r["key"], uuid.UUID(r["incoming_id"]),
                             uuid.UUID(r["attempt_id"]), r["seq"], r["payload"],
                             datetime.fromisoformat(r["registered_at"]))
+
+
+def _in_token_record(tr: TransactionRecord, t: dict[str, Any]) -> SideEffectRecord:
+    """The record a committed transaction's outgoing token stands for (`_IN_TOKENS_OF`)."""
+    if tr.message_id is None or tr.attempt_id is None:
+        raise ValueError(f"partition {tr.partition}: no committed transaction")
+    envelope = Envelope(uuid.UUID(t["message_id"]), t["type"], base64.b64decode(t["body"]),
+                        MappingProxyType(t["headers"]))
+    return SideEffectRecord(tr.partition, Kind.MESSAGE, t["message_id"], tr.message_id,
+                            tr.attempt_id, t["seq"], message_payload(t["destination"], envelope),
+                            tr.committed_at, in_token=True)
+
+
+def _in_token_arrays(records: Sequence[SideEffectRecord]) -> tuple[list[str], list[int]]:
+    """The IDs and seqs of the records that tokens stand for (the commits' last columns)."""
+    held = [x for x in records if x.in_token]
+    return [x.key for x in held], [x.seq for x in held]
+
+
+def _rows(records: Sequence[SideEffectRecord]) -> list[SideEffectRecord]:
+    """The records a statement writes or deletes as rows: not those tokens stand for."""
+    return [x for x in records if not x.in_token]
 
 
 class PostgresTransactionalStore(TransactionalStore):
@@ -127,7 +159,9 @@ class PostgresTransactionalStore(TransactionalStore):
             row = await self.pool.fetchrow(sql.SELECT_TR_WITH_RECORDS, self.endpoint, partition)
         if row is None:
             return TransactionRecord(partition, None, None, 0), ()
-        return _tr(partition, row), tuple(_record(partition, r) for r in row["records"])
+        tr = _tr(partition, row)
+        return tr, (*(_record(partition, r) for r in row["records"]),
+                    *(_in_token_record(tr, t) for t in row["in_tokens"]))
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         async with translated():
@@ -151,17 +185,19 @@ class PostgresTransactionalStore(TransactionalStore):
             raise ValueError("tokens passed to commit, but the token store is not co-located")
         now = self.clock.now()
         processed, reply, tokens = r.processed, r.reply, r.tokens
+        in_ids, in_seqs = _in_token_arrays(r.records)
         async with translated():
             row = await self.pool.fetchrow(
                 sql.COMMIT, self.endpoint, r.partition, r.expected_version,
                 to_jsonable(r.state), r.message_id, r.attempt_id, now, processed is not None,
-                *sql.record_arrays(r.records, now),
+                *sql.record_arrays(_rows(r.records), now),
                 reply.status if reply else None, dict(reply.body) if reply else None,
                 [dict(o) for o in processed.outgoing] if processed else [],
                 [d for d, _ in tokens], [e.message_id for _, e in tokens],
                 [e.type for _, e in tokens], [e.body for _, e in tokens],
                 [dict(e.headers) for _, e in tokens],
-                processed.body_sha256 if processed else None)
+                processed.body_sha256 if processed else None,
+                in_ids or None, in_seqs or None)
         if row is None:
             raise Conflict(f"partition {r.partition}: commit at v{r.expected_version} refused "
                            "(version moved, transaction pending, or message processed)")
@@ -177,8 +213,9 @@ class PostgresTransactionalStore(TransactionalStore):
         if not requests:
             return []
         now = self.clock.now()
-        records = [x for r in requests for x in r.records]
+        records = [x for r in requests for x in _rows(r.records)]
         tokens = [(r.partition, d, e) for r in requests for d, e in r.tokens]
+        held = [_in_token_arrays(r.records) for r in requests]
         async with translated():
             rows = await self.pool.fetch(
                 sql.COMMIT_MANY, self.endpoint, [r.partition for r in requests],
@@ -187,7 +224,9 @@ class PostgresTransactionalStore(TransactionalStore):
                 [x.partition for x in records], *sql.record_arrays(records, now),
                 [p for p, _, _ in tokens], [d for _, d, _ in tokens],
                 [e.message_id for _, _, e in tokens], [e.type for _, _, e in tokens],
-                [e.body for _, _, e in tokens], [dict(e.headers) for _, _, e in tokens])
+                [e.body for _, _, e in tokens], [dict(e.headers) for _, _, e in tokens],
+                [_array_literal(ids) for ids, _ in held],
+                [_array_literal(map(str, seqs)) for _, seqs in held])
         done = {row["partition_key"]: row for row in rows}
         committed: list[Committed | None] = []
         for r in requests:
@@ -202,7 +241,7 @@ class PostgresTransactionalStore(TransactionalStore):
             raise ValueError("consume passed to clear, but the token store is not co-located")
         if not clears:
             return []
-        records = [(c.partition, x) for c in clears for x in c.records]
+        records = [(c.partition, x) for c in clears for x in _rows(c.records)]
         aborted = [(c.partition, c.cleanup_due, x) for c in clears for x in c.aborted]
         async with translated():
             rows = await self.pool.fetch(
@@ -227,6 +266,7 @@ class PostgresTransactionalStore(TransactionalStore):
     ) -> bool:
         if consume is not None and not self.holds_tokens:
             raise ValueError("consume passed to clear, but the token store is not co-located")
+        records = _rows(records)
         async with translated():
             cleared = await self.pool.fetchval(
                 sql.CLEAR, self.endpoint, partition, expected_version,

@@ -4,9 +4,10 @@ subclass: the semantics the protocol relies on (ports.py)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 from types import MappingProxyType
@@ -23,11 +24,18 @@ from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Conflict
 from application.ports import Clear, CommitRequest
 from application.records import Kind, ProcessedMessage, SideEffectRecord
+from application.side_effects import message_payload
 from domain.decisions import Reply
 from tests.contract.adapters import postgres_pool
 from tests.support.counter import Tally
 
 M, A, B = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+
+async def _record_rows(store: Any) -> int:
+    """Side-effect record rows stored (the memory store counts without a round trip)."""
+    count = store.record_count()
+    return int(await count if inspect.isawaitable(count) else count)
 
 
 def rec(attempt: uuid.UUID, key: str, kind: Kind = Kind.BLOB, seq: int = 0,
@@ -371,6 +379,55 @@ class TransactionalStoreContract:
         assert [await tokens.exists("audit", o.message_id) for o in outs] == [True, False, False]
         await tokens.delete("audit", outs[0].message_id)
         assert await store.commit_many([]) == []
+
+    async def test_records_that_outgoing_tokens_stand_for_are_read_back_from_them(
+        self, colocated
+    ) -> None:
+        """A co-located commit writes no row for a record `in_token`: the transaction record
+        keeps the message's ID and seq, and the record is read back from its token while the
+        transaction is committed and the token exists (a token its receiver consumed was
+        delivered: nothing is left to publish)."""
+        store, tokens, clock = colocated
+        outs = [Envelope(uuid.uuid4(), "Added", f'{{"n": {n}}}'.encode(),
+                         MappingProxyType({TOKEN_HEADER: "1"})) for n in range(3)]
+
+        def held(partition: str, seq: int, out: Envelope) -> SideEffectRecord:
+            return SideEffectRecord(partition, Kind.MESSAGE, str(out.message_id), M, A, seq,
+                                    message_payload("audit", out), clock.now(), in_token=True)
+
+        plain = SideEffectRecord("a", Kind.MESSAGE, str(uuid.uuid4()), M, A, 0,
+                                 MappingProxyType({"destination": "ledger"}), clock.now())
+        with pytest.raises(ValueError, match="without their token"):
+            CommitRequest("a", 0, Tally(), M, A, [held("a", 1, outs[0])])
+        await store.load_tr("a")
+        await store.load_tr("b")
+        committed = await store.commit(CommitRequest(
+            "a", 0, Tally(), M, A, [plain, held("a", 1, outs[0]), held("a", 2, outs[1])],
+            tokens=[("audit", outs[0]), ("audit", outs[1])]))
+        [many] = await store.commit_many([CommitRequest(
+            "b", 0, Tally(), M, A, [held("b", 0, outs[2])], tokens=[("audit", outs[2])])])
+        assert many is not None
+        assert await _record_rows(store) == 1  # the plain one: tokens stand for the others
+
+        def seen(records: Sequence[SideEffectRecord]) -> list[tuple[Any, ...]]:
+            return sorted((x.kind, x.key, x.seq, dict(x.payload), x.in_token, x.incoming_id,
+                           x.attempt_id) for x in records)
+
+        tr, records = await store.load_tr_with_records("a")
+        assert seen(records) == seen(committed.records) == seen(
+            [plain, held("a", 1, outs[0]), held("a", 2, outs[1])])
+        assert all(x.registered_at == tr.committed_at for x in records if x.in_token)
+        assert seen((await store.load_tr_with_records("b"))[1]) == seen([held("b", 0, outs[2])])
+        await tokens.delete("audit", outs[0].message_id)  # its receiver consumed it
+        assert seen((await store.load_tr_with_records("a"))[1]) == seen(
+            [plain, held("a", 2, outs[1])])
+        due = clock.now() + timedelta(minutes=30)
+        assert await store.clear("a", committed.version, committed.records, [], due)
+        assert (await store.load_tr_with_records("a"))[1] == ()
+        assert await _record_rows(store) == 0
+        assert await tokens.exists("audit", outs[1].message_id)  # the receiver's now
+        for out in outs[1:]:
+            await tokens.delete("audit", out.message_id)
 
     async def test_clear_many_compares_and_clears_each_partition(self, colocated) -> None:
         store, tokens, clock = colocated

@@ -9,17 +9,21 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 import asyncpg
 import pytest
 
 from adapters.postgres.admin import drop_database, ensure_database, with_database
-from adapters.postgres.migrate import upgrade_async
+from adapters.postgres.migrate import downgrade_async, upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock
+from application.envelope import TOKEN_HEADER, Envelope
 from application.ports import CommitRequest
+from application.records import Kind, SideEffectRecord
+from application.side_effects import envelope_of, message_payload
 from tests.support.counter import Tally
 from tests.support.processes import this_run
 from tests.support.services import discover
@@ -52,16 +56,34 @@ async def at_0005() -> AsyncIterator[str]:
         yield dsn
 
 
-async def _heap_only_updates(dsn: str, endpoint: str, messages: int) -> tuple[int, int]:
+# the transaction record's two updates as the store made them at revision 0005 (today's
+# statements need today's schema)
+_COMMIT_AT_0005 = """UPDATE eo_transaction_record SET state = '{}'::jsonb, message_id = $2,
+  attempt_id = $3, committed_at = now(), version = version + 1
+  WHERE endpoint = $1 AND partition_key = 'p'"""
+_CLEAR_AT_0005 = """UPDATE eo_transaction_record SET message_id = NULL, attempt_id = NULL,
+  committed_at = NULL, version = version + 1 WHERE endpoint = $1 AND partition_key = 'p'"""
+
+
+async def _heap_only_updates(dsn: str, endpoint: str, messages: int,
+                             through_store: bool = True) -> tuple[int, int]:
     """(updates, heap-only updates) of `eo_transaction_record` while `messages` messages
-    commit and clear on one partition, through the store, on one connection (whose
-    statistics are flushed before they are read)."""
+    commit and clear on one partition, through the store (else through the statements of
+    revision 0005), on one connection (whose statistics are flushed before they are read)."""
     pool = await create_pool(dsn, min_size=1, max_size=1)
     try:
         store = PostgresTransactionalStore(pool, endpoint, Tally, ManualClock())
+        if not through_store:
+            await pool.execute("INSERT INTO eo_transaction_record (endpoint, partition_key) "
+                               "VALUES ($1, 'p')", endpoint)
         before = await _update_counts(pool)
-        await store.load("p")
+        if through_store:
+            await store.load("p")
         for _ in range(messages):
+            if not through_store:
+                await pool.execute(_COMMIT_AT_0005, endpoint, uuid.uuid4(), uuid.uuid4())
+                await pool.execute(_CLEAR_AT_0005, endpoint)
+                continue
             tr = await store.load_tr("p")
             committed = await store.commit(CommitRequest("p", tr.version, Tally(), uuid.uuid4(),
                                                          uuid.uuid4()))
@@ -123,7 +145,7 @@ async def test_0005_addresses_the_tokens_it_can_and_leaves_the_others_drainable(
 async def test_0006_makes_the_transaction_records_updates_heap_only(at_0005: str) -> None:
     """Two updates per message (commit, clear): at 0005 the index on `committed_at` made
     every one write index entries; from 0006 they stay on their page."""
-    updates, heap_only = await _heap_only_updates(at_0005, "before", 10)
+    updates, heap_only = await _heap_only_updates(at_0005, "before", 10, through_store=False)
     assert (updates, heap_only) == (20, 0)
     await upgrade_async(at_0005)
     updates, heap_only = await _heap_only_updates(at_0005, "after", 10)
@@ -136,6 +158,40 @@ async def test_0006_makes_the_transaction_records_updates_heap_only(at_0005: str
                                    "WHERE tablename = 'eo_transaction_record'") == 1  # its key
     finally:
         await conn.close()
+
+
+async def test_0007_down_turns_the_records_tokens_stand_for_back_into_rows() -> None:
+    """Older code reads no `in_token_ids`: the downgrade writes the records that the tokens
+    of unfinished transactions stand for as rows, which that code finishes from."""
+    async for dsn in _database_at("head"):
+        clock = ManualClock()
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            store = PostgresTransactionalStore(pool, "ledger", Tally, clock, holds_tokens=True)
+            out = Envelope(uuid.uuid4(), "Added", b'{"n": 1}',
+                           MappingProxyType({TOKEN_HEADER: "1"}))
+            m, a = uuid.uuid4(), uuid.uuid4()
+            record = SideEffectRecord("p", Kind.MESSAGE, str(out.message_id), m, a, 1,
+                                      message_payload("audit", out), clock.now(),
+                                      in_token=True)
+            await store.load_tr("p")
+            await store.commit(CommitRequest("p", 0, Tally(), m, a, [record],
+                                             tokens=[("audit", out)]))
+            assert await store.record_count() == 0
+        finally:
+            await pool.close()
+        await downgrade_async(dsn, "0006")
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch("SELECT partition_key, kind, key, incoming_id, attempt_id, "
+                                    "seq, payload FROM eo_side_effect_record")
+        finally:
+            await conn.close()
+        [row] = rows
+        assert (row["partition_key"], row["kind"], row["key"], row["incoming_id"],
+                row["attempt_id"], row["seq"]) == ("p", "message", str(out.message_id), m, a, 1)
+        assert envelope_of(row["key"], json.loads(row["payload"])) == ("audit", out)
+        await upgrade_async(dsn)
 
 
 async def test_a_database_name_is_an_identifier_never_sql() -> None:

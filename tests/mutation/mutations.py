@@ -137,8 +137,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1: clear deletes exactly the transaction's records",
         file="adapters/memory/transactional_store.py",
         before="""        p.records = [r for r in p.records if not any(_same(r, x) for x in records)]
-        self._bump(p, message_id=None, attempt_id=None, committed_at=None)""",
-        after="""        self._bump(p, message_id=None, attempt_id=None, committed_at=None)""",
+        p.in_tokens = ()""",
+        after="""        p.in_tokens = ()""",
         killers=(f"{_FAILURE_TABLE}::test_crash_after_register_leaves_a_record_the_winner_"
                  "cleans",),
         invariants=("I8",), rows=("register",)),
@@ -298,6 +298,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=("tests/unit/application/test_http_protocol.py::test_follow_up_debits_the_"
                  "account_and_deletes_the_request_on_the_callee",),
         invariants=("I8",)),
+    Mutation(
+        name="records-in-tokens-not-read-back",
+        guard="3.1 (co-located): finish reads back the message records that the outgoing "
+              "tokens stand for (SideEffectRecord.in_token)",
+        file="adapters/memory/transactional_store.py",
+        before="""        return p.tr, tuple(p.records) + self._read_back(p)""",
+        after="""        return p.tr, tuple(p.records)""",
+        killers=(f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
+                 "a_second_handler_run",),
+        invariants=("I5",), rows=("before-publish",)),
     Mutation(
         name="batch-claim-check-trusts-the-delivery",
         guard="3.1 (batched): the token's message is processed, not the delivery's body "
