@@ -1,6 +1,7 @@
 """Schema upgrades on a database that already holds rows: what revision 0005 (addressed
-tokens, the processed body's hash) does to tokens and processed-message rows in flight, and
-what revision 0006 does to the transaction records' updates (heap-only)."""
+tokens, the processed body's hash) does to tokens and processed-message rows in flight, what
+revision 0006 does to the transaction records' updates (heap-only), what 0007's downgrade
+keeps, and how 0008 stops an older worker from clearing what it cannot read."""
 
 from __future__ import annotations
 
@@ -192,6 +193,60 @@ async def test_0007_down_turns_the_records_tokens_stand_for_back_into_rows() -> 
                 row["attempt_id"], row["seq"]) == ("p", "message", str(out.message_id), m, a, 1)
         assert envelope_of(row["key"], json.loads(row["payload"])) == ("audit", out)
         await upgrade_async(dsn)
+
+
+# the clear of the code before revision 0007 (adapters/postgres/sql.py at that time): it
+# consumes the incoming token and clears the record, and knows nothing of `in_token_ids`
+_CLEAR_BEFORE_0007 = """
+WITH tr AS (
+  UPDATE eo_transaction_record
+     SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = version + 1
+   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
+  RETURNING 1),
+tok AS (
+  DELETE FROM eo_token USING tr
+   WHERE message_id = $4::uuid AND (endpoint = $1 OR endpoint IS NULL))
+SELECT count(*) FROM tr"""
+
+
+async def test_0008_an_older_worker_cannot_clear_what_tokens_stand_for() -> None:
+    """A rolling upgrade: a worker from before 0007 finishing a transaction whose outgoing
+    tokens stand for its records would publish nothing and clear it. Its clear fails as a
+    whole with a serialization failure (transient for every version of the store), so the
+    message waits for a newer worker; this project's own clear goes through."""
+    async for dsn in _database_at("head"):
+        clock = ManualClock()
+        pool = await create_pool(dsn, min_size=1, max_size=1)
+        try:
+            store = PostgresTransactionalStore(pool, "ledger", Tally, clock, holds_tokens=True)
+            tokens = PostgresTokenStore(pool)
+            incoming = Envelope(uuid.uuid4(), "Add", b"{}", MappingProxyType({TOKEN_HEADER: "1"}))
+            out = Envelope(uuid.uuid4(), "Added", b'{"n": 1}',
+                           MappingProxyType({TOKEN_HEADER: "1"}))
+            await tokens.create("ledger", [incoming])
+            a = uuid.uuid4()
+            record = SideEffectRecord("p", Kind.MESSAGE, str(out.message_id),
+                                      incoming.message_id, a, 0,
+                                      message_payload("audit", out), clock.now(), in_token=True)
+            await store.load_tr("p")
+            committed = await store.commit(CommitRequest(
+                "p", 0, Tally(), incoming.message_id, a, [record], tokens=[("audit", out)]))
+            with pytest.raises(asyncpg.SerializationError, match="revision 0007 or later"):
+                await pool.fetchval(_CLEAR_BEFORE_0007, "ledger", "p", committed.version,
+                                    incoming.message_id)
+            assert (await store.load_tr("p")).message_id == incoming.message_id
+            assert await tokens.exists("ledger", incoming.message_id)  # nothing consumed
+            assert await store.clear("p", committed.version, committed.records, [],
+                                     clock.now(), incoming.message_id)
+            assert not await tokens.exists("ledger", incoming.message_id)
+            # without records in tokens the older clear is as it always was
+            await tokens.create("ledger", [incoming])
+            v = (await store.load_tr("p")).version
+            committed = await store.commit(CommitRequest("p", v, Tally(), incoming.message_id, a))
+            assert await pool.fetchval(_CLEAR_BEFORE_0007, "ledger", "p", committed.version,
+                                       incoming.message_id) == 1
+        finally:
+            await pool.close()
 
 
 async def test_a_database_name_is_an_identifier_never_sql() -> None:

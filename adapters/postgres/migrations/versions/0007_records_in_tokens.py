@@ -12,7 +12,7 @@ delivered), and the clear empties the columns. Measured on the bench (docs/bench
 
 Workers older than this revision do not read the columns: one of them finishing a
 transaction that a newer worker committed and crashed on would clear it without publishing
-its messages. Upgrade with the old workers stopped (docs/operations.md).
+its messages. Revision 0008 refuses such a clear (docs/operations.md).
 
 Revision ID: 0007
 Revises: 0006
