@@ -214,20 +214,37 @@ CLEANUP_COUNT = "SELECT count(*) FROM eo_deferred_cleanup WHERE endpoint = $1"
 # The batched token path (application/token_batch.py): one statement for many partitions.
 # Each partition keeps the guard of its single statement above; the transaction records a
 # statement writes are locked first, in partition order, so concurrent batches cannot
-# deadlock (LockRows runs above the sort).
+# deadlock. Every row of a batch is found by its own index lookup (a LATERAL subquery with
+# LIMIT 1 is not flattened into a join), whatever the planner's statistics: on a table
+# without them (autovacuum off, or just truncated) a plain join of the request to the table
+# is planned as a hash join over a sequential scan of every transaction record, which cost
+# more than half of the batch's PostgreSQL time with 1,000 partitions and grows with the
+# table (docs/bench.md). The writes then reach the locked rows by their ctid (a TID scan).
 
+# the request rows (`req`) in partition order, each with the ctid of its TR locked FOR
+# UPDATE; a partition without a TR has no row
 _LOCKED = """
 locked AS (
-  SELECT t.partition_key FROM eo_transaction_record t
-   WHERE t.endpoint = $1 AND t.partition_key = ANY($2::text[])
-   ORDER BY t.partition_key FOR UPDATE)"""
+  SELECT l.tid, x.* FROM (SELECT * FROM req ORDER BY partition_key) AS x
+  CROSS JOIN LATERAL (
+    SELECT t.ctid AS tid FROM eo_transaction_record t
+     WHERE t.endpoint = $1 AND t.partition_key = x.partition_key
+     LIMIT 1 FOR UPDATE) AS l)"""
+
+# the locked TRs (`t`), each joined to its request row (`req`); a TR updated by a
+# transaction that committed while this statement waited for its lock is not in the
+# statement's snapshot and is left alone, as its version guard would have refused it
+_LOCKED_ROWS = """FROM locked AS req
+   WHERE t.ctid = ANY (ARRAY(SELECT tid FROM locked)) AND t.ctid = req.tid"""
 
 # request x's token (x.tok; NULL: none asked) addressed to endpoint $1, joined to its TR's
 # read as `_TOKEN_JOIN` is to LOAD's: whether it exists and the message it holds
 _TOKEN_COLUMNS_MANY = """CASE WHEN x.tok IS NULL THEN NULL ELSE k.message_id IS NOT NULL END
        AS token_exists, k.type AS token_type, k.body AS token_body, k.headers AS token_headers"""
-_TOKEN_JOIN_MANY = """LEFT JOIN eo_token k
-    ON k.message_id = x.tok AND (k.endpoint = $1 OR k.endpoint IS NULL)"""
+_TOKEN_JOIN_MANY = """LEFT JOIN LATERAL (
+    SELECT * FROM eo_token k
+     WHERE k.message_id = x.tok AND (k.endpoint = $1 OR k.endpoint IS NULL) LIMIT 1) AS k
+    ON TRUE"""
 
 # $1 endpoint, $2 partitions, $3 tokens to check (NULL: none). A row per partition;
 # `tr_exists` false for one without a TR: INSERT_LOAD_MANY creates and reads those whose token
@@ -236,8 +253,9 @@ LOAD_MANY = f"""
 SELECT x.partition_key, t.partition_key IS NOT NULL AS tr_exists, t.message_id, t.attempt_id,
        t.version, t.committed_at, t.state, {_TOKEN_COLUMNS_MANY}
   FROM unnest($2::text[], $3::uuid[]) AS x(partition_key, tok)
-  LEFT JOIN eo_transaction_record t
-    ON t.endpoint = $1 AND t.partition_key = x.partition_key
+  LEFT JOIN LATERAL (
+    SELECT * FROM eo_transaction_record t
+     WHERE t.endpoint = $1 AND t.partition_key = x.partition_key LIMIT 1) AS t ON TRUE
   {_TOKEN_JOIN_MANY}"""
 
 # LOAD_MANY's partitions without a TR: create and read them in one statement. A partition a
@@ -272,8 +290,7 @@ tr AS (
      SET state = req.state, message_id = req.message_id, attempt_id = req.attempt_id,
          committed_at = $7, version = t.version + 1, in_token_ids = req.in_ids::uuid[],
          in_token_seqs = req.in_seqs::int[]
-    FROM req JOIN locked USING (partition_key)
-   WHERE t.endpoint = $1 AND t.partition_key = req.partition_key
+    {_LOCKED_ROWS}
      AND t.version = req.expected AND t.message_id IS NULL
   RETURNING t.partition_key, t.version),
 recs AS (
@@ -307,8 +324,8 @@ tr AS (
   UPDATE eo_transaction_record t
      SET message_id = NULL, attempt_id = NULL, committed_at = NULL, version = t.version + 1,
          in_token_ids = NULL, in_token_seqs = NULL
-    FROM req JOIN locked USING (partition_key)
-   WHERE t.endpoint = $1 AND t.partition_key = req.partition_key AND t.version = req.expected
+    {_LOCKED_ROWS}
+     AND t.version = req.expected
   RETURNING t.partition_key, req.consume),
 del AS (
   DELETE FROM eo_side_effect_record r

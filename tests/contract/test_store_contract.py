@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,7 @@ import pytest
 
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
+from adapters.postgres import sql
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock
@@ -542,6 +544,47 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
                           for p, x in zip(order, done, strict=True) if x is not None)
             assert won == dict.fromkeys(partitions, 1)
 
+    @pytest.mark.parametrize("plan", ["force_custom_plan", "force_generic_plan"])
+    async def test_batch_statements_look_rows_up_by_index_whatever_the_statistics(
+        self, plan: str
+    ) -> None:
+        """The batch's statements read, lock and write each partition's row by an index
+        lookup (then by its ctid), never by scanning every transaction record or token: on
+        a table without statistics (autovacuum off, just truncated) a plain join of the
+        request to the table was planned as a hash join over a sequential scan, whose cost
+        grows with the number of partitions. Plans only: nothing is executed."""
+        clock = ManualClock()
+        async with self.make_colocated(clock) as (store, _):
+            await store.pool.execute(
+                "INSERT INTO eo_transaction_record (endpoint, partition_key) "
+                "SELECT $1, 'p' || g FROM generate_series(1, 2000) AS g", store.endpoint)
+            n, parts = 30, [f"p{i}" for i in range(1, 31)]
+            ids = [uuid.uuid4() for _ in parts]
+            statements = {
+                "LOAD_MANY": (sql.LOAD_MANY, [store.endpoint, parts, ids]),
+                "INSERT_LOAD_MANY": (sql.INSERT_LOAD_MANY, [store.endpoint, parts, ids]),
+                "COMMIT_MANY": (sql.COMMIT_MANY, [
+                    store.endpoint, parts, [0] * n, [{}] * n, ids, ids, clock.now(),
+                    *[[]] * 8, *[[]] * 6, [None] * n, [None] * n]),
+                "CLEAR_MANY": (sql.CLEAR_MANY, [
+                    store.endpoint, parts, [1] * n, ids, *[[]] * 3, *[[]] * 5]),
+            }
+            async with store.pool.acquire() as conn:
+                await conn.execute(f"SET plan_cache_mode = {plan}")
+                try:
+                    for name, (text, args) in statements.items():
+                        [explained] = json.loads(await conn.fetchval(
+                            f"EXPLAIN (FORMAT JSON) {text}", *args))
+                        scans = [(node["Node Type"], node.get("Relation Name"))
+                                 for node in _plan_nodes(explained["Plan"])]
+                        assert not [s for s in scans if s[0] in ("Seq Scan", "Bitmap Heap Scan")
+                                    and s[1] in ("eo_transaction_record", "eo_token")], (
+                            name, scans)
+                finally:
+                    await conn.execute("RESET plan_cache_mode")
+                    await conn.execute("DELETE FROM eo_transaction_record WHERE endpoint = $1",
+                                       store.endpoint)
+
     async def test_a_load_for_an_absent_token_creates_no_transaction_record(self) -> None:
         """A duplicate, or a delivery nobody sent, names a partition from a body nobody
         vouched for: reading it with its (absent) token leaves no row behind, while a
@@ -559,3 +602,8 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
             rows = await store.pool.fetch("SELECT partition_key FROM eo_transaction_record "
                                           "WHERE endpoint = $1", store.endpoint)
             assert [r["partition_key"] for r in rows] == ["somebody"]
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """`node` and every node below it in an EXPLAIN (FORMAT JSON) plan."""
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
