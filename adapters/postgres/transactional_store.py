@@ -186,18 +186,23 @@ class PostgresTransactionalStore(TransactionalStore):
         now = self.clock.now()
         processed, reply, tokens = r.processed, r.reply, r.tokens
         in_ids, in_seqs = _in_token_arrays(r.records)
+        rows = _rows(r.records)
+        head = (self.endpoint, r.partition, r.expected_version, to_jsonable(r.state),
+                r.message_id, r.attempt_id, now)
+        token_columns = ([d for d, _ in tokens], [e.message_id for _, e in tokens],
+                         [e.type for _, e in tokens], [e.body for _, e in tokens],
+                         [dict(e.headers) for _, e in tokens])
         async with translated():
-            row = await self.pool.fetchrow(
-                sql.COMMIT, self.endpoint, r.partition, r.expected_version,
-                to_jsonable(r.state), r.message_id, r.attempt_id, now, processed is not None,
-                *sql.record_arrays(_rows(r.records), now),
-                reply.status if reply else None, dict(reply.body) if reply else None,
-                [dict(o) for o in processed.outgoing] if processed else [],
-                [d for d, _ in tokens], [e.message_id for _, e in tokens],
-                [e.type for _, e in tokens], [e.body for _, e in tokens],
-                [dict(e.headers) for _, e in tokens],
-                processed.body_sha256 if processed else None,
-                in_ids or None, in_seqs or None)
+            if tokens and not rows and reply is None and processed is None:
+                row = await self.pool.fetchrow(  # the plain co-located case
+                    sql.COMMIT_TOKENS, *head, *token_columns, in_ids or None, in_seqs or None)
+            else:
+                row = await self.pool.fetchrow(
+                    sql.COMMIT, *head, processed is not None, *sql.record_arrays(rows, now),
+                    reply.status if reply else None, dict(reply.body) if reply else None,
+                    [dict(o) for o in processed.outgoing] if processed else [],
+                    *token_columns, processed.body_sha256 if processed else None,
+                    in_ids or None, in_seqs or None)
         if row is None:
             raise Conflict(f"partition {r.partition}: commit at v{r.expected_version} refused "
                            "(version moved, transaction pending, or message processed)")
@@ -268,6 +273,9 @@ class PostgresTransactionalStore(TransactionalStore):
             raise ValueError("consume passed to clear, but the token store is not co-located")
         records = _rows(records)
         async with translated():
+            if consume is not None and not records and not aborted:  # the plain co-located case
+                return bool(await self.pool.fetchval(sql.CLEAR_CONSUMING, self.endpoint,
+                                                     partition, expected_version, consume))
             cleared = await self.pool.fetchval(
                 sql.CLEAR, self.endpoint, partition, expected_version,
                 [str(r.kind) for r in records], [r.key for r in records],
