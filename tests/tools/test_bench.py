@@ -130,3 +130,22 @@ async def test_the_bench_refuses_a_database_holding_other_endpoints(services: Se
     finally:
         await conn.close()
         await drop_database(dsn)
+
+
+async def test_the_statements_bench_processes_every_message_once_per_configuration(
+    services: Services
+) -> None:
+    """`python -m tools.bench.statements`: each configuration's statements process every
+    deposit once (the tool checks it, and raises otherwise) and the figures are the server's
+    CPU per message per step, never negative. No speed is asserted."""
+    from tools.bench.statements import measure
+
+    dsn = with_database(services.postgres_dsn, this_run("eo_bench_test"))
+    results = await measure(dsn, messages=90, partitions=20, batch_size=10)
+    assert list(results) == ["token", "token-batched", "minimal", "minimal-batched"]
+    for label in ("token", "token-batched"):
+        assert set(results[label]) == {"load", "commit", "clear", "total"}, label
+    assert all(v >= 0 for figures in results.values() for v in figures.values())
+    assert all(figures["total"] == pytest.approx(sum(v for k, v in figures.items()
+                                                     if k != "total"))
+               for figures in results.values())
