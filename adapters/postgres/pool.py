@@ -50,12 +50,15 @@ async def _init(conn: asyncpg.Connection) -> None:
                               schema="pg_catalog")
 
 
-async def create_pool(dsn: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose connections encode and decode `jsonb` as JSON. Raises `TransientError`
-    when the server does not answer (the DSN is never put in the message)."""
+async def create_pool(dsn: str, min_size: int = 1, max_size: int = 10,
+                      max_queries: int = 50_000) -> asyncpg.Pool:
+    """A pool whose connections encode and decode `jsonb` as JSON, each replaced by a new
+    one after `max_queries` queries (asyncpg's default). Raises `TransientError` when the
+    server does not answer (the DSN is never put in the message)."""
     async with translated():
         pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init,
-                                         reset=_keep_session, command_timeout=30)
+                                         reset=_keep_session, command_timeout=30,
+                                         max_queries=max_queries)
     if pool is None:  # create_pool returns None only when awaited oddly; keep mypy honest
         raise TransientError("PostgreSQL pool could not be created")
     return pool

@@ -160,7 +160,8 @@ async def measure(dsn: str, messages: int, partitions: int, batch_size: int
     runs on another machine."""
     await ensure_database(dsn)
     await upgrade_async(dsn)
-    pool = await create_pool(dsn, min_size=1, max_size=1)  # one server process to read
+    # one server process to read, kept for the whole run (never replaced after N queries)
+    pool = await create_pool(dsn, min_size=1, max_size=1, max_queries=2**31 - 1)
     try:
         await _own_database(pool, "bench")
         for statement in references.SCHEMA:
