@@ -12,8 +12,8 @@ machine's load. This isolates it: one connection runs, for `--messages` deposits
 - `minimal`, `minimal-batched`: the bench's references (`tools/bench/references.py`:
   inbox row, locked state, state, outbox row, outbox delete),
 
-and reads the server process's own CPU time (user + system, from `/proc/<pid>/stat`, so the
-server must run on this machine) around each statement: milliseconds per message, per step.
+and reads the server process's own CPU time (user + system, with psutil, so the server
+must run on this machine) around each statement: milliseconds per message, per step.
 The incoming tokens are written before each step is timed, as a sender would. The
 transaction records exist beforehand (no first-message inserts) and the tables have no
 statistics, as on a server whose autovacuum has not run yet. A benchmark that prints
@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+import psutil
+
 from adapters.postgres.admin import ensure_database
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import SystemClock
+from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from application.ports import Clear, CommitRequest, Loaded
 from application.records import Kind, SideEffectRecord
@@ -47,15 +49,13 @@ from tools.bench.run import _own_database, _reset
 
 ENDPOINT, SINK = "bench-statements", "bench-statements-sink"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/eo_bench"  # `eo bench`'s
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def server_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has used; OSError when it is not on this
-    machine."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * _TICK_S
+    """CPU seconds (user + system) process `pid` has used (psutil, as `eo bench` reads
+    them); `psutil.NoSuchProcess` when it is not on this machine."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 class _Meter:
@@ -72,7 +72,7 @@ class _Meter:
 
 
 def _deposit(account: str) -> bytes:
-    return b'{"account": "%s", "cents": 100, "sent_at_ns": 1}' % account.encode()
+    return encode(bench.Deposit(account, 100, 1))
 
 
 def _request(loaded: Loaded, incoming: uuid.UUID, account: str, now: datetime
@@ -156,8 +156,8 @@ async def measure(dsn: str, messages: int, partitions: int, batch_size: int
                   ) -> dict[str, dict[str, float]]:
     """{configuration: {step: server CPU ms per message, ..., "total": ...}} for `token`,
     `token-batched`, `minimal`, `minimal-batched` (see the module docstring). Raises
-    RuntimeError when the database holds other endpoints' rows, OSError when the server
-    runs on another machine."""
+    RuntimeError when the database holds other endpoints' rows, `psutil.NoSuchProcess` when
+    the server runs on another machine."""
     await ensure_database(dsn)
     await upgrade_async(dsn)
     # one server process to read, kept for the whole run (never replaced after N queries)
