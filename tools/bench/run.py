@@ -164,7 +164,7 @@ async def run_bench(params: Params, on_run: Any = None) -> BenchResult:
     admin = await create_pool(params.database_dsn, max_size=4)  # producer, checks
     driver = RabbitConnection(params.amqp_url)
     try:
-        await _own_database(admin, params.prefix)
+        await own_database(admin, params.prefix)
         await driver.start()
         for statement in references.SCHEMA:
             await admin.execute(statement)
@@ -194,7 +194,7 @@ async def _queues(driver: RabbitConnection, work: str, sink: str, declare: bool)
         await topology.declare(driver, sink, (), delivery_limit=20)
 
 
-async def _own_database(admin: Any, prefix: str) -> None:
+async def own_database(admin: Any, prefix: str) -> None:
     """Raise RuntimeError naming the endpoints found when the database holds rows of
     endpoints other than the bench's (`<prefix>-...`)."""
     others = await admin.fetch(
@@ -209,7 +209,7 @@ async def _own_database(admin: Any, prefix: str) -> None:
                            "the bench's own")
 
 
-async def _reset(admin: Any) -> None:
+async def truncate_tables(admin: Any) -> None:
     """Every run starts from empty tables, the template's as the references': deleted rows
     would stay behind as dead tuples until a vacuum (a server with autovacuum off, as CI
     configurations may have, made each run read those of all the runs before it)."""
@@ -277,7 +277,7 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     work = f"{params.prefix}-{path}-{processes}"
     sink = f"{params.prefix}-sink-{path}-{processes}"
     await _queues(driver, work, sink, declare=True)
-    await _reset(admin)
+    await truncate_tables(admin)
     token = TEMPLATE_PATHS.get(path, ("",))[0] == "token"
     producer = _Producer(params, driver, PostgresTokenStore(admin), work, token,
                          random.Random(params.seed + round_no))

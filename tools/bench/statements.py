@@ -45,7 +45,7 @@ from application.records import Kind, SideEffectRecord
 from application.side_effects import message_payload
 from tools.bench import endpoint as bench
 from tools.bench import references
-from tools.bench.run import _own_database, _reset
+from tools.bench.run import own_database, truncate_tables
 
 ENDPOINT, SINK = "bench-statements", "bench-statements-sink"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/eo_bench"  # `eo bench`'s
@@ -163,7 +163,7 @@ async def measure(dsn: str, messages: int, partitions: int, batch_size: int
     # one server process to read, kept for the whole run (never replaced after N queries)
     pool = await create_pool(dsn, min_size=1, max_size=1, max_queries=2**31 - 1)
     try:
-        await _own_database(pool, "bench")
+        await own_database(pool, "bench")
         for statement in references.SCHEMA:
             await pool.execute(statement)
         pid = await pool.fetchval("SELECT pg_backend_pid()")
@@ -174,7 +174,7 @@ async def measure(dsn: str, messages: int, partitions: int, batch_size: int
         for label, run, size in (("token", _token, 1), ("token-batched", _token, batch_size),
                                  ("minimal", _minimal, 1),
                                  ("minimal-batched", _minimal, batch_size)):
-            await _reset(pool)
+            await truncate_tables(pool)
             await pool.execute(  # every account's row exists, as after a first message
                 "INSERT INTO eo_transaction_record (endpoint, partition_key) "
                 "SELECT $1, unnest($2::text[])", ENDPOINT, names)
@@ -185,7 +185,7 @@ async def measure(dsn: str, messages: int, partitions: int, batch_size: int
             await _check(pool, label, messages)
             figures = {k: 1000 * v / messages for k, v in meter.spent.items()}
             results[label] = {**figures, "total": sum(figures.values())}
-        await _reset(pool)
+        await truncate_tables(pool)
         return results
     finally:
         await pool.close()
