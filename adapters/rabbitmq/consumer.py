@@ -16,6 +16,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from aio_pika.exceptions import ChannelInvalidStateError
 
+from adapters.rabbitmq.acks import ChannelAcks
 from adapters.rabbitmq.connection import (
     DRIVER_ERRORS,
     BrokerUnavailable,
@@ -131,9 +132,7 @@ class RabbitDelivery(Delivery):
                 except TransientError:
                     self._settled = False  # the original is untouched: settling again is safe
                     raise
-            with translated(f"ack of {self.envelope.message_id}"):
-                async with asyncio.timeout(self._source.connection.publish_timeout_s):
-                    await self._message.ack()
+            await self._source.ack(self._message, self.envelope.message_id)
         finally:
             if not self._counted:  # settled or not, it no longer holds a slot of the channel
                 self._counted = True
@@ -186,6 +185,7 @@ class RabbitSource:
         self.restarts = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
         self._channel: AbstractChannel | None = None
+        self._acks: ChannelAcks | None = None  # of the current channel's deliveries
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
         self._prefetch = 8
@@ -250,6 +250,28 @@ class RabbitSource:
         await self._subscribe()
         self._started = True
 
+    async def ack(self, message: AbstractIncomingMessage, message_id: object) -> None:
+        """Ack `message`, coalesced with the other acks of this turn of the event loop
+        (`ChannelAcks`). Raises `TransientError("ack of <message_id>: ...")` when its channel
+        is gone or the ack could not be written in time."""
+        try:
+            channel = message.channel  # raises once the channel closed
+            tag = message.delivery_tag
+            if tag is None:  # not a manual-ack delivery (aio-pika's type allows it)
+                raise TypeError("the delivery has no delivery tag")
+            acks = self._acks
+            if acks is None or acks.channel is not channel:  # a replaced channel's straggler
+                acks = ChannelAcks(channel, self.connection.publish_timeout_s)
+            await acks.ack(tag)
+        except DRIVER_ERRORS as exc:
+            raise TransientError(f"ack of {message_id}: {type(exc).__name__}: {exc}") from exc
+
+    def _settled_singly(self, message: AbstractIncomingMessage) -> None:
+        acks, tag = self._acks, message.delivery_tag
+        if (acks is not None and tag is not None and not _channel_lost(message)
+                and acks.channel is message.channel):
+            acks.settled_singly(tag)
+
     def settled_one(self) -> None:
         """A yielded delivery was settled, or failed to (its slot is free again)."""
         self._in_flight = max(0, self._in_flight - 1)
@@ -262,6 +284,7 @@ class RabbitSource:
                 queue = await channel.declare_queue(self.endpoint, passive=True)
                 underlay: Any = await channel.get_underlay_channel()  # reports cancels
                 underlay.on_consumer_cancel_callbacks.add(self._on_cancel)
+                self._acks = ChannelAcks(underlay, self.connection.publish_timeout_s)
                 channel.close_callbacks.add(self._on_channel_close)
                 self._channel, self._queue = channel, queue
                 self._tag = await queue.consume(self._on_message, no_ack=False)
@@ -392,6 +415,8 @@ class RabbitSource:
             await message.reject(requeue=True)
         except DRIVER_ERRORS as exc:  # channel gone: the broker requeued it already
             log.debug("requeue on %s: %s", self.endpoint, exc)
+        else:
+            self._settled_singly(message)
 
     async def _reject(self, message: AbstractIncomingMessage, reason: str) -> None:
         headers = known_headers(text_headers(message.headers), self.kept_headers)
@@ -419,6 +444,7 @@ class RabbitSource:
                 parked = True
             with translated("ack of a rejected message"):
                 await message.ack()
+            self._settled_singly(message)
         except TransientError as exc:
             # Requeued, it comes back; the work queue's delivery limit bounds the loop.
             log.warning("dead-lettering an invalid message of %s failed: %s", self.endpoint, exc)

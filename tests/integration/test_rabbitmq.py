@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import random
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -105,12 +106,13 @@ async def rabbit(amqp_url: str) -> AsyncIterator[Rabbit]:
 
 
 @contextlib.asynccontextmanager
-async def pumped(source: RabbitSource) -> AsyncIterator[asyncio.Queue[RabbitDelivery]]:
+async def pumped(source: RabbitSource, prefetch: int = 4
+                 ) -> AsyncIterator[asyncio.Queue[RabbitDelivery]]:
     """Deliveries of `source` collected by a task, so waiting with a timeout is safe."""
     received: asyncio.Queue[RabbitDelivery] = asyncio.Queue()
 
     async def pump() -> None:
-        async for delivery in source.deliveries(prefetch=4):
+        async for delivery in source.deliveries(prefetch=prefetch):
             received.put_nowait(delivery)
 
     task = asyncio.create_task(pump())
@@ -487,3 +489,37 @@ async def test_a_delivery_of_a_closed_channel_publishes_no_copy(rabbit: Rabbit) 
         again = await asyncio.wait_for(received.get(), 5.0)
         await again.ack()
     assert await rabbit.depth(rabbit.names.dead_letter) == 0
+
+
+async def test_acks_settled_together_share_frames_and_none_is_lost_or_doubled(
+    rabbit: Rabbit,
+) -> None:
+    # 40 deliveries in flight, settled in shuffled waves while one in the middle is held:
+    # the broker must see every ack once (an ack of an unknown tag would close the channel,
+    # 406) and none before its delivery was settled (checked by what stays unacked)
+    dispatcher = RabbitDispatcher(rabbit.publisher)
+    for _ in range(40):
+        await dispatcher.dispatch(rabbit.names.work, valid())
+    source = RabbitSource(rabbit.consumer, rabbit.names.work, DELAYS)
+    async with pumped(source, prefetch=40) as received:
+        deliveries = [await asyncio.wait_for(received.get(), 5.0) for _ in range(40)]
+        deliveries.sort(key=lambda d: d._message.delivery_tag)  # 1..40
+        held, before, after = deliveries[20], deliveries[:20], deliveries[21:]
+        rng = random.Random(7)
+        rng.shuffle(before)
+        rng.shuffle(after)
+        for wave in (before, after):  # each wave's first ack goes at once, alone; the
+            await asyncio.gather(*(d.ack() for d in wave))  # rest in one frame, or singly
+        await held.ack()
+        more = valid()  # the channel is still open and consuming
+        await dispatcher.dispatch(rabbit.names.work, more)
+        last = await asyncio.wait_for(received.get(), 5.0)
+        assert last.envelope.message_id == more.message_id
+        await last.ack()
+        acks = source._acks
+        assert acks is not None
+        assert acks.acked == 41
+        assert acks.frames == 2 + (1 + 18) + 1 + 1  # before, after (above 21), 21, the last
+    await rabbit.consumer.close()  # anything left unacked would be requeued now
+    await asyncio.sleep(0.2)
+    assert await rabbit.depth(rabbit.names.work) == 0
