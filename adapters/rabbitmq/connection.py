@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import aio_pika
@@ -119,7 +119,7 @@ class RabbitConnection:
         self.reconnections = 0
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
-        self._publishing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._publishing: dict[str, list[asyncio.Future[None]]] = {}
 
     def __repr__(self) -> str:
         return f"RabbitConnection({redacted(self._url)!r})"
@@ -241,12 +241,25 @@ class RabbitConnection:
         `PublishRefused` on a nack (the message did not arrive), `TransientError` on an
         unroutable message (no such queue), a timeout or a lost channel (the message may then
         have arrived or not)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.publish_timeout_s
+        message_id = message.message_id  # None: aiormq gives the message a random ID
         try:
-            async with self._one_at_a_time(message.message_id), \
-                    asyncio.timeout(self.publish_timeout_s):
-                await self._up.wait()
-                await self.channel.default_exchange.publish(message, routing_key=queue,
-                                                            mandatory=True)
+            if message_id is not None:
+                if message_id in self._publishing:
+                    await self._wait_turn(message_id, deadline)
+                self._publishing[message_id] = []
+            try:
+                if not self._up.is_set():
+                    async with asyncio.timeout_at(deadline):
+                        await self._up.wait()
+                # aiormq bounds the write and the confirm with its own timeout
+                await self.channel.default_exchange.publish(
+                    message, routing_key=queue, mandatory=True,
+                    timeout=max(deadline - loop.time(), 0.001))
+            finally:
+                if message_id is not None:
+                    self._end_turn(message_id)
         except PublishError as exc:
             raise TransientError(f"publish to {queue!r}: unroutable (no such queue)") from exc
         except DeliveryError as exc:
@@ -254,23 +267,23 @@ class RabbitConnection:
         except DRIVER_ERRORS as exc:
             raise TransientError(f"publish to {queue!r}: {type(exc).__name__}: {exc}") from exc
 
-    @asynccontextmanager
-    async def _one_at_a_time(self, message_id: str | None) -> AsyncIterator[None]:
-        # aiormq matches a returned (unroutable) message to its publish by message ID: two
-        # publishes of one ID in flight at once (concurrent finishers re-dispatching) could
-        # swap their outcomes and report an unroutable copy as confirmed.
-        if message_id is None:  # aiormq gives the message a random ID
-            yield
-            return
-        lock, users = self._publishing.setdefault(message_id, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._publishing[message_id]
+    # aiormq matches a returned (unroutable) message to its publish by message ID: two
+    # publishes of one ID in flight at once (concurrent finishers re-dispatching) could swap
+    # their outcomes and report an unroutable copy as confirmed. One publish of an ID at a
+    # time: `_publishing` maps the ID in flight to the futures of those waiting for it.
+
+    async def _wait_turn(self, message_id: str, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(deadline):
+            while (waiting := self._publishing.get(message_id)) is not None:
+                turn = loop.create_future()
+                waiting.append(turn)
+                await turn  # woken when that publish ends; the first one awake goes next
+
+    def _end_turn(self, message_id: str) -> None:
+        for turn in self._publishing.pop(message_id, ()):
+            if not turn.done():
+                turn.set_result(None)
 
     async def open_channel(self, prefetch: int | None = None) -> AbstractChannel:
         """A new plain channel on the current connection (no publisher confirms), with at most
