@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 
 
 class PartitionLocks:
@@ -17,29 +17,47 @@ class PartitionLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
+    def _enter(self, partition: str) -> asyncio.Lock:
+        """The lock of `partition`, counted as used until `_leave`."""
+        lock, users = self._locks.get(partition) or (asyncio.Lock(), 0)
+        self._locks[partition] = (lock, users + 1)
+        return lock
+
+    def _leave(self, partition: str) -> None:
+        lock, users = self._locks[partition]
+        if users == 1:
+            del self._locks[partition]
+        else:
+            self._locks[partition] = (lock, users - 1)
+
     @asynccontextmanager
     async def hold(self, partition: str) -> AsyncIterator[None]:
         """Hold the lock of `partition` for the duration of the block."""
-        lock, users = self._locks.get(partition, (asyncio.Lock(), 0))
-        self._locks[partition] = (lock, users + 1)
+        lock = self._enter(partition)
         try:
             async with lock:
                 yield
         finally:
-            lock, users = self._locks[partition]
-            if users == 1:
-                del self._locks[partition]
-            else:
-                self._locks[partition] = (lock, users - 1)
+            self._leave(partition)
 
     @asynccontextmanager
     async def hold_many(self, partitions: Iterable[str]) -> AsyncIterator[None]:
         """Hold the locks of all `partitions`, taken in sorted order: two holders of several
         locks never wait for each other in a cycle, and a holder of one never waits."""
-        async with AsyncExitStack() as stack:
+        used: list[tuple[str, asyncio.Lock]] = []
+        held = 0
+        try:
             for partition in sorted(set(partitions)):
-                await stack.enter_async_context(self.hold(partition))
+                lock = self._enter(partition)
+                used.append((partition, lock))
+                await lock.acquire()
+                held += 1
             yield
+        finally:  # cancelled while waiting for one: the ones before it are released
+            for i, (partition, lock) in enumerate(used):
+                if i < held:
+                    lock.release()
+                self._leave(partition)
 
     def __len__(self) -> int:
         return len(self._locks)
