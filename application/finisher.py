@@ -57,11 +57,14 @@ class Finisher:
         self._colocated = colocated_tokens and tokens is not None
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
-                     committed: Committed | None = None) -> bool:
+                     committed: Committed | None = None,
+                     event_fields: dict[str, str] | None = None) -> bool:
         """Finish (M, A) on `partition`. Returns False when someone else already finished it.
 
         `committed`: what the committer's own commit returned (version and records), which
-        stands for the fenced read: the committer may skip it.
+        stands for the fenced read: the committer may skip it. `event_fields`: the
+        attempt's event fields (endpoint, message_id, attempt_id, partition) when the caller
+        has them already.
         """
         store, fp, ev = self._store, self._fp, self._events
         if committed is not None:
@@ -71,8 +74,8 @@ class Finisher:
             if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
                 return False
             version = tr.version
-        fields = {"endpoint": self._endpoint, "message_id": str(message_id),
-                  "attempt_id": str(attempt_id), "partition": partition}
+        fields = event_fields or {"endpoint": self._endpoint, "message_id": str(message_id),
+                                  "attempt_id": str(attempt_id), "partition": partition}
         winners, aborted = _split(records, attempt_id)
         await self._publish(winners, fields)
         if fp:
@@ -98,24 +101,27 @@ class Finisher:
         return True
 
 
-    async def finish_many(self, done: Sequence[tuple[str, uuid.UUID, uuid.UUID, Committed]]
-                          ) -> list[bool]:
+    async def finish_many(self, done: Sequence[tuple[str, uuid.UUID, uuid.UUID, Committed]],
+                          event_fields: Sequence[dict[str, str]] | None = None) -> list[bool]:
         """Finish transactions this worker has just committed, `(partition, M, A, committed)`
         each (the batched token path, co-located tokens only): publish every winner, the
         messages of one transaction in order and the transactions together (their publisher
         confirms awaited at once); clean up every loser; then ONE compare-and-clear that
         consumes every token and clears every TR (`clear_many`). The same steps, in the same
         order, as `finish` for each transaction, so the failure table holds for each. Returns
-        whether each cleared. Raises ValueError unless tokens are co-located."""
+        whether each cleared. `event_fields`: each transaction's event fields (endpoint, message_id,
+        attempt_id, partition) when the caller has them already. Raises ValueError unless
+        tokens are co-located."""
         if not self._colocated:
             raise ValueError("finish_many needs co-located tokens")
         fp, ev = self._fp, self._events
         plans = []
-        for partition, message_id, attempt_id, committed in done:
-            fields = {"endpoint": self._endpoint, "message_id": str(message_id),
-                      "attempt_id": str(attempt_id), "partition": partition}
+        for i, (partition, message_id, attempt_id, committed) in enumerate(done):
+            ours = event_fields[i] if event_fields is not None else {
+                "endpoint": self._endpoint, "message_id": str(message_id),
+                "attempt_id": str(attempt_id), "partition": partition}
             winners, aborted = _split(committed.records, attempt_id)
-            plans.append((fields, winners, aborted))
+            plans.append((ours, winners, aborted))
         outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),
                                         return_exceptions=True)
         for outcome in outcomes:  # every publication ended: raise the first failure
@@ -163,6 +169,9 @@ def _split(records: Sequence[SideEffectRecord], attempt_id: uuid.UUID
            ) -> tuple[list[SideEffectRecord], list[SideEffectRecord]]:
     """The records of attempt `attempt_id` (the winners) and the others (its losers'), each
     in publication order."""
+    if len(records) == 1:  # the common case: one outgoing message, nothing to order
+        [only] = records
+        return ([only], []) if only.attempt_id == attempt_id else ([], [only])
     winners = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)
     aborted = sorted((r for r in records if r.attempt_id != attempt_id), key=_order)
     return winners, aborted

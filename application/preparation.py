@@ -125,15 +125,15 @@ class Preparation:
                 headers.update(follow_up_headers)
             envelope = Envelope(self._ids(), type(out.message).__name__, encode(out.message),
                                 MappingProxyType(headers))
-            payload = message_payload(destination, envelope)
-            payloads.append(MappingProxyType({**payload, "message_id": str(envelope.message_id)}))
+            payload, key = message_payload(destination, envelope), str(envelope.message_id)
+            payloads.append(MappingProxyType({**payload, "message_id": key}))
             if self._colocated and tokened:
                 # the token exists exactly when the commit does (3.2), and stands for the
                 # record: the commit inserts the token only (`SideEffectRecord.in_token`)
-                extra.append(record(Kind.MESSAGE, str(envelope.message_id), payload, True))
+                extra.append(record(Kind.MESSAGE, key, payload, True))
                 tokens.append((destination, envelope))
                 continue
-            message_record = record(Kind.MESSAGE, str(envelope.message_id), payload)
+            message_record = record(Kind.MESSAGE, key, payload)
             if not tokened:  # no artifact: the commit inserts the record, finish dispatches
                 extra.append(message_record)
                 continue

@@ -65,8 +65,7 @@ class Processor:
 
     async def process(self, envelope: Envelope) -> Outcome:
         """Process one delivery; see the class docstring for the errors raised."""
-        self._received(envelope)
-        return await self._attempts(envelope)
+        return await self._attempts(envelope, self._received(envelope))
 
     async def process_batch(self, envelopes: Sequence[Envelope]
                             ) -> list[Outcome | BaseException]:
@@ -99,14 +98,17 @@ class Processor:
             results[i] = outcome
         return [results[i] for i in range(len(envelopes))]
 
-    def _received(self, envelope: Envelope) -> None:
+    def _received(self, envelope: Envelope) -> str:
+        """Emit `message.received`; returns the message ID as text."""
         # the body's digest lets an audit of the logs check I2 (every copy identical)
-        self.events.emit(MESSAGE_RECEIVED, endpoint=self.endpoint,
-                         message_id=str(envelope.message_id), type=envelope.type,
+        m = str(envelope.message_id)
+        self.events.emit(MESSAGE_RECEIVED, endpoint=self.endpoint, message_id=m,
+                         type=envelope.type,
                          body_sha256=hashlib.sha256(envelope.body).hexdigest()[:16])
+        return m
 
-    async def _attempts(self, envelope: Envelope) -> Outcome:
-        ev, name, m = self.events, self.endpoint, str(envelope.message_id)
+    async def _attempts(self, envelope: Envelope, m: str | None = None) -> Outcome:
+        ev, name, m = self.events, self.endpoint, m or str(envelope.message_id)
         for _ in range(self.conflict_retries + 1):
             try:
                 await self.path.attempt(envelope)

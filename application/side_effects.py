@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from pydantic_core import from_json, to_json
 
 from application.envelope import Envelope
 from application.failpoints import Failpoints
@@ -21,7 +22,7 @@ def message_payload(destination: str, envelope: Envelope) -> Mapping[str, str]:
             "destination": destination,
             "type": envelope.type,
             "body": envelope.body.decode(),
-            "headers": json.dumps(dict(envelope.headers), sort_keys=True),
+            "headers": to_json(dict(sorted(envelope.headers.items()))).decode(),
         }
     )
 
@@ -32,7 +33,7 @@ def envelope_of(key: str, payload: Mapping[str, str]) -> tuple[str, Envelope]:
         message_id=uuid.UUID(key),
         type=payload["type"],
         body=payload["body"].encode(),
-        headers=MappingProxyType(json.loads(payload["headers"])),
+        headers=MappingProxyType(from_json(payload["headers"])),
     )
 
 

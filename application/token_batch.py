@@ -158,53 +158,53 @@ class TokenBatch:
             else:
                 ready.append((item, stored, load))
         await path.hit("after_token_check")
-        requests: list[tuple[_Item, CommitRequest]] = []
+        requests: list[tuple[_Item, CommitRequest, dict[str, str]]] = []
         for item, stored, load in ready:
             attempt = path.ids()
-            request, reason = await self._decide(item, stored, load, attempt)
+            fields = {"endpoint": path.endpoint, "message_id": str(stored.message_id),
+                      "attempt_id": str(attempt), "partition": item.partition}
+            request, reason = await self._decide(item, stored, load, attempt, fields)
             if request is None:
                 self._abandoned(item, attempt, reason)
                 singly.add(item.partition)
             else:
                 started[item.index] = (item, attempt)
-                requests.append((item, request))
+                requests.append((item, request, fields))
         await path.hit("after_handler")
         if not requests:
             return
         await path.hit("before_commit")
-        committed = await path.store.commit_many([r for _, r in requests])
+        committed = await path.store.commit_many([r for _, r, _ in requests])
         done = []
-        for (item, request), result in zip(requests, committed, strict=True):
-            fields = {"endpoint": path.endpoint, "message_id": str(request.message_id),
-                      "partition": item.partition}
+        for (item, request, fields), result in zip(requests, committed, strict=True):
             started.pop(item.index)  # committed or refused: ended either way
             if result is None:  # another attempt moved the partition: retried alone
-                path.events.emit(TRANSACTION_CONFLICT, **fields,
+                path.events.emit(TRANSACTION_CONFLICT, endpoint=path.endpoint,
+                                 message_id=fields["message_id"], partition=item.partition,
                                  reason=f"partition {item.partition}: batch commit at "
                                         f"v{request.expected_version} refused")
                 singly.add(item.partition)
                 continue
-            path.events.emit(TRANSACTION_COMMITTED, **fields,
-                             attempt_id=str(request.attempt_id))
-            done.append((item, request, result))
+            path.events.emit(TRANSACTION_COMMITTED, **fields)
+            done.append((item, request, result, fields))
         await path.hit("after_commit")
         if not done:
             return
         await path.finisher.finish_many([(item.partition, request.message_id,
                                           request.attempt_id, result)
-                                         for item, request, result in done])
-        for item, _, _ in done:
+                                         for item, request, result, _ in done],
+                                        [fields for _, _, _, fields in done])
+        for item, _, _, _ in done:
             results[item.index] = None
 
-    async def _decide(self, item: _Item, stored: Envelope, load: Loaded, attempt: uuid.UUID
-                      ) -> tuple[CommitRequest | None, str]:
+    async def _decide(self, item: _Item, stored: Envelope, load: Loaded, attempt: uuid.UUID,
+                      fields: dict[str, str]) -> tuple[CommitRequest | None, str]:
         """The handler's decision on the token's message `stored` as a commit request, or
         None and why the message needs the single path (a handler failure, a blob, an HTTP
-        call)."""
+        call). `fields`: the attempt's event fields."""
         path, m = self.path, stored.message_id
         context = Context(message_id=m, attempt_id=attempt, now=path.clock.now())
-        path.events.emit(HANDLER_INVOKED, endpoint=path.endpoint, message_id=str(m),
-                         attempt_id=str(attempt), partition=item.partition)
+        path.events.emit(HANDLER_INVOKED, **fields)
         try:
             decision = path.runner.handle(load.state, item.message, context)
         except Exception as exc:  # noqa: BLE001 - the single path re-runs it, re-checking

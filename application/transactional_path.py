@@ -126,8 +126,9 @@ class TransactionalPath:
         response = await self.caller.follow_up_response(stored, partition)
         context = Context(message_id=m, attempt_id=attempt, now=self.clock.now(),
                           http_response=response)
-        self.events.emit(HANDLER_INVOKED, endpoint=name, message_id=str(m),
-                         attempt_id=str(attempt), partition=partition)
+        fields = {"endpoint": name, "message_id": str(m), "attempt_id": str(attempt),
+                  "partition": partition}
+        self.events.emit(HANDLER_INVOKED, **fields)
 
         async def changed() -> bool:
             return (await self.store.load_tr(partition)).version != tr.version
@@ -139,9 +140,8 @@ class TransactionalPath:
         committed = await self.store.commit(CommitRequest(
             partition, prepared.version, decision.state, m, attempt, prepared.records,
             decision.reply, self.processed_row(stored, partition, prepared), prepared.tokens))
-        self.events.emit(TRANSACTION_COMMITTED, endpoint=name, message_id=str(m),
-                         attempt_id=str(attempt), partition=partition)
+        self.events.emit(TRANSACTION_COMMITTED, **fields)
         await self.hit("after_commit")
         # the commit returned what finish would read: nothing can add records while the TR
         # is committed, so the committer skips that read (a stale copy is fenced as usual)
-        await self.finisher.finish(partition, m, attempt, committed)
+        await self.finisher.finish(partition, m, attempt, committed, fields)

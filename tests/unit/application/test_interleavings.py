@@ -109,7 +109,7 @@ class UnfencedFinisher(Finisher):
     unconditional clear."""
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
-                     committed: object = None) -> bool:
+                     committed: object = None, event_fields: object = None) -> bool:
         store = self._store
         _tr, records = await store.load_tr_with_records(partition)
         committed = [r for r in records if r.attempt_id == attempt_id]
@@ -140,11 +140,13 @@ class HalfFencedFinisher(Finisher):
     compare-and-clear on the version it read (protocol 3.1 says both halves are needed)."""
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
-                     committed: Committed | None = None) -> bool:
+                     committed: Committed | None = None,
+                     event_fields: dict[str, str] | None = None) -> bool:
         if committed is None:  # the unguarded read stands for the committer's own
             tr, records = await self._store.load_tr_with_records(partition)
             committed = Committed(tr.version, records)
-        return await super().finish(partition, message_id, attempt_id, committed)
+        return await super().finish(partition, message_id, attempt_id, committed,
+                                    event_fields)
 
 
 class ClearWithoutCompare(MemoryTransactionalStore):
