@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
@@ -149,3 +151,44 @@ async def test_the_statements_bench_processes_every_message_once_per_configurati
     assert all(figures["total"] == pytest.approx(sum(v for k, v in figures.items()
                                                      if k != "total"))
                for figures in results.values())
+
+
+def test_a_callgrind_total_is_read_and_a_file_without_one_is_refused(tmp_path: Path) -> None:
+    from tools.bench.instructions import callgrind_total
+
+    done, cut = tmp_path / "done.callgrind", tmp_path / "cut.callgrind"
+    done.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfl=x\n1 5\n"
+                    "totals: 123456\n")
+    cut.write_text("version: 1\nevents: Ir\nfl=x\n1 5\n")
+    assert callgrind_total(done) == 123456
+    with pytest.raises(ValueError, match="no instruction total"):
+        callgrind_total(cut)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control")
+                    is None, reason="valgrind is not installed")
+async def test_the_instructions_bench_counts_the_consumer_under_callgrind(
+    services: Services, tmp_path: Path
+) -> None:
+    """`python -m tools.bench.instructions`: the consumer runs under callgrind, switched on
+    once ready, and its count is divided by the messages it processed. No count is
+    asserted beyond being one."""
+    from tools.bench.instructions import callgrind_total, measure
+
+    dsn = with_database(services.postgres_dsn, this_run("eo_bench_test"))
+    prefix = f"bench-test-{uuid.uuid4().hex[:8]}"
+    params = Params(messages=60, partitions=20, batch_size=10, database_dsn=dsn,
+                    amqp_url=services.amqp_url, prefix=prefix, latency_messages=50,
+                    runs=(("token-batched", 1),))
+    counts = await measure(params, tmp_path)
+    total = callgrind_total(tmp_path / "token-batched.callgrind")
+    assert list(counts) == ["token-batched"]
+    assert counts["token-batched"] == pytest.approx(total / 110)  # 60 drained + 50 paced
+    with pytest.raises(ValueError, match="one process per run"):
+        await measure(replace(params, runs=(("token-batched", 2),)), tmp_path)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("DELETE FROM eo_transaction_record WHERE endpoint LIKE $1",
+                           f"{prefix}-%")
+    finally:
+        await conn.close()

@@ -36,7 +36,7 @@ def _runs(spec: str) -> tuple[tuple[str, int], ...]:
 
 @bench_app.command()
 def bench(
-    messages: Annotated[int, typer.Option(min=2, help="messages per run")] = 3_000,
+    messages: Annotated[int, typer.Option(min=2, help="messages per run")] = 10_000,
     partitions: Annotated[int, typer.Option(min=1, help="accounts (partitions)")] = 1_000,
     in_flight: Annotated[int, typer.Option(
         min=1, help="deliveries in flight per unbatched consumer")] = 8,

@@ -29,7 +29,7 @@ class Params:
     processes), each run `rounds` times, interleaved; latency at `load_ratio` of the run's
     throughput, over up to `latency_messages` messages."""
 
-    messages: int = 3_000
+    messages: int = 10_000
     partitions: int = 1_000
     in_flight: int = 8
     batch_size: int = 50

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -154,9 +155,11 @@ class _Producer:
         return ids
 
 
-async def run_bench(params: Params, on_run: Any = None) -> BenchResult:
+async def run_bench(params: Params, on_run: Any = None, spawn: Any = None) -> BenchResult:
     """Create and migrate the database, then run every (path, processes) of `params`,
-    `params.rounds` times, interleaved; `on_run(figures)` after each run. Raises
+    `params.rounds` times, interleaved; `on_run(figures)` after each run. `spawn(config)`
+    starts a consumer process (default `spawn_worker`; `tools.bench.instructions` runs it
+    under callgrind). Raises
     RuntimeError when the database holds another endpoint's rows: each run empties the
     tables, so the bench needs a database of its own."""
     await ensure_database(params.database_dsn)
@@ -175,7 +178,8 @@ async def run_bench(params: Params, on_run: Any = None) -> BenchResult:
         runs = []
         for round_no in range(1, params.rounds + 1):
             for path, processes in params.runs:
-                figures = await _run(params, path, processes, round_no, admin, driver)
+                figures = await _run(params, path, processes, round_no, admin, driver,
+                                     spawn or spawn_worker)
                 runs.append(figures)
                 if on_run is not None:
                     on_run(figures)
@@ -216,16 +220,19 @@ async def truncate_tables(admin: Any) -> None:
     await admin.execute(f"TRUNCATE eo_token, {', '.join((*_EO_TABLES, *references.TABLES))}")
 
 
-async def _spawn(config: dict[str, Any]) -> asyncio.subprocess.Process:
-    """Start a consumer process; its stderr goes to a file (a pipe nobody reads while it
-    runs would fill and stop it), read back when it fails."""
+async def spawn_worker(config: dict[str, Any], prefix: Sequence[str] = (),
+                       start_timeout_s: float = 60) -> asyncio.subprocess.Process:
+    """Start a consumer process (`python -m tools.bench.worker '<config>'`, after the
+    command `prefix`) and wait until it is ready; its stderr goes to a file (a pipe nobody
+    reads while it runs would fill and stop it), read back when it fails. Raises
+    RuntimeError when it exits before it is ready, TimeoutError after `start_timeout_s`."""
     errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tools.bench.worker", json.dumps(config), cwd=ROOT,
+        *prefix, sys.executable, "-m", "tools.bench.worker", json.dumps(config), cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=errors)
     _ERRORS[proc.pid] = errors
     assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
     if not line:
         raise RuntimeError(f"{config['path']}: the consumer did not start: {_stderr(proc)}")
     return proc
@@ -271,7 +278,7 @@ def _cpu_at(samples: list[list[float]], t_ns: int) -> float:
 
 
 async def _run(params: Params, path: str, processes: int, round_no: int, admin: Any,
-               driver: RabbitConnection) -> RunFigures:
+               driver: RabbitConnection, spawn: Any) -> RunFigures:
     label = path if processes == 1 else f"{path} x{processes}"
     n = params.messages
     work = f"{params.prefix}-{path}-{processes}"
@@ -290,7 +297,7 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
               "amqp_url": params.amqp_url, "in_flight": in_flight,
               "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000}
-    procs = [await _spawn(config) for _ in range(processes)]
+    procs = [await spawn(config) for _ in range(processes)]
     reports: list[dict[str, Any]] = []
     try:
         await _wait(receiver, procs, 60 + n * 0.05, label)
