@@ -213,7 +213,7 @@ async def test_a_503_is_transient_for_the_caller() -> None:
 
 
 async def test_timeouts_and_refused_connections_are_transient() -> None:
-    async with serve("callee.before_reply=sleep:1000@1", timeout_s=0.2) as c:
+    async with serve("callee.before_reply=sleep:3000@1", timeout_s=1.5) as c:
         await c.http.put(c.url(R1), _body(16))
         with pytest.raises(TransientError, match="ReadTimeout"):
             await c.http.post(c.url(R1))
