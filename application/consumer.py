@@ -19,6 +19,16 @@ from application.ports import Delivery
 from application.processor import Outcome, Processor
 
 
+class _Unsettled(TransientError):
+    """A retry or dead letter that could not be published (the connection went away): the
+    broker redelivers the delivery. `settlement` says which ("retry", "dead_letter"), so
+    the `message.settlement_failed` event tells an aborted attempt from a lost ack."""
+
+    def __init__(self, settlement: str, cause: TransientError) -> None:
+        super().__init__(str(cause))
+        self.settlement = settlement
+
+
 class Settlement(enum.StrEnum):
     """How a delivery was settled; every delivery ends as exactly one of these (an
     `UNSETTLED` one comes back as a new delivery)."""
@@ -94,7 +104,10 @@ class Consumer:
                 return await self._dead_letter(
                     delivery, f"retries exhausted after {delivery.attempt} attempts: {reason}")
             delay = self.retry_delays[min(delivery.attempt, len(self.retry_delays)) - 1]
-            await delivery.retry(delay, reason)
+            try:
+                await delivery.retry(delay, reason)
+            except TransientError as exc:  # the broker redelivers it: a retry all the same
+                raise _Unsettled("retry", exc) from exc
             self.processor.events.emit(
                 MESSAGE_RETRIED, endpoint=self.processor.endpoint,
                 message_id=str(delivery.envelope.message_id), attempt=delivery.attempt,
@@ -117,13 +130,18 @@ class Consumer:
                                        None if replayable else self.dead_letter_body_bytes)
         except DeadLetterRefused:
             delay = self.retry_delays[-1]
-            await delivery.retry(delay, f"dead-letter queue full; {reason}")
+            try:
+                await delivery.retry(delay, f"dead-letter queue full; {reason}")
+            except TransientError as exc:  # the broker redelivers it: its attempt ended
+                raise _Unsettled("retry", exc) from exc
             self.processor.events.emit(
                 MESSAGE_DEAD_LETTER_REFUSED, endpoint=name,
                 message_id=str(delivery.envelope.message_id), attempt=delivery.attempt,
                 delay_s=delay, reason=reason)
             self.counts[Settlement.RETRIED] += 1
             return Settlement.RETRIED
+        except TransientError as exc:  # the broker redelivers it: its attempt ended
+            raise _Unsettled("dead_letter", exc) from exc
         self.processor.events.emit(
             MESSAGE_DEAD_LETTERED, endpoint=name, message_id=str(delivery.envelope.message_id),
             attempt=delivery.attempt, reason=reason)
@@ -241,7 +259,8 @@ class Consumer:
         except TransientError as exc:
             self.processor.events.emit(
                 SETTLEMENT_FAILED, endpoint=self.processor.endpoint,
-                message_id=str(delivery.envelope.message_id), reason=str(exc))
+                message_id=str(delivery.envelope.message_id), reason=str(exc),
+                settlement=exc.settlement if isinstance(exc, _Unsettled) else "ack")
             self.counts[Settlement.UNSETTLED] += 1
         finally:
             slots.release()

@@ -45,6 +45,7 @@ from application.observability import (
     MESSAGE_DEAD_LETTERED,
     MESSAGE_RECEIVED,
     MESSAGE_RETRIED,
+    SETTLEMENT_FAILED,
     SIDE_EFFECT_PUBLISHED,
     TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT,
@@ -172,7 +173,8 @@ def open_attempts(log: Iterable[Mapping[str, Any]]) -> list[tuple[tuple[str, str
             pending[attempt] = key
         elif event in (TRANSACTION_COMMITTED, ATTEMPT_ABANDONED):
             pending.pop(attempt, None)
-        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, MESSAGE_DEAD_LETTERED):
+        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, MESSAGE_DEAD_LETTERED) or (
+                event == SETTLEMENT_FAILED and r.get("settlement") in ("retry", "dead_letter")):
             pending = {a: k for a, k in pending.items() if k != key}
     return [(key, attempt) for attempt, key in pending.items()]
 
@@ -181,8 +183,9 @@ def rerun_violations(records: Iterable[Mapping[str, Any]],
                      deaths: Iterable[Sequence[Mapping[str, Any]]]) -> list[str]:
     """Handler runs protocol 3.4 does not allow, from every process's log `records`: at most
     one attempt of a message commits, and every other attempt was aborted visibly, by a
-    `transaction.conflict`, `message.retried` or `attempt.abandoned` of that message, or by a
-    planned death.
+    `transaction.conflict`, `message.retried` or `attempt.abandoned` of that message, a
+    `message.settlement_failed` of its retry or dead letter (the connection was lost: the
+    broker redelivers it), or by a planned death.
 
     `deaths`: the log records of each process that died *by plan* (a `crash` failpoint's
     exit, a SIGKILL the harness sent); of each, only the attempts in progress when it died
@@ -202,6 +205,8 @@ def rerun_violations(records: Iterable[Mapping[str, Any]],
             committed[key].add(str(r.get("attempt_id")))
         elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, ATTEMPT_ABANDONED):
             aborts[key] += 1
+        elif event == SETTLEMENT_FAILED and r.get("settlement") in ("retry", "dead_letter"):
+            aborts[key] += 1  # its retry could not be published: the broker redelivers it
     for log in deaths:
         for key, attempt in open_attempts(log):
             if attempt not in committed[key]:

@@ -114,3 +114,16 @@ def test_the_audit_counts_the_runs_a_batch_abandoned_apart() -> None:
     audit = audit_logs(records)
     assert audit.runs("orders", "m1") == 1  # the run that counted
     assert audit.abandoned[("orders", "m1")] == 1
+
+
+def test_a_retry_that_could_not_be_published_is_an_abort_and_a_lost_ack_is_not() -> None:
+    # the attempt failed, its retry copy could not be published (the connection went
+    # away): the broker redelivers the message, and its next run is allowed
+    def runs(settlement: str) -> list[dict[str, Any]]:
+        return [_event("handler.invoked", "a1"),
+                _event("message.settlement_failed", "", settlement=settlement),
+                _event("handler.invoked", "a2"), _event("transaction.committed", "a2")]
+
+    assert rerun_violations(runs("retry"), []) == []
+    assert rerun_violations(runs("dead_letter"), []) == []
+    assert rerun_violations(runs("ack"), []) != []  # an ack lost after a commit excuses nothing

@@ -21,7 +21,7 @@ from application.envelope import (
     TOKEN_HEADER,
     Envelope,
 )
-from application.errors import TransientError
+from application.errors import PermanentError, TransientError
 from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, CountingSink
 from application.processor import Outcome
 from domain.errors import Rejected
@@ -480,3 +480,66 @@ async def test_an_endpoint_without_a_batched_path_serves_one_by_one() -> None:
 def test_a_batch_size_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="batch_size 0"):
         Consumer(World(COUNTER).processor(), batch_size=0)
+
+
+class _EventLog:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict[str, object]]] = []
+
+    def emit(self, event: str, **fields: object) -> None:
+        self.records.append((event, fields))
+
+
+class _Processor:
+    """Ends every delivery with `result` (an outcome, or an error raised)."""
+
+    endpoint, batches = "counter", False
+
+    def __init__(self, result: Outcome | Exception) -> None:
+        self.result, self.events = result, _EventLog()
+
+    async def process(self, envelope: Envelope) -> Outcome:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+class _Unreachable:
+    """A delivery whose channel is gone: every settlement raises `TransientError`."""
+
+    def __init__(self) -> None:
+        self.envelope = Envelope(M1, "Add", b"{}", MappingProxyType({}))
+        self.attempt = 1
+
+    async def ack(self) -> None:
+        raise TransientError("its channel is closed")
+
+    async def retry(self, delay_s: float, reason: str) -> None:
+        raise TransientError("its channel is closed")
+
+    async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
+                          ) -> None:
+        raise TransientError("its channel is closed")
+
+
+@pytest.mark.parametrize(("result", "settlement"), [
+    (Outcome.PROCESSED, "ack"),
+    (TransientError("PUT: connection refused"), "retry"),
+    (PermanentError("no such account"), "dead_letter"),
+])
+async def test_a_failed_settlement_names_what_failed(result: Outcome | Exception,
+                                                     settlement: str) -> None:
+    # a retry or dead letter that could not be published ends an attempt all the same
+    # (the broker redelivers it): the event says so, unlike a lost ack after a commit
+    processor = _Processor(result)
+    consumer = Consumer(processor, retry_delays=FAST)  # type: ignore[arg-type]
+
+    async def one() -> AsyncIterator[_Unreachable]:
+        yield _Unreachable()
+
+    await consumer.serve(one())  # type: ignore[arg-type]
+    [(_, fields)] = [r for r in processor.events.records
+                         if r[0] == "message.settlement_failed"]
+    assert fields["settlement"] == settlement
+    assert fields["message_id"] == str(M1)
+    assert consumer.counts == {Settlement.UNSETTLED: 1}
