@@ -29,6 +29,17 @@ class _Unsettled(TransientError):
         self.settlement = settlement
 
 
+def batches_in_flight(prefetch: int, batch_size: int) -> int:
+    """How many batches a consumer processes at a time: `prefetch // batch_size - 1`, at
+    least 1. One batch's worth of the prefetch is left to the deliveries that wait, so
+    that under load a batch starting when another ends finds a full batch: with every
+    slot's worth in process, the broker refills a slot's acks as a burst and a free slot
+    takes its first few deliveries, and the batches alternate between full and tiny ones
+    (measured on the bench: 50 / 47 / 3, 28 deliveries a batch on average, against 48
+    with a batch's worth waiting; docs/batching.md)."""
+    return max(1, prefetch // batch_size - 1)
+
+
 class Settlement(enum.StrEnum):
     """How a delivery was settled; every delivery ends as exactly one of these (an
     `UNSETTLED` one comes back as a new delivery)."""
@@ -185,7 +196,7 @@ class Consumer:
         pumping = asyncio.create_task(pump())
         # a batch is formed only when one of these is free: while they are all busy the
         # deliveries pile up, and the next batch takes them (the batch size follows the load)
-        batches = asyncio.Semaphore(max(1, prefetch // self.batch_size))
+        batches = asyncio.Semaphore(batches_in_flight(prefetch, self.batch_size))
 
         async def settle(batch: list[Delivery]) -> None:
             try:

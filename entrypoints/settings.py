@@ -160,10 +160,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _batch_fits_in_flight(self) -> Settings:
         given = self.model_fields_set
-        if "prefetch" not in given:  # room for the next batch to fill
-            self.prefetch = max(self.prefetch, 2 * self.batch_size)
-        elif "batch_size" not in given:  # a prefetch of its own: two batches fit in it
-            self.batch_size = max(1, min(self.batch_size, self.prefetch // 2))
+        if "prefetch" not in given:  # two batches in process and the next one filling
+            self.prefetch = max(self.prefetch, 3 * self.batch_size)
+        elif "batch_size" not in given:  # a prefetch of its own: three batches fit in it
+            self.batch_size = max(1, min(self.batch_size, self.prefetch // 3))
         if self.batch_size > self.prefetch:
             raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
                              f"{self.prefetch}, the deliveries in flight a batch is made of")

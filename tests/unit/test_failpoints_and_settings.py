@@ -260,7 +260,7 @@ def test_defaults() -> None:
     assert settings.conflict_retries == 3
     assert settings.max_attempts == 5
     assert settings.retry_delays_s == (0.05, 0.2, 1.0, 5.0)
-    assert (settings.batch_size, settings.batch_wait_ms, settings.prefetch) == (50, 0.0, 100)
+    assert (settings.batch_size, settings.batch_wait_ms, settings.prefetch) == (50, 0.0, 150)
     assert settings.retention_days == 7.0
     assert settings.cleanup_grace_s == 1800.0
     assert settings.blob_dir == Path("var/blobs")
@@ -334,13 +334,13 @@ def test_an_invalid_setting_raises_settings_error_naming_the_variable(
 def test_the_prefetch_follows_the_batch_size_unless_it_is_set(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("EO_PREFETCH", "8")  # a prefetch alone: batches of half of it
-    assert (load_settings().batch_size, load_settings().prefetch) == (4, 8)
+    monkeypatch.setenv("EO_PREFETCH", "9")  # a prefetch alone: batches of a third of it
+    assert (load_settings().batch_size, load_settings().prefetch) == (3, 9)
     monkeypatch.setenv("EO_PREFETCH", "1")
     assert load_settings().batch_size == 1  # batching off
     monkeypatch.delenv("EO_PREFETCH")
     monkeypatch.setenv("EO_BATCH_SIZE", "32")
-    assert load_settings().prefetch == 64  # room for the next batch to fill
+    assert load_settings().prefetch == 96  # two batches in process, the next one filling
     monkeypatch.setenv("EO_PREFETCH", "40")
     assert load_settings().prefetch == 40
     monkeypatch.setenv("EO_PREFETCH", "16")  # a batch could never fill

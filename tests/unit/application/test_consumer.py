@@ -13,7 +13,7 @@ import pytest
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.codec import encode
-from application.consumer import Consumer, Settlement
+from application.consumer import Consumer, Settlement, batches_in_flight
 from application.envelope import (
     ATTEMPTS_HEADER,
     ENDPOINT_HEADER,
@@ -463,6 +463,36 @@ async def test_a_batch_takes_what_arrives_within_the_batch_wait(
     await asyncio.wait_for(consumer.serve(trickle(), prefetch=8), 5.0)
     assert sizes == expected
     assert consumer.counts == {Settlement.PROCESSED: 2}
+
+
+async def test_a_batchs_worth_of_the_prefetch_waits_so_the_batches_stay_full() -> None:
+    """Prefetch 6, batches of 2: two batches in process, two deliveries waiting. Every batch
+    is full, because a batch starts only when one of the two ends, and the deliveries that
+    waited make it."""
+    world, broker = World(PLAIN_COUNTER, colocated=True), MemoryBroker()
+    envelopes = [await world.send(Add(f"p{i}", i), uuid.UUID(int=600 + i)) for i in range(12)]
+    for envelope in envelopes:
+        await _deliver(broker, envelope)
+    consumer, sizes = _batched(world, batch_size=2)
+    counted, running, most = consumer.processor.process_batch, 0, 0
+
+    async def watched(batch: list[Envelope]) -> list[Outcome | BaseException]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0.01)  # the others pile up meanwhile
+            return await counted(batch)
+        finally:
+            running -= 1
+
+    consumer.processor.process_batch = watched  # type: ignore[method-assign,assignment]
+    stream = _first(len(envelopes), broker.consume(QUEUE, "server"))
+    await asyncio.wait_for(consumer.serve(stream, prefetch=6), 5.0)
+    assert (most, batches_in_flight(6, 2)) == (2, 2)
+    assert sizes == [2] * 6
+    assert consumer.counts == {Settlement.PROCESSED: 12}
+    assert [batches_in_flight(p, 50) for p in (1, 50, 100, 149, 150, 200)] == [1, 1, 1, 1, 2, 3]
 
 
 async def test_an_endpoint_without_a_batched_path_serves_one_by_one() -> None:
