@@ -6,12 +6,14 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
+import psutil
 import pytest
 from rich.console import Console
 
@@ -19,7 +21,7 @@ from adapters.postgres.admin import with_database
 from tests.support.processes import this_run
 from tests.support.services import Services, discover
 from tools.bench.report import BenchResult, Params, as_json, print_table, write_json
-from tools.bench.run import PATHS, run_bench
+from tools.bench.run import PATHS, run_bench, spawn_worker
 
 MESSAGES, PARTITIONS = 200, 50
 
@@ -100,6 +102,16 @@ async def test_every_path_processes_every_message_and_leaves_what_it_should(
     for column in ("msg/s min", "median", "CPU ms/msg", "Python", "PG", "RabbitMQ", "p50 ms",
                    "dedup rows", "/ minimal", "/ faststream"):
         assert column in text
+
+
+async def test_a_consumer_that_does_not_start_in_time_is_killed_not_left_consuming() -> None:
+    """A prefix that keeps the process alive without its ready line: after the timeout no
+    child of this process is left (an orphaned consumer would drain the next runs' queues)."""
+    before = {p.pid for p in psutil.Process().children()}
+    stalled = (sys.executable, "-c", "import time; time.sleep(60)")
+    with pytest.raises(TimeoutError):
+        await spawn_worker({"path": "token"}, stalled, start_timeout_s=0.5)
+    assert {p.pid for p in psutil.Process().children()} - before == set()
 
 
 def test_the_bench_refuses_the_production_profile() -> None:

@@ -225,14 +225,22 @@ async def spawn_worker(config: dict[str, Any], prefix: Sequence[str] = (),
     """Start a consumer process (`python -m tools.bench.worker '<config>'`, after the
     command `prefix`) and wait until it is ready; its stderr goes to a file (a pipe nobody
     reads while it runs would fill and stop it), read back when it fails. Raises
-    RuntimeError when it exits before it is ready, TimeoutError after `start_timeout_s`."""
+    RuntimeError when it exits before it is ready, TimeoutError after `start_timeout_s`
+    (the process is killed first: an orphan would go on consuming the bench's queues)."""
     errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
     proc = await asyncio.create_subprocess_exec(
         *prefix, sys.executable, "-m", "tools.bench.worker", json.dumps(config), cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=errors)
     _ERRORS[proc.pid] = errors
     assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+    except BaseException:  # a timeout or a cancellation: no consumer is left behind
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        _stderr(proc)
+        raise
     if not line:
         raise RuntimeError(f"{config['path']}: the consumer did not start: {_stderr(proc)}")
     return proc
@@ -297,9 +305,11 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
               "amqp_url": params.amqp_url, "in_flight": in_flight,
               "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000}
-    procs = [await spawn(config) for _ in range(processes)]
+    procs: list[asyncio.subprocess.Process] = []
     reports: list[dict[str, Any]] = []
     try:
+        for _ in range(processes):  # inside: a failed start stops those already started
+            procs.append(await spawn(config))
         await _wait(receiver, procs, 60 + n * 0.05, label)
         first, last = receiver.first_ns, receiver.last_ns
         seconds = (last - first) / 1e9
