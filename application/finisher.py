@@ -8,7 +8,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from application.failpoints import Failpoints
-from application.observability import SIDE_EFFECT_CLEANED, SIDE_EFFECT_PUBLISHED, TOKEN_CONSUMED
+from application.observability import (
+    SIDE_EFFECT_CLEANED,
+    SIDE_EFFECT_PUBLISHED,
+    TOKEN_CONSUMED,
+    attempt_fields,
+)
 from application.ports import (
     Clear,
     Clock,
@@ -74,8 +79,8 @@ class Finisher:
             if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
                 return False
             version = tr.version
-        fields = event_fields or {"endpoint": self._endpoint, "message_id": str(message_id),
-                                  "attempt_id": str(attempt_id), "partition": partition}
+        fields = event_fields or attempt_fields(self._endpoint, message_id, attempt_id,
+                                                partition)
         winners, aborted = _split(records, attempt_id)
         await self._publish(winners, fields)
         if fp:
@@ -117,9 +122,8 @@ class Finisher:
         fp, ev = self._fp, self._events
         plans = []
         for i, (partition, message_id, attempt_id, committed) in enumerate(done):
-            ours = event_fields[i] if event_fields is not None else {
-                "endpoint": self._endpoint, "message_id": str(message_id),
-                "attempt_id": str(attempt_id), "partition": partition}
+            ours = (event_fields[i] if event_fields is not None
+                    else attempt_fields(self._endpoint, message_id, attempt_id, partition))
             winners, aborted = _split(committed.records, attempt_id)
             plans.append((ours, winners, aborted))
         outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from typing import Final
 
@@ -43,6 +44,16 @@ EVENTS: Final = (
     INBOX_RELAYED,
     INBOX_RELAY_FAILED, CONSUMER_LOST, CONSUMER_RESTARTED,
 )
+
+
+def attempt_fields(endpoint: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
+                   partition: str) -> dict[str, str]:
+    """The fields that name an attempt in its events (`handler.invoked`,
+    `transaction.committed`, `side_effect.*`, `token.consumed`): endpoint, message ID,
+    attempt ID and partition, as text. Built once per attempt and handed along, as the UUIDs'
+    text costs a formatting each time."""
+    return {"endpoint": endpoint, "message_id": str(message_id),
+            "attempt_id": str(attempt_id), "partition": partition}
 
 
 class CountingSink:

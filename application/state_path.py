@@ -49,7 +49,7 @@ from application.errors import Duplicate, MessageIdReused, PermanentError
 from application.failpoints import Failpoints
 from application.handler_runner import HandlerRunner
 from application.locks import PartitionLocks
-from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED
+from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
 from application.ports import Clock, EventSink, IdGenerator, MessageDispatcher, StateStream
 from domain.context import Context
 from domain.decisions import Decision
@@ -128,8 +128,8 @@ class StatePath:
             await self._hit("after_state_load")
             if entry is None:
                 context = Context(message_id=m, attempt_id=self.ids(), now=self.clock.now())
-                self.events.emit(HANDLER_INVOKED, endpoint=name, message_id=str(m),
-                                 attempt_id=str(context.attempt_id), partition=partition)
+                fields = attempt_fields(name, m, context.attempt_id, partition)
+                self.events.emit(HANDLER_INVOKED, **fields)
 
                 async def changed() -> bool:
                     # a copy that appended this very message, or any newer entry
@@ -143,8 +143,7 @@ class StatePath:
                 await self._hit("before_append")
                 await self.stream.append(partition, version, m, decision.state,
                                          _record(context, stored.body_sha256))
-                self.events.emit(TRANSACTION_COMMITTED, endpoint=name, message_id=str(m),
-                                 attempt_id=str(context.attempt_id), partition=partition)
+                self.events.emit(TRANSACTION_COMMITTED, **fields)
                 await self._hit("after_append")
             else:  # a duplicate: the state before its entry, the context it saw then
                 recorded_sha = entry.recorded.get("body_sha256")

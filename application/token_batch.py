@@ -42,6 +42,7 @@ from application.observability import (
     HANDLER_INVOKED,
     TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT,
+    attempt_fields,
 )
 from application.ports import CommitRequest, Loaded
 from application.token_path import TokenPath
@@ -161,8 +162,7 @@ class TokenBatch:
         requests: list[tuple[_Item, CommitRequest, dict[str, str]]] = []
         for item, stored, load in ready:
             attempt = path.ids()
-            fields = {"endpoint": path.endpoint, "message_id": str(stored.message_id),
-                      "attempt_id": str(attempt), "partition": item.partition}
+            fields = attempt_fields(path.endpoint, stored.message_id, attempt, item.partition)
             request, reason = await self._decide(item, stored, load, attempt, fields)
             if request is None:
                 self._abandoned(item, attempt, reason)

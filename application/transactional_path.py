@@ -14,7 +14,7 @@ from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
 from application.http_caller import HttpCaller
 from application.locks import PartitionLocks
-from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED
+from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
 from application.ports import (
     Clock,
     CommitRequest,
@@ -126,8 +126,7 @@ class TransactionalPath:
         response = await self.caller.follow_up_response(stored, partition)
         context = Context(message_id=m, attempt_id=attempt, now=self.clock.now(),
                           http_response=response)
-        fields = {"endpoint": name, "message_id": str(m), "attempt_id": str(attempt),
-                  "partition": partition}
+        fields = attempt_fields(name, m, attempt, partition)
         self.events.emit(HANDLER_INVOKED, **fields)
 
         async def changed() -> bool:
