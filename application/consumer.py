@@ -6,6 +6,7 @@ import asyncio
 import enum
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Final
 
 from application.errors import DeadLetterRefused, PermanentError, TransientError
 from application.failpoints import Failpoints
@@ -27,6 +28,11 @@ class _Unsettled(TransientError):
     def __init__(self, settlement: str, cause: TransientError) -> None:
         super().__init__(str(cause))
         self.settlement = settlement
+
+
+#: the default prefetch of a batching consumer, in batches: two in process, one waiting
+#: (`batches_in_flight`)
+PREFETCH_IN_BATCHES: Final = 3
 
 
 def batches_in_flight(prefetch: int, batch_size: int) -> int:

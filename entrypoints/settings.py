@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from application.consumer import PREFETCH_IN_BATCHES
 from application.failpoints import parse
 from application.registry import Registry, RegistryError, Role
 from application.strategy import Strategy
@@ -161,9 +162,9 @@ class Settings(BaseSettings):
     def _batch_fits_in_flight(self) -> Settings:
         given = self.model_fields_set
         if "prefetch" not in given:  # two batches in process and the next one filling
-            self.prefetch = max(self.prefetch, 3 * self.batch_size)
+            self.prefetch = max(self.prefetch, PREFETCH_IN_BATCHES * self.batch_size)
         elif "batch_size" not in given:  # a prefetch of its own: three batches fit in it
-            self.batch_size = max(1, min(self.batch_size, self.prefetch // 3))
+            self.batch_size = max(1, min(self.batch_size, self.prefetch // PREFETCH_IN_BATCHES))
         if self.batch_size > self.prefetch:
             raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
                              f"{self.prefetch}, the deliveries in flight a batch is made of")

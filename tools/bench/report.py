@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from application.consumer import PREFETCH_IN_BATCHES
+
 #: The references every path is compared with (tools/bench/references.py).
 REFERENCES = ("minimal", "minimal-batched", "faststream")
 
@@ -24,9 +26,9 @@ DEFAULT_RUNS: tuple[tuple[str, int], ...] = (
 @dataclass(frozen=True)
 class Params:
     """One bench: `messages` per run over `partitions` accounts; `in_flight` deliveries per
-    unbatched consumer, batched consumers `3 * batch_size` (waiting `batch_wait_ms` for a
-    batch to fill); `runs` as (path, consumer
-    processes), each run `rounds` times, interleaved; latency at `load_ratio` of the run's
+    unbatched consumer, batched consumers `PREFETCH_IN_BATCHES * batch_size` (waiting
+    `batch_wait_ms` for a batch to fill); `runs` as (path, consumer processes), each run
+    `rounds` times, interleaved; latency at `load_ratio` of the run's
     throughput, over up to `latency_messages` messages."""
 
     messages: int = 10_000
@@ -160,7 +162,7 @@ def print_table(result: BenchResult, console: Console) -> None:
     p = result.params
     table = Table(title=f"eo bench: {p.messages:,} messages per run, {p.partitions:,} "
                         f"partitions, {p.rounds} round(s); in flight {p.in_flight} "
-                        f"(batched: {3 * p.batch_size}, batches of {p.batch_size}"
+                        f"(batched: {PREFETCH_IN_BATCHES * p.batch_size}, batches of {p.batch_size}"
                         f"{f', wait {p.batch_wait_ms:g} ms' if p.batch_wait_ms else ''})")
     for column in ("path", "msg/s min", "median", "max", "CPU ms/msg", "Python", "PG",
                    "RabbitMQ", "p50 ms", "p99 ms", "trips/msg", "dedup rows",

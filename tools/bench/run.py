@@ -31,6 +31,7 @@ from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import envelope_message
 from application.codec import encode
+from application.consumer import PREFETCH_IN_BATCHES
 from application.envelope import TOKEN_HEADER, Envelope
 from tools.bench import endpoint as bench
 from tools.bench import references
@@ -301,7 +302,7 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     receiver.expect(n)
     await receiver.start(driver, sink)
     batched = path.endswith("batched")
-    in_flight = params.batch_size * 3 if batched else params.in_flight
+    in_flight = params.batch_size * PREFETCH_IN_BATCHES if batched else params.in_flight
     config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
               "amqp_url": params.amqp_url, "in_flight": in_flight,
               "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000}
