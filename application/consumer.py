@@ -98,6 +98,12 @@ class Consumer:
         self.counts: Counter[Settlement] = Counter()
         self._fp = failpoints
 
+    @property
+    def batches(self) -> bool:
+        """Whether `serve` processes deliveries in batches: `batch_size` > 1 and a
+        processor that batches (`Processor.batches`)."""
+        return self.batch_size > 1 and self.processor.batches
+
     async def settle(self, delivery: Delivery) -> Settlement:
         """Process one delivery and settle it; returns the settlement."""
         result: Outcome | BaseException
@@ -171,7 +177,7 @@ class Consumer:
         (the broker is gone for good) is raised after those in flight have finished. With
         `batch_size` > 1 and a processor that batches, deliveries are processed in batches
         (see `__init__`)."""
-        if self.batch_size > 1 and self.processor.batches:
+        if self.batches:
             await self._serve_batches(deliveries, prefetch)
             return
         slots = asyncio.Semaphore(prefetch)

@@ -186,7 +186,7 @@ async def run_embedded(settings: Settings, service: Service, lines: Iterable[str
     consumers: dict[str, Consumer] = {name: system.consumer(name)
                                       for name in system.registry.consuming()}
     tasks = [asyncio.create_task(consumer.serve(broker.consume(name, f"embedded-{name}"),
-                                                settings.prefetch))
+                                                settings.prefetch_for(consumer.batches)))
              for name, consumer in consumers.items()]
     relays = [system.relay(name) for name in system.registry.names(Role.GATEWAY)]
     try:

@@ -168,12 +168,14 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
             background.append(asyncio.create_task(
                 system.relay(endpoint).run(settings.inbox_poll_s)))
-        await source.start(settings.prefetch)
+        prefetch = settings.prefetch_for(consumer.batches)
+        await source.start(prefetch)
         status = f"http://{settings.metrics_host}:{server.port}" if server else None
-        log.info("consumer.started", endpoint=endpoint, prefetch=settings.prefetch,
+        log.info("consumer.started", endpoint=endpoint, prefetch=prefetch,
+                 batch_size=consumer.batch_size if consumer.batches else 1,
                  strategy=str(service.strategy(endpoint)), status_url=status)
         try:
-            await consumer.serve(source.deliveries(settings.prefetch), settings.prefetch)
+            await consumer.serve(source.deliveries(prefetch), prefetch)
         except BrokerUnavailable as exc:
             lost = exc
             log.error("consumer.broker_unavailable", endpoint=endpoint, reason=str(exc))

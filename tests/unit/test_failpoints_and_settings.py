@@ -260,7 +260,10 @@ def test_defaults() -> None:
     assert settings.conflict_retries == 3
     assert settings.max_attempts == 5
     assert settings.retry_delays_s == (0.05, 0.2, 1.0, 5.0)
-    assert (settings.batch_size, settings.batch_wait_ms, settings.prefetch) == (50, 0.0, 150)
+    assert (settings.batch_size, settings.batch_wait_ms, settings.prefetch) == (50, 0.0, None)
+    # the prefetch is the endpoint's: two batches in process and one waiting, or 8
+    assert (settings.prefetch_for(batches=True), settings.prefetch_for(batches=False)) == (
+        150, 8)
     assert settings.retention_days == 7.0
     assert settings.cleanup_grace_s == 1800.0
     assert settings.blob_dir == Path("var/blobs")
@@ -336,13 +339,19 @@ def test_the_prefetch_follows_the_batch_size_unless_it_is_set(
 ) -> None:
     monkeypatch.setenv("EO_PREFETCH", "9")  # a prefetch alone: batches of a third of it
     assert (load_settings().batch_size, load_settings().prefetch) == (3, 9)
+    # ... and every endpoint has it, batching or not
+    assert {load_settings().prefetch_for(batches) for batches in (True, False)} == {9}
     monkeypatch.setenv("EO_PREFETCH", "1")
     assert load_settings().batch_size == 1  # batching off
     monkeypatch.delenv("EO_PREFETCH")
     monkeypatch.setenv("EO_BATCH_SIZE", "32")
-    assert load_settings().prefetch == 96  # two batches in process, the next one filling
+    # two batches in process, the next one filling; one delivery at a time: 8
+    assert (load_settings().prefetch_for(True), load_settings().prefetch_for(False)) == (96, 8)
+    monkeypatch.setenv("EO_BATCH_SIZE", "2")  # below 8 / 3: still three batches
+    assert load_settings().prefetch_for(True) == 6
+    monkeypatch.setenv("EO_BATCH_SIZE", "32")
     monkeypatch.setenv("EO_PREFETCH", "40")
-    assert load_settings().prefetch == 40
+    assert load_settings().prefetch_for(True) == 40
     monkeypatch.setenv("EO_PREFETCH", "16")  # a batch could never fill
     with pytest.raises(SettingsError, match="invalid setting EO_BATCH_SIZE: 32 exceeds "
                                             "prefetch 16"):
@@ -547,3 +556,21 @@ def test_production_names_its_bucket_when_an_endpoint_makes_blobs() -> None:
 def test_an_expected_bucket_owner_is_an_account_id() -> None:
     with pytest.raises(SettingsError, match="EO_S3_EXPECTED_BUCKET_OWNER"):
         load_settings(s3_expected_bucket_owner="acme")
+
+
+def test_the_embedded_env_file_shows_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy/embedded.env says every value it shows is the default: each one loads to what
+    the setting is when unset (it once set EO_PREFETCH=8, which was not the default)."""
+    root = Path(__file__).resolve().parents[2]
+    lines = (root / "deploy" / "embedded.env").read_text().splitlines()
+    shown = dict(line.split("=", 1) for line in lines if line.strip()
+                 and not line.startswith("#"))
+    assert {"EO_PROFILE", "EO_BATCH_SIZE", "EO_MAX_ATTEMPTS"} <= set(shown)
+    for name in list(os.environ):
+        if name.startswith("EO_"):
+            monkeypatch.delenv(name)
+    defaults = load_settings()
+    for name, value in shown.items():
+        monkeypatch.setenv(name, value)
+        assert load_settings() == defaults, f"{name}={value} is not the default"
+        monkeypatch.delenv(name)

@@ -390,8 +390,9 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
         "EO_STALE_AFTER_S": str(settings.stale_after_s),
         "EO_CONSUMER_WATCHDOG_S": str(settings.consumer_watchdog_s),
         # the consumers batch as `eo chaos` was told to (EO_BATCH_SIZE, docs/batching.md)
-        "EO_PREFETCH": str(settings.prefetch), "EO_BATCH_SIZE": str(settings.batch_size),
-        "EO_BATCH_WAIT_MS": str(settings.batch_wait_ms)})
+        "EO_BATCH_SIZE": str(settings.batch_size),
+        "EO_BATCH_WAIT_MS": str(settings.batch_wait_ms),
+        **({} if settings.prefetch is None else {"EO_PREFETCH": str(settings.prefetch)})})
     rabbit = RabbitConnection(settings.amqp())
     await rabbit.start()
     for endpoint in QUEUES:

@@ -138,7 +138,8 @@ async def run_demo(
             consumer = system.consumer(name)
             workers.append(consumer)
             tasks.append(asyncio.create_task(
-                consumer.serve(broker.consume(name, f"{name}-{i}"), settings.prefetch)))
+                consumer.serve(broker.consume(name, f"{name}-{i}"),
+                               settings.prefetch_for(consumer.batches))))
     idle_polls = 0
     while idle_polls < 4:
         await asyncio.sleep(0.05)

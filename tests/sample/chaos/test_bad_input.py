@@ -327,6 +327,11 @@ async def test_a_campaign_of_bad_input_ends_processed_duplicate_or_dead_lettered
         assert proc.alive(), proc.tail()
         assert proc.popen.pid == pids[endpoint]
         assert len(proc.events("consumer.started")) == 1, proc.tail()
+    # EO_PREFETCH unset: the prefetch is each endpoint's (Settings.prefetch_for)
+    started = {e: proc.events("consumer.started")[0] for e, proc in procs.items()}
+    assert {e: (s["prefetch"], s["batch_size"]) for e, s in started.items()} == {
+        e: (150, 50) if s["strategy"] == "token" else (8, 1) for e, s in started.items()}
+    assert {s["strategy"] for s in started.values()} == {"token", "outbox"}
     assert len(fleet.procs) == len(ENDPOINTS)
 
     # every delivery ended as its kind says; dead letters say why and where

@@ -433,6 +433,8 @@ async def test_serve_in_batches_settles_each_delivery_by_its_own_outcome() -> No
     # there; nothing is retried through the broker
     consumer, sizes = _batched(world, batch_size=5, failpoints="before_commit=raise@1")
     assert consumer.processor.batches
+    assert consumer.batches
+    assert not Consumer(consumer.processor, batch_size=1).batches  # batching turned off
     stream = _first(len(deliveries), broker.consume(QUEUE, "server"))
     await asyncio.wait_for(consumer.serve(stream, prefetch=10), 5.0)
     assert broker.idle()
@@ -502,6 +504,7 @@ async def test_an_endpoint_without_a_batched_path_serves_one_by_one() -> None:
         await _deliver(broker, envelope)
     consumer, sizes = _batched(world, batch_size=8)
     assert not consumer.processor.batches
+    assert not consumer.batches  # so its default prefetch is 8 (Settings.prefetch_for)
     await asyncio.wait_for(consumer.serve(_first(3, broker.consume(QUEUE, "server")), 8), 5.0)
     assert sizes == []
     assert consumer.counts == {Settlement.PROCESSED: 3}
