@@ -11,6 +11,7 @@ import asyncpg
 import typer
 from rich.console import Console
 
+from application.consumer import PREFETCH_IN_BATCHES
 from application.errors import TransientError
 from entrypoints.settings import SettingsError, load_settings
 from tools.guard import refuse_production
@@ -41,7 +42,8 @@ def bench(
     in_flight: Annotated[int, typer.Option(
         min=1, help="deliveries in flight per unbatched consumer")] = 8,
     batch_size: Annotated[int, typer.Option(
-        min=2, help="deliveries per batch (batched paths: 2 x this in flight)")] = 50,
+        min=2, help=f"deliveries per batch (batched paths: {PREFETCH_IN_BATCHES} x this in "
+                    "flight)")] = 50,
     batch_wait_ms: Annotated[float, typer.Option(
         min=0, help="how long a batch waits to fill after its first delivery, both batched "
                     "consumers (EO_BATCH_WAIT_MS)")] = 0.0,
