@@ -13,7 +13,7 @@ from rich.console import Console
 
 from application.consumer import PREFETCH_IN_BATCHES
 from application.errors import TransientError
-from entrypoints.settings import SettingsError, load_settings
+from entrypoints.settings import SINGLE_PREFETCH, SettingsError, load_settings
 from tools.guard import refuse_production
 
 console = Console()
@@ -40,7 +40,7 @@ def bench(
     messages: Annotated[int, typer.Option(min=2, help="messages per run")] = 10_000,
     partitions: Annotated[int, typer.Option(min=1, help="accounts (partitions)")] = 1_000,
     in_flight: Annotated[int, typer.Option(
-        min=1, help="deliveries in flight per unbatched consumer")] = 8,
+        min=1, help="deliveries in flight per unbatched consumer")] = SINGLE_PREFETCH,
     batch_size: Annotated[int, typer.Option(
         min=2, help=f"deliveries per batch (batched paths: {PREFETCH_IN_BATCHES} x this in "
                     "flight)")] = 50,

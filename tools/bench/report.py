@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from application.consumer import PREFETCH_IN_BATCHES
+from entrypoints.settings import SINGLE_PREFETCH
 
 #: The references every path is compared with (tools/bench/references.py).
 REFERENCES = ("minimal", "minimal-batched", "faststream")
@@ -33,7 +34,7 @@ class Params:
 
     messages: int = 10_000
     partitions: int = 1_000
-    in_flight: int = 8
+    in_flight: int = SINGLE_PREFETCH  # the template's default for a consumer that does not batch
     batch_size: int = 50
     database_dsn: str = "postgresql://postgres@127.0.0.1:5432/eo_bench"
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
