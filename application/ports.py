@@ -175,7 +175,10 @@ class PartitionStore(Protocol):
     async def commit(self, request: CommitRequest) -> Committed:
         """Write everything of `request` in one transaction (see `CommitRequest`). Raises
         `Conflict` unless the TR is idle at `expected_version` (and, with `processed`, the
-        message has no processed-message row yet). Returns the committed TR's version and
+        message has no processed-message row yet). The processed-message row claims the
+        message ID for the endpoint: of two concurrent commits of one ID on two partitions,
+        one commits and the other writes nothing and raises `Conflict` (protocol 4).
+        Returns the committed TR's version and
         every side-effect record of the partition (the transaction's and its losers'): what
         `finish` would read."""
 
@@ -472,7 +475,8 @@ class StateStream(Protocol):
     ) -> int:
         """Append entry `expected_version + 1`, only while the newest version is
         `expected_version` and `message_id` has no entry; returns the new version, raises
-        `Conflict` otherwise."""
+        `Conflict` otherwise, and `MessageIdReused` when another partition's entry holds
+        `message_id` (an entry claims its ID for the endpoint: another body under it)."""
 
     async def truncate(self, before: datetime) -> int:
         """Drop every entry whose next entry was appended before `before` (the newest entry

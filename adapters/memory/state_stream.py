@@ -9,7 +9,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from application.errors import Conflict, OutsideRetention
+from application.errors import Conflict, MessageIdReused, OutsideRetention
 from application.ports import Clock, StateStream
 from application.records import StateEntry
 
@@ -21,6 +21,8 @@ class MemoryStateStream(StateStream):
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.entries: dict[str, list[StateEntry]] = {}
+        #: message ID -> the partition whose entry claims it (one per endpoint)
+        self._claims: dict[uuid.UUID, str] = {}
 
     async def load(
         self, partition: str, message_id: uuid.UUID
@@ -54,8 +56,12 @@ class MemoryStateStream(StateStream):
         if newest != expected_version:
             raise Conflict(f"partition {partition}: stream at v{newest}, expected "
                            f"v{expected_version}")
-        if any(e.message_id == message_id for e in entries):
+        holder = self._claims.get(message_id)
+        if holder == partition:
             raise Conflict(f"partition {partition}: message {message_id} already appended")
+        if holder is not None:
+            raise MessageIdReused(message_id)  # the ID is another partition's (I1)
+        self._claims[message_id] = partition
         entries.append(StateEntry(partition, newest + 1, message_id, state,
                                   MappingProxyType(dict(recorded)), self.clock.now()))
         return newest + 1
@@ -67,6 +73,9 @@ class MemoryStateStream(StateStream):
             kept = [e for e, nxt in zip(entries, [*entries[1:], None], strict=True)
                     if nxt is None or nxt.appended_at >= before]
             dropped += len(entries) - len(kept)
+            for entry in entries:
+                if entry not in kept:  # the claim goes with its entry, as the row does
+                    self._claims.pop(entry.message_id, None)
             self.entries[partition] = kept
         return dropped
 

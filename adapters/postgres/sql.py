@@ -133,7 +133,13 @@ SELECT tr.version, {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
 # $8 with processed-message row, $9-$15 record columns, $16 reply status, $17 reply body,
 # $18 outgoing, $19-$23 token columns, $24 the processed body's SHA-256, $25-$26 the IDs and
 # seqs of the messages whose tokens stand for their records. One statement: the TR update
-# guards every insert (FROM tr).
+# guards every insert (FROM tr). The processed-message row is the claim of the message ID
+# (protocol 4): `_NOT_PROCESSED` sees the rows committed before the statement began, and a
+# concurrent commit of the same ID on another partition (another body) meets the primary key,
+# whose violation (`PROCESSED_KEY`) rolls the whole statement back. `ON CONFLICT DO NOTHING`
+# there would commit both partitions (issue 24: 8 of 50 same-ID pairs).
+#: the constraint a second claim of one message ID violates
+PROCESSED_KEY = "eo_processed_message_pkey"
 _NOT_PROCESSED = """
      AND NOT ($8::boolean AND EXISTS (
        SELECT 1 FROM eo_processed_message WHERE endpoint = $1 AND message_id = $5))"""
@@ -152,8 +158,7 @@ reply AS (
 processed AS (
   INSERT INTO eo_processed_message
     (endpoint, message_id, partition_key, outgoing, processed_at, body_sha256)
-  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8
-  ON CONFLICT (endpoint, message_id) DO NOTHING),
+  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8),
 {_insert_tokens(19)}{_COMMITTED}"""
 
 # COMMIT of the plain case: no record row, reply or processed-message row, only the TR and

@@ -12,7 +12,7 @@ import asyncpg
 
 from adapters.postgres.pool import translated
 from application.codec import from_jsonable, to_jsonable
-from application.errors import Conflict, OutsideRetention
+from application.errors import Conflict, MessageIdReused, OutsideRetention
 from application.ports import Clock, StateStream
 from application.records import StateEntry
 
@@ -27,16 +27,25 @@ SELECT e.version, e.message_id, e.state, e.recorded, e.appended_at
         OR e.version = (SELECT max(l.version) FROM eo_state_entry l
                          WHERE l.endpoint = $1 AND l.partition_key = $2))"""
 
-#: Optimistic append: only at newest version $3; a concurrent append of the same version or
-#: of the same message ID meets the primary key or the unique constraint and inserts nothing.
+#: Optimistic append: only at newest version $3; a concurrent append of the same version
+#: meets the primary key and inserts nothing. The same message ID appended on another
+#: partition (another body under the ID) violates `MESSAGE_KEY` (revision 0009): an error,
+#: never a second commit of the ID.
 APPEND = """
 INSERT INTO eo_state_entry
   (endpoint, partition_key, version, message_id, state, recorded, appended_at)
 SELECT $1, $2, $3 + 1, $4, $5, $6, $7
  WHERE coalesce((SELECT max(version) FROM eo_state_entry
                   WHERE endpoint = $1 AND partition_key = $2), 0) = $3
-ON CONFLICT DO NOTHING
+ON CONFLICT (endpoint, partition_key, version) DO NOTHING
 RETURNING version"""
+
+#: the unique index through which an entry claims its message ID for the endpoint
+MESSAGE_KEY = "eo_state_entry_message"
+
+#: the partition whose entry holds message $2
+CLAIMED_BY = """
+SELECT partition_key FROM eo_state_entry WHERE endpoint = $1 AND message_id = $2"""
 
 #: Drop entries whose next entry is older than the cutoff (the newest one has none: kept).
 TRUNCATE = """
@@ -96,9 +105,15 @@ class PostgresStateStream(StateStream):
         recorded: Mapping[str, Any],
     ) -> int:
         async with translated():
-            version = await self.pool.fetchval(
-                APPEND, self.endpoint, partition, expected_version, message_id,
-                to_jsonable(state), dict(recorded), self.clock.now())
+            try:
+                version = await self.pool.fetchval(
+                    APPEND, self.endpoint, partition, expected_version, message_id,
+                    to_jsonable(state), dict(recorded), self.clock.now())
+            except asyncpg.UniqueViolationError:
+                holder = await self.pool.fetchval(CLAIMED_BY, self.endpoint, message_id)
+                if holder is not None and holder != partition:
+                    raise MessageIdReused(message_id) from None
+                version = None  # this partition's own entry: a concurrent copy appended it
         if version is None:
             raise Conflict(f"partition {partition}: append at v{expected_version} of "
                            f"message {message_id}")

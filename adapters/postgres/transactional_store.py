@@ -197,12 +197,21 @@ class PostgresTransactionalStore(TransactionalStore):
                 row = await self.pool.fetchrow(  # the plain co-located case
                     sql.COMMIT_TOKENS, *head, *token_columns, in_ids or None, in_seqs or None)
             else:
-                row = await self.pool.fetchrow(
-                    sql.COMMIT, *head, processed is not None, *sql.record_arrays(rows, now),
-                    reply.status if reply else None, dict(reply.body) if reply else None,
-                    [dict(o) for o in processed.outgoing] if processed else [],
-                    *token_columns, processed.body_sha256 if processed else None,
-                    in_ids or None, in_seqs or None)
+                try:
+                    row = await self.pool.fetchrow(
+                        sql.COMMIT, *head, processed is not None,
+                        *sql.record_arrays(rows, now),
+                        reply.status if reply else None, dict(reply.body) if reply else None,
+                        [dict(o) for o in processed.outgoing] if processed else [],
+                        *token_columns, processed.body_sha256 if processed else None,
+                        in_ids or None, in_seqs or None)
+                except asyncpg.UniqueViolationError as exc:
+                    if exc.constraint_name != sql.PROCESSED_KEY:
+                        raise
+                    # another partition's commit claimed the ID first: this one rolled back
+                    # whole; the retry finds the claim (a duplicate, or an ID reused)
+                    raise Conflict(f"message {r.message_id}: claimed by a concurrent commit "
+                                   "on another partition") from exc
         if row is None:
             raise Conflict(f"partition {r.partition}: commit at v{r.expected_version} refused "
                            "(version moved, transaction pending, or message processed)")

@@ -15,7 +15,7 @@ import pytest
 from adapters.memory.state_stream import MemoryStateStream
 from adapters.postgres.state_stream import PostgresStateStream
 from adapters.system.clock import ManualClock
-from application.errors import Conflict, OutsideRetention
+from application.errors import Conflict, MessageIdReused, OutsideRetention
 from tests.contract.adapters import postgres_pool
 
 
@@ -95,6 +95,23 @@ class StateStreamContract:
         assert sum(1 for r in results if isinstance(r, Conflict)) == 2
         _state, version, _entry = await s.load("p", M[9])
         assert version == 1
+
+    async def test_a_message_id_is_appended_on_one_partition_only(
+        self,
+        stream_and_clock: tuple[object, ManualClock],
+    ) -> None:
+        """The entry claims the message ID for the endpoint (I1): the same ID on another
+        partition is another body under that ID, refused at once, also when both appends
+        race (PostgreSQL: its unique index decides)."""
+        s: Any = stream_and_clock[0]
+        await s.append("p", 0, M[1], Counted(("1",)), _rec(1))
+        with pytest.raises(MessageIdReused):
+            await s.append("q", 0, M[1], Counted(("1",)), _rec(1))
+        assert await s.load("q", M[1]) == (None, 0, None)
+        results = await asyncio.gather(
+            *(s.append(f"r{i}", 0, M[2], Counted(("2",)), _rec(2)) for i in range(4)),
+            return_exceptions=True)
+        assert sorted(type(r).__name__ for r in results) == ["MessageIdReused"] * 3 + ["int"]
 
     async def test_truncate_keeps_the_latest_snapshot_and_in_window_predecessors(
         self,

@@ -35,11 +35,12 @@ from adapters.system.clock import ManualClock, SeededIds
 from application.assembly import build_processor, build_sweeper
 from application.codec import decode, encode
 from application.envelope import TOKEN_HEADER, Envelope
-from application.errors import Crash, TransientError
+from application.errors import Crash, MessageIdReused, TransientError
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, CountingSink
 from application.ports import Ports
 from application.processor import Outcome, Processor
+from application.strategy import Strategy
 from application.sweeper import Sweeper
 from domain.context import Context
 from domain.decisions import Decision, Endpoint, Outgoing
@@ -146,11 +147,13 @@ class PgWorld:
                      clock=self.clock, ids=self.ids, events=self.events, blobs=self.blobs,
                      colocated_tokens=self.colocated)
 
-    def processor(self, failpoints: str | None = None) -> Processor:
-        """A worker (a "process"); `failpoints` is an `EO_FAILPOINTS` spec whose `crash`
-        raises `Crash`."""
-        return build_processor(self.endpoint, self.ports(), failpoints=Failpoints.from_spec(
-            failpoints, crash), cleanup_grace=timedelta(minutes=30))
+    def processor(self, failpoints: str | None = None,
+                  strategy: Strategy = Strategy.TOKEN, ports: Ports | None = None) -> Processor:
+        """A worker (a "process") on `strategy`; `failpoints` is an `EO_FAILPOINTS` spec
+        whose `crash` raises `Crash`; `ports` replaces the world's (a wrapped store)."""
+        return build_processor(self.endpoint, ports or self.ports(), strategy,
+                               Failpoints.from_spec(failpoints, crash),
+                               cleanup_grace=timedelta(minutes=30))
 
     def sweeper(self) -> Sweeper:
         finisher = self.processor().finisher
@@ -213,7 +216,7 @@ async def make_world(
         async with pool.acquire() as conn:
             await conn.execute("DELETE FROM eo_token WHERE message_id = ANY($1::uuid[])", ids)
             for table in ("eo_side_effect_record", "eo_deferred_cleanup",
-                          "eo_transaction_record"):
+                          "eo_transaction_record", "eo_processed_message"):
                 await conn.execute(f"DELETE FROM {table} WHERE endpoint = $1", world.name)
 
 
@@ -441,3 +444,114 @@ async def test_round_trips_per_message(
     else:  # + token check, register, re-check, token delete
         assert len(calls) > 4, calls
     await assert_exactly_once(world, [warm_up.message_id, envelope.message_id])
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the gateway's claim (protocol 4): one message ID, two bodies, two partitions
+
+
+class HeldCommits:
+    """The world's store with every commit held at its start until `go` is set, once
+    `expected` of them have arrived (`arrived`): the test locks the partitions' TR rows,
+    lets the commits run into the locks and releases them together, so that the commit
+    statements overlap for certain."""
+
+    def __init__(self, store: PostgresTransactionalStore, expected: int) -> None:
+        self._store, self._expected, self._seen = store, expected, 0
+        self.arrived, self.go = asyncio.Event(), asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def commit(self, request: Any) -> Any:
+        self._seen += 1
+        if self._seen == self._expected:
+            self.arrived.set()
+        await self.go.wait()
+        return await self._store.commit(request)
+
+
+async def _outcome(processor: Processor, envelope: Envelope) -> Outcome | BaseException:
+    """`process`, with the error it raised as the result (a dead letter's `PermanentError`)."""
+    try:
+        return await _as_a_broker_would(processor, envelope)
+    except Exception as exc:  # noqa: BLE001 - the result under test
+        return exc
+
+
+def _pair(world: PgWorld, k: int) -> tuple[Envelope, Envelope]:
+    """An outside producer's two commands under one message ID: two bodies, two partitions."""
+    m = uuid.uuid4()
+    first, second = Add(f"pair-{k}-a", 1), Add(f"pair-{k}-b", 2)
+    world.sent.append(m)
+    return Envelope(m, "Add", encode(first)), Envelope(m, "Add", encode(second))
+
+
+async def _same_id_pair(world: PgWorld, pool: asyncpg.Pool, k: int, held: bool
+                        ) -> list[Outcome | BaseException]:
+    first, second = _pair(world, k)
+    store = HeldCommits(world.store, 2)
+    if not held:
+        store.go.set()
+    ports = replace(world.ports(), store=store)  # type: ignore[arg-type]
+    tasks = [asyncio.create_task(_outcome(world.processor(strategy=Strategy.OUTBOX,
+                                                          ports=ports), e))
+             for e in (first, second)]
+    try:
+        if held:
+            await asyncio.wait_for(store.arrived.wait(), 30)
+            async with pool.acquire() as blocker, blocker.transaction():
+                await blocker.execute(
+                    "SELECT 1 FROM eo_transaction_record WHERE endpoint = $1 "
+                    "AND partition_key = ANY($2::text[]) FOR UPDATE",
+                    world.name, [f"pair-{k}-a", f"pair-{k}-b"])
+                store.go.set()
+                pid = blocker.get_server_pid()
+                for _ in range(1000):  # until both commits wait for the blocker's row locks
+                    if await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE "
+                                           "$1 = ANY(pg_blocking_pids(pid))", pid) == 2:
+                        break
+                    await asyncio.sleep(0.005)
+                else:
+                    raise AssertionError("the two commits never waited together")
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_one_message_id_with_two_bodies_on_two_partitions_commits_once(
+    world: PgWorld, pool: asyncpg.Pool
+) -> None:
+    """The field report: 50 pairs of commands with one message ID and order keys k and k+1,
+    sent back to back to the gateway, left both orders committed in 8 pairs. The
+    processed-message claim decides: the commit that loses it rolls back whole (state, TR,
+    records, tokens), and its message is dead-lettered as an ID reused with another body.
+    10 pairs have their commit statements overlap for certain (`HeldCommits`), 40 race
+    freely, as the gateway's deliveries do."""
+    pairs = [await _same_id_pair(world, pool, k, held=k < 10) for k in range(50)]
+    for k, outcomes in enumerate(pairs):
+        processed = [o for o in outcomes if o is Outcome.PROCESSED]
+        reused = [o for o in outcomes if isinstance(o, MessageIdReused)]
+        assert (len(processed), len(reused)) == (1, 1), (k, outcomes)
+    states: dict[str, Tally] = await world.store.states()
+    applied = Counter(m for s in states.values() for m in s.applied)
+    assert sorted(applied.values()) == [1] * 50, "a message ID committed on two partitions"
+    assert {str(m) for m in world.sent} == set(applied)
+    outputs = Counter(decode(Added, env.body).incoming for _, env in world.dispatcher.sent)
+    assert outputs == Counter({str(m): 1 for m in world.sent})
+    # the losers' registrations (general path: their outgoing tokens and blobs) are the
+    # sweeper's once the grace period is over: then nothing is left but what was committed
+    world.clock.advance(timedelta(hours=2))
+    await world.sweeper().sweep()
+    world.clock.advance(timedelta(hours=1))
+    await world.sweeper().sweep()
+    assert await world.store.record_count() == 0
+    assert await world.store.cleanup_count() == 0
+    assert await world.store.unfinished_count() == 0
+    assert set(world.blobs.objects) == {b for s in states.values() for b in s.blobs}
+    committed_outputs = {env.message_id for _, env in world.dispatcher.sent}
+    issued_left = [m for m in world.ids.issued if m not in committed_outputs
+                   and await world.tokens.exists("audit", m)]
+    assert issued_left == [], "a losing attempt's outgoing token was left"

@@ -279,6 +279,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=("tests/unit/application/test_boundary_security.py",),
         invariants=("I1",)),
     Mutation(
+        name="processed-claim-does-nothing-on-conflict",
+        guard="4: the processed-message row claims the message ID; the commit that loses "
+              "the claim (a concurrent commit of the ID on another partition) rolls back whole",
+        file="adapters/postgres/sql.py",
+        before="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8),""",
+        after="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8
+  ON CONFLICT (endpoint, message_id) DO NOTHING),""",
+        killers=("tests/integration/test_postgres_protocol.py::test_one_message_id_with_two_"
+                 "bodies_on_two_partitions_commits_once",),
+        invariants=("I1",)),
+    Mutation(
+        name="state-entry-claims-per-partition-only",
+        guard="state strategy: an entry claims its message ID for the endpoint, not only for "
+              "its partition (another body under the ID on another partition is refused)",
+        file="adapters/postgres/migrations/versions/0009_state_entry_claims_the_id.py",
+        before='op.execute("CREATE UNIQUE INDEX eo_state_entry_message ON eo_state_entry "',
+        after='op.execute("CREATE INDEX eo_state_entry_message ON eo_state_entry "',
+        killers=("tests/contract/test_state_stream_contract.py",),
+        invariants=("I1",)),
+    Mutation(
         name="transient-failure-acked",
         guard="7: a transient failure is retried, then dead-lettered with a reason, never "
               "dropped",
