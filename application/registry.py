@@ -155,7 +155,8 @@ class Registry:
 
     def errors(self, strategies: Mapping[str, Strategy] | None = None) -> list[str]:
         """Why this registry (with `strategies`, default: each endpoint's default) cannot
-        run; empty when it can. Checked: names, unique; outputs go to endpoints with a work
+        run; empty when it can. Checked: names, unique; each message key is its class's name
+        (the type a message travels under); outputs go to endpoints with a work
         queue; callees named exist and are callees; a gateway uses `outbox` and a callee
         `token`; `outbox` only for an endpoint that calls no callee (a follow-up's request
         URL is trusted from its token); `state` only for an endpoint without artifacts
@@ -170,6 +171,13 @@ class Registry:
             if r.name in seen:
                 problems.append(f"{r.name}: declared twice")
             seen.add(r.name)
+            for key, cls in r.endpoint.messages.items():
+                # senders type a message by its class's name, receivers decode it by key:
+                # another key dead-letters every message of that class as of unknown type
+                if key != cls.__name__:
+                    problems.append(f"{r.name}: message key {key!r} is not the name of its "
+                                    f"class {cls.__name__} (messages travel typed by their "
+                                    f"class's name: use {cls.__name__!r})")
         chosen = {r.name: r.default_strategy for r in self.endpoints}
         chosen.update(strategies or {})
         for r in self.endpoints:

@@ -178,3 +178,14 @@ def test_a_receiver_switched_to_outbox_lets_its_sender_use_state() -> None:
         sets.strategies({"sets": "state"})
     assert sets.strategies({"sets": "state", "audit": "outbox"}) == {
         "sets": Strategy.STATE, "audit": Strategy.OUTBOX}
+
+
+def test_a_message_key_must_be_its_classs_name() -> None:
+    """Outgoing messages are typed by their class's name and incoming ones decoded by the
+    key: a key that differs dead-lettered every message of that type (issue 24)."""
+    renamed = replace(COUNTER, messages={"add": COUNTER.messages["Add"]})
+    message = _refused(Registration(FRONT, role=Role.GATEWAY),
+                       Registration(renamed, blobs=True, callees=("bank",)),
+                       Registration(AUDIT), Registration(BANK, role=Role.CALLEE))
+    assert "counter: message key 'add' is not the name of its class Add" in message
+    assert "use 'Add'" in message
