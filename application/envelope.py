@@ -26,6 +26,16 @@ NO_MESSAGE_ID_HEADER = "eo-no-message-id"
 #: SHA-256 (hex).
 BODY_BYTES_HEADER = "eo-body-bytes"
 BODY_SHA256_HEADER = "eo-body-sha256"
+#: Lineage headers of every message an endpoint sends (protocol 9): the message ID an outside
+#: producer gave the business message that started the chain, that producer's authenticated
+#: identity (when it had one), and the ID of the message whose processing sent this one.
+ORIGIN_ID_HEADER = "eo-origin-id"
+ORIGIN_PRODUCER_HEADER = "eo-origin-producer"
+CAUSATION_ID_HEADER = "eo-causation-id"
+#: Header of a copy the service itself publishes of an outside producer's message (a retry,
+#: a dead letter, a replay, an inbox row relayed): the producer it came from. Trusted only on
+#: a delivery the service's own broker user published (`Envelope.producer`).
+PRODUCER_HEADER = "eo-producer"
 #: The prefix of the protocol's headers: only this service's senders set them.
 PROTOCOL_PREFIX = "eo-"
 #: The protocol's headers: the only ones a delivery keeps (with those a service names in
@@ -33,6 +43,7 @@ PROTOCOL_PREFIX = "eo-"
 PROTOCOL_HEADERS = frozenset({
     TOKEN_HEADER, REQUEST_URL_HEADER, REASON_HEADER, ENDPOINT_HEADER, ATTEMPTS_HEADER,
     RETRY_REASON_HEADER, NO_MESSAGE_ID_HEADER, BODY_BYTES_HEADER, BODY_SHA256_HEADER,
+    ORIGIN_ID_HEADER, ORIGIN_PRODUCER_HEADER, CAUSATION_ID_HEADER, PRODUCER_HEADER,
 })
 #: The longest header value a copy carries (characters); longer ones are cut, marked "…".
 MAX_HEADER_CHARS = 1024
@@ -48,19 +59,26 @@ class Envelope:
     - `type`: the registered message type name (AMQP `type`).
     - `body`: UTF-8 JSON bytes of the message.
     - `headers`: protocol headers (`eo-token`, `eo-request-url`, ...), strings only.
+    - `producer`: the authenticated identity of the outside producer that sent it, as the
+      transport vouches for it (RabbitMQ's validated `user_id`, an inbox row's database
+      role); "" when unauthenticated or sent by the service itself. A gateway's
+      deduplication is scoped to it (protocol 4), so one producer cannot squat another's
+      message IDs. Never taken from a header the producer wrote.
     """
 
     message_id: uuid.UUID
     type: str
     body: bytes
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    producer: str = ""
 
     def without(self, *names: str) -> Envelope:
         """This envelope without the headers `names` (itself when it has none of them)."""
         if not any(name in self.headers for name in names):
             return self
         kept = {k: v for k, v in self.headers.items() if k not in names}
-        return Envelope(self.message_id, self.type, self.body, MappingProxyType(kept))
+        return Envelope(self.message_id, self.type, self.body, MappingProxyType(kept),
+                        self.producer)
 
     def from_outside(self) -> Envelope:
         """This envelope without the protocol's (`eo-*`) headers: what an endpoint fed by
@@ -70,9 +88,26 @@ class Envelope:
 
     @property
     def body_sha256(self) -> str:
-        """The SHA-256 of the body, hex: what positive-proof deduplication keeps to tell a
-        copy (same ID, same body) from another message under a known ID."""
+        """The SHA-256 of the body, hex (the `body_sha256` of `message.received`, with which
+        a log audit checks I2; rows written before revision 0010 kept it as their digest)."""
         return hashlib.sha256(self.body).hexdigest()
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the type and the body: what positive-proof deduplication keeps
+        to tell a copy (same ID, same type and body) from another message under a known ID.
+        The type is length-prefixed (`<length>:<type>` in UTF-8, then the body), so no
+        (type, body) pair hashes as another."""
+        kind = self.type.encode()
+        return hashlib.sha256(b"%d:%s" % (len(kind), kind) + self.body).hexdigest()
+
+    def same_message(self, digest: str | None, body_sha256: str | None) -> bool:
+        """Whether a stored proof of processing (its `digest`, or for a row written before
+        revision 0010 only its `body_sha256`) is this message's: a copy, not another message
+        under its ID. A proof that kept neither matches (rows from before 0005)."""
+        if digest is not None:
+            return digest == self.digest
+        return body_sha256 is None or body_sha256 == self.body_sha256
 
     def header(self, name: str) -> str | None:
         """The header `name`, or None."""
@@ -81,12 +116,13 @@ class Envelope:
 
 def admitted(message_id: str | None, type_: str | None, body: bytes,
              headers: Mapping[str, str], max_body_bytes: int,
-             kept_headers: Collection[str] = ()) -> Envelope:
+             kept_headers: Collection[str] = (), producer: str = "") -> Envelope:
     """The envelope of a delivery as a transport received it, or why the service cannot take
     it: `MalformedMessage` when the body is over `max_body_bytes` (bytes), `message_id` is
     missing or empty or not a UUID, or `type` is missing. One check for every transport (the
     AMQP source, `eo embedded`), so their dead-letter reasons are the same. The envelope
-    keeps only the `known_headers` (with `kept_headers`)."""
+    keeps only the `known_headers` (with `kept_headers`); `producer` is the identity the
+    transport authenticated (see `Envelope.producer`)."""
     if (size := len(body)) > max_body_bytes:
         raise MalformedMessage(f"body of {size} bytes exceeds the limit of {max_body_bytes}")
     if not message_id:
@@ -97,7 +133,24 @@ def admitted(message_id: str | None, type_: str | None, body: bytes,
         raise MalformedMessage(f"message_id {message_id[:80]!r} is not a UUID") from None
     if not type_:
         raise MalformedMessage("no type")
-    return Envelope(parsed, type_, body, MappingProxyType(known_headers(headers, kept_headers)))
+    kept = known_headers(headers, kept_headers)
+    kept.pop(PRODUCER_HEADER, None)  # a claim of whoever wrote it: the transport's `producer` is
+    return Envelope(parsed, type_, body, MappingProxyType(kept), producer)
+
+
+def lineage(incoming: Envelope) -> dict[str, str]:
+    """The lineage headers of a message sent while processing `incoming` (protocol 9):
+    `eo-origin-id` and `eo-origin-producer` carried on from `incoming`, or, on a message
+    without them (an outside producer's at a gateway: the chain starts there), its own
+    message ID and producer; `eo-causation-id` = `incoming`'s message ID. Tracing and
+    dead-letter matching read them; no decision of the protocol does."""
+    origin = incoming.header(ORIGIN_ID_HEADER)
+    producer = incoming.header(ORIGIN_PRODUCER_HEADER) if origin else incoming.producer
+    headers = {ORIGIN_ID_HEADER: origin or str(incoming.message_id),
+               CAUSATION_ID_HEADER: str(incoming.message_id)}
+    if producer:
+        headers[ORIGIN_PRODUCER_HEADER] = producer
+    return headers
 
 
 def capped(value: str, limit: int = MAX_HEADER_CHARS) -> str:

@@ -44,7 +44,7 @@ class InboxRelay:
                 if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                     raise outcome
             confirmed = [e for e, o in zip(claim.envelopes, outcomes, strict=True) if o is None]
-            await claim.mark_relayed([e.message_id for e in confirmed])
+            await claim.mark_relayed(confirmed)
         for envelope in confirmed:
             self.events.emit(INBOX_RELAYED, endpoint=self.endpoint,
                              message_id=str(envelope.message_id), type=envelope.type)

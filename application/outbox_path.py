@@ -30,13 +30,14 @@ class OutboxPath(TransactionalPath):
         return envelope.from_outside()
 
     async def still_pending(self, stored: Envelope, loaded: Loaded) -> None:
-        """No processed-message row yet; a row means processed before: re-publish its
-        stored, byte-identical copies (protocol 4), then `Duplicate`. A row whose body hash
-        differs from this delivery's raises `MessageIdReused`: not a copy of that message
-        but another one under its ID (project amendment to protocol 4)."""
-        row = await self.processed.processed(stored.message_id)
+        """No processed-message row yet for the delivery's producer and message ID; a row
+        means processed before: re-publish its stored, byte-identical copies (protocol 4),
+        then `Duplicate`. A row whose digest (type and body) differs from this delivery's
+        raises `MessageIdReused`: not a copy of that message but another one under its ID
+        (project amendment to protocol 4)."""
+        row = await self.processed.processed(stored.message_id, stored.producer)
         if row is not None:
-            if row.body_sha256 is not None and row.body_sha256 != stored.body_sha256:
+            if not stored.same_message(row.digest, row.body_sha256):
                 raise MessageIdReused(stored.message_id)
             for out in row.outgoing:
                 destination, env = envelope_of(out["message_id"], out)
@@ -46,4 +47,5 @@ class OutboxPath(TransactionalPath):
     def processed_row(self, stored: Envelope, partition: str,
                       prepared: Prepared) -> ProcessedMessage | None:
         return ProcessedMessage(stored.message_id, partition, prepared.outgoing,
-                                self.clock.now(), stored.body_sha256)
+                                self.clock.now(), stored.body_sha256, stored.digest,
+                                stored.producer)

@@ -221,8 +221,10 @@ class PartitionStore(Protocol):
 class ProcessedMessages(Protocol):
     """Processed-message rows of the positive-proof path (protocol 4), written by `commit`."""
 
-    async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
-        """The processed-message row of `message_id`, or None."""
+    async def processed(self, message_id: uuid.UUID, producer: str = ""
+                        ) -> ProcessedMessage | None:
+        """The processed-message row of `message_id` sent by `producer` (its authenticated
+        identity, "" for none: `Envelope.producer`), or None."""
 
 
 class StoredReplies(Protocol):
@@ -292,26 +294,33 @@ class InboxClaim(Protocol):
     meanwhile. `mark_relayed` takes effect when the claim ends without an exception; when it
     ends with one (a crash) nothing is marked and the rows are pending again."""
 
-    #: the claimed rows, oldest first: natural message ID, type, body (no headers)
+    #: the claimed rows, oldest first: natural message ID, type, body (no headers) and the
+    #: producer that added the row (`Envelope.producer`)
     envelopes: Sequence[Envelope]
 
-    async def mark_relayed(self, message_ids: Sequence[uuid.UUID]) -> None:
-        """Mark these claimed rows relayed (published and confirmed by the broker)."""
+    async def mark_relayed(self, rows: Sequence[Envelope]) -> None:
+        """Mark these claimed rows (by producer and message ID; others are ignored) relayed:
+        published and confirmed by the broker, to the work queue or, for a row that cannot
+        be relayed, to the dead-letter queue."""
 
 
 class Inbox(Protocol):
     """A boundary endpoint's inbox (protocol 4): commands of outside producers under their
     natural message IDs, waiting to be relayed to the endpoint's work queue.
 
-    The natural ID is the key: adding an ID that is there, relayed or not, is a no-op, so a
-    re-run producer adds no duplicate. Relayed rows stay (with their relay time) until the
+    The producer and its natural ID are the key: adding an ID that producer added before,
+    relayed or not, is a no-op, so a re-run producer adds no duplicate, and no producer can
+    squat another's IDs. The producer is the identity the store authenticated: PostgreSQL's
+    role that inserted the row (`current_user`); the memory adapter takes the envelope's
+    `producer` as given. Relayed rows stay (with their relay time) until the
     retention purge; that window is the one in which a re-run is recognised. Relaying is
     at least once: the endpoint's own outbox deduplication drops a re-published copy.
     Raises `TransientError` when the store is unreachable.
     """
 
     async def add(self, envelopes: Sequence[Envelope]) -> int:
-        """Insert the rows whose message IDs are new; returns how many were new."""
+        """Insert the rows whose (producer, message ID) are new; returns how many were
+        new."""
 
     def claim(self, limit: int) -> AbstractAsyncContextManager[InboxClaim]:
         """Claim up to `limit` (>= 1) pending rows, oldest first, skipping rows another

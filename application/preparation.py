@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from application.codec import encode
-from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope, lineage
 from application.errors import Conflict, PermanentError
 from application.failpoints import Failpoints
 from application.ports import (
@@ -117,10 +117,11 @@ class Preparation:
         payloads: list[Mapping[str, str]] = []
         extra: list[SideEffectRecord] = []
         tokens: list[tuple[str, Envelope]] = []
+        chain = lineage(incoming)
         for index, out in enumerate(outgoing):
             destination = out.destination
             tokened = self._token_receivers is None or destination in self._token_receivers
-            headers = {TOKEN_HEADER: "1"} if tokened else {}
+            headers = {TOKEN_HEADER: "1", **chain} if tokened else dict(chain)
             if follow_up_headers and index == len(outgoing) - 1:
                 headers.update(follow_up_headers)
             envelope = Envelope(self._ids(), type(out.message).__name__, encode(out.message),

@@ -85,8 +85,11 @@ class ProcessedMessage:
     `message_id` was processed, with the stored outgoing messages.
 
     `outgoing` holds (destination, envelope fields) per message, byte-identical on every
-    re-publication; `body_sha256` the processed body's SHA-256 (hex), so a known ID with
-    another body is told from a copy (None on rows written before it was kept).
+    re-publication; `digest` the processed message's `Envelope.digest` (type and body), so
+    a known ID with another type or body is told from a copy; `body_sha256` the body's
+    SHA-256, kept for workers before revision 0010 (rows they wrote have no digest, rows
+    from before 0005 neither). `producer` is the authenticated producer the row's message
+    ID belongs to (`Envelope.producer`): the row claims (producer, message ID).
     """
 
     message_id: uuid.UUID
@@ -94,6 +97,8 @@ class ProcessedMessage:
     outgoing: tuple[Mapping[str, str], ...]
     processed_at: datetime
     body_sha256: str | None = None
+    digest: str | None = None
+    producer: str = ""
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ Limits (refused at start-up by the registry's validation, and at processing time
 
 A state endpoint consumes no token: its senders create none for it (they know its strategy
 from the registry), and it honours no protocol (`eo-*`) header of a delivery. The entry
-records the body's SHA-256 too: a known message ID with another body is dead-lettered
-(`MessageIdReused`), never re-evaluated as a copy.
+records the message's digest too (type and body, `Envelope.digest`): a known message ID
+with another type or body is dead-lettered (`MessageIdReused`), never re-evaluated as a
+copy.
 
 Retention (`StateRetention`) drops an entry once the entry after it is older than the window:
 the latest snapshot always stays, and every entry inside the window keeps its predecessor, so
@@ -44,7 +45,7 @@ from types import MappingProxyType
 from typing import Any
 
 from application.codec import encode
-from application.envelope import Envelope
+from application.envelope import Envelope, lineage
 from application.errors import Duplicate, MessageIdReused, PermanentError
 from application.failpoints import Failpoints
 from application.handler_runner import HandlerRunner
@@ -61,19 +62,21 @@ def outgoing_id(incoming: uuid.UUID, endpoint: str, index: int) -> uuid.UUID:
 
 
 def outgoing_envelopes(
-    endpoint: str, incoming: uuid.UUID, decision: Decision[Any]
+    endpoint: str, incoming: Envelope, decision: Decision[Any]
 ) -> list[tuple[str, Envelope]]:
-    """(destination, envelope) of every output, with derived IDs and no token header:
-    identical bytes for identical decisions."""
+    """(destination, envelope) of every output, with derived IDs, the lineage headers of
+    `incoming` (as delivered: they are informational, see `application.envelope.lineage`)
+    and no token header: identical bytes for identical decisions and deliveries."""
+    chain = MappingProxyType(lineage(incoming))
     return [(out.destination,
-             Envelope(outgoing_id(incoming, endpoint, i), type(out.message).__name__,
-                      encode(out.message), MappingProxyType({})))
+             Envelope(outgoing_id(incoming.message_id, endpoint, i), type(out.message).__name__,
+                      encode(out.message), chain))
             for i, out in enumerate(decision.outgoing)]
 
 
-def _record(context: Context, body_sha256: str) -> dict[str, Any]:
+def _record(context: Context, stored: Envelope) -> dict[str, Any]:
     return {"now": context.now.isoformat(), "attempt_id": str(context.attempt_id),
-            "body_sha256": body_sha256}
+            "body_sha256": stored.body_sha256, "digest": stored.digest}
 
 
 def _replayed(message_id: uuid.UUID, recorded: Mapping[str, Any]) -> Context:
@@ -139,19 +142,19 @@ class StatePath:
                 decision = await self.runner.decide(state, message, context, partition,
                                                     changed)
                 _refuse_artifacts(name, decision)
-                outgoing = outgoing_envelopes(name, m, decision)
+                outgoing = outgoing_envelopes(name, envelope, decision)
                 await self._hit("before_append")
                 await self.stream.append(partition, version, m, decision.state,
-                                         _record(context, stored.body_sha256))
+                                         _record(context, stored))
                 self.events.emit(TRANSACTION_COMMITTED, **fields)
                 await self._hit("after_append")
             else:  # a duplicate: the state before its entry, the context it saw then
-                recorded_sha = entry.recorded.get("body_sha256")
-                if recorded_sha is not None and recorded_sha != stored.body_sha256:
+                if not stored.same_message(entry.recorded.get("digest"),
+                                           entry.recorded.get("body_sha256")):
                     raise MessageIdReused(m)  # not a copy: another message under m's ID
                 decision = self.runner.handle(state, message, _replayed(m, entry.recorded))
                 _refuse_artifacts(name, decision)
-                outgoing = outgoing_envelopes(name, m, decision)
+                outgoing = outgoing_envelopes(name, envelope, decision)
             for destination, out in outgoing:
                 await self.dispatcher.dispatch(destination, out)
             await self._hit("after_publish_all")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dependency_injector import containers, providers
+from yarl import URL
 
 from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
@@ -106,6 +107,14 @@ async def rabbit_resource(settings: Settings, name: str) -> AsyncIterator[Rabbit
         await connection.close()
 
 
+def broker_user(settings: Settings) -> str:
+    """The service's own RabbitMQ user: the AMQP URL's, or `guest` as aio-pika logs in
+    without one. The copies the service publishes carry it as `user_id`, which is how a
+    source tells them from an outside producer's messages
+    (`adapters.rabbitmq.dispatcher.producer_of`)."""
+    return URL(settings.amqp()).user or "guest"
+
+
 def postgres_stores(pool: Any, clock: Clock, registry: Registry, holds_tokens: bool = False
                     ) -> dict[str, PostgresTransactionalStore]:
     """One store per endpoint of `registry` (callees included), sharing the pool;
@@ -173,8 +182,11 @@ class LocalContainer(containers.DeclarativeContainer):
     rabbit = providers.Resource(rabbit_resource, settings, connection_name)
     failpoints = providers.Singleton(
         failpoints_from, settings, events, rabbit.provided.drop)
+    #: the service's broker user (`broker_user`)
+    service_user = providers.Callable(broker_user, settings)
     dispatcher = providers.Singleton(
-        with_duplicates, providers.Singleton(RabbitDispatcher, rabbit), settings, events)
+        with_duplicates, providers.Singleton(RabbitDispatcher, rabbit, service_user), settings,
+        events)
     blobs = providers.Resource(blob_resource, settings, registry)
     http_client = providers.Resource(http_client_resource, settings.provided.http_timeout_s)
     http = providers.Callable(http_requests, settings, http_client)

@@ -23,34 +23,43 @@ class InboxRow:
     relayed_at: datetime | None = None
 
 
+#: an inbox row's key: its producer and natural message ID
+Key = tuple[str, uuid.UUID]
+
+
+def _key(envelope: Envelope) -> Key:
+    return envelope.producer, envelope.message_id
+
+
 @dataclass
 class MemoryClaim(InboxClaim):
     """Rows claimed by one relay; marks are applied when the claim ends without error."""
 
     envelopes: Sequence[Envelope]
-    marked: set[uuid.UUID] = field(default_factory=set)
+    marked: set[Key] = field(default_factory=set)
 
-    async def mark_relayed(self, message_ids: Sequence[uuid.UUID]) -> None:
+    async def mark_relayed(self, rows: Sequence[Envelope]) -> None:
         await asyncio.sleep(0)
-        claimed = {e.message_id for e in self.envelopes}
-        self.marked.update(m for m in message_ids if m in claimed)
+        claimed = {_key(e) for e in self.envelopes}
+        self.marked.update(k for k in map(_key, rows) if k in claimed)
 
 
 class MemoryInbox(Inbox):
-    """Rows keyed by natural message ID in arrival order. Each call yields to the event loop
-    once, as a round trip would; a claim hides its rows from other claims until it ends."""
+    """Rows keyed by (producer, natural message ID) in arrival order, the producer being the
+    envelope's as given (no roles here). Each call yields to the event loop once, as a round
+    trip would; a claim hides its rows from other claims until it ends."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.rows: dict[uuid.UUID, InboxRow] = {}
-        self._claimed: set[uuid.UUID] = set()
+        self.rows: dict[Key, InboxRow] = {}
+        self._claimed: set[Key] = set()
 
     async def add(self, envelopes: Sequence[Envelope]) -> int:
         await asyncio.sleep(0)
         now, new = self.clock.now(), 0
         for envelope in envelopes:
-            if envelope.message_id not in self.rows:
-                self.rows[envelope.message_id] = InboxRow(envelope, now)
+            if _key(envelope) not in self.rows:
+                self.rows[_key(envelope)] = InboxRow(envelope, now)
                 new += 1
         return new
 

@@ -61,7 +61,8 @@ class MemoryTransactionalStore(TransactionalStore):
         self.tokens = tokens
         self.holds_tokens = tokens is not None
         self.partitions: dict[str, _Partition] = {}
-        self.processed_rows: dict[uuid.UUID, ProcessedMessage] = {}
+        #: processed-message rows by (producer, message ID): the claims (protocol 4)
+        self.processed_rows: dict[tuple[str, uuid.UUID], ProcessedMessage] = {}
         self.replies: dict[uuid.UUID, Reply] = {}
         self.cleanups: dict[int, DeferredCleanup] = {}
         self._cleanup_ids = itertools.count(1)
@@ -164,9 +165,9 @@ class MemoryTransactionalStore(TransactionalStore):
         if p.tr.is_committed or p.tr.version != r.expected_version:
             raise Conflict(f"partition {r.partition}: commit at v{r.expected_version}, "
                            f"TR at v{p.tr.version}")
-        if r.processed is not None and r.processed.message_id in self.processed_rows:
-            raise Conflict(f"message {r.processed.message_id} already has a processed-message "
-                           "row")
+        claim = None if r.processed is None else (r.processed.producer, r.processed.message_id)
+        if claim is not None and claim in self.processed_rows:
+            raise Conflict(f"message {claim[1]} already has a processed-message row")
         if r.tokens and self.tokens is None:
             raise ValueError("tokens passed to commit, but no token store is co-located")
         p.state = r.state
@@ -176,8 +177,8 @@ class MemoryTransactionalStore(TransactionalStore):
                    committed_at=self.clock.now())
         if r.reply is not None:
             self.replies[r.message_id] = r.reply
-        if r.processed is not None:
-            self.processed_rows[r.processed.message_id] = r.processed
+        if claim is not None and r.processed is not None:
+            self.processed_rows[claim] = r.processed
         if self.tokens is not None:
             for destination, envelope in r.tokens:
                 self.tokens.insert(destination, [envelope])
@@ -219,9 +220,10 @@ class MemoryTransactionalStore(TransactionalStore):
         self._defer(aborted, cleanup_due)
         return True
 
-    async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
+    async def processed(self, message_id: uuid.UUID, producer: str = ""
+                        ) -> ProcessedMessage | None:
         await asyncio.sleep(0)
-        return self.processed_rows.get(message_id)
+        return self.processed_rows.get((producer, message_id))
 
     async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
         await asyncio.sleep(0)
@@ -267,9 +269,9 @@ class MemoryTransactionalStore(TransactionalStore):
 
     async def purge_processed(self, before: datetime) -> int:
         await asyncio.sleep(0)
-        old = [m for m, row in self.processed_rows.items() if row.processed_at < before]
-        for m in old:
-            del self.processed_rows[m]
+        old = [key for key, row in self.processed_rows.items() if row.processed_at < before]
+        for key in old:
+            del self.processed_rows[key]
         return len(old)
 
     async def unfinished_count(self) -> int:

@@ -35,16 +35,19 @@ class PostgresClaim(InboxClaim):
     endpoint: str
     clock: Clock
 
-    async def mark_relayed(self, message_ids: Sequence[uuid.UUID]) -> None:
-        if message_ids:
+    async def mark_relayed(self, rows: Sequence[Envelope]) -> None:
+        if rows:
             await self.conn.execute(
-                "UPDATE eo_inbox SET relayed_at = $3 WHERE endpoint = $1 "
-                "AND message_id = ANY($2::uuid[])", self.endpoint, list(message_ids),
+                "UPDATE eo_inbox SET relayed_at = $4 WHERE endpoint = $1 "
+                "AND (producer, message_id) IN (SELECT * FROM unnest($2::text[], $3::uuid[]))",
+                self.endpoint, [e.producer for e in rows], [e.message_id for e in rows],
                 self.clock.now())
 
 
 class PostgresInbox(Inbox):
-    """Endpoint `endpoint`'s rows of `eo_inbox`, keyed by (endpoint, natural message ID).
+    """Endpoint `endpoint`'s rows of `eo_inbox`, keyed by (endpoint, producer, natural message
+    ID); the producer is the role that inserted the row (the column's default,
+    `current_user`: revision 0010), whatever the envelope says.
 
     A claim is one transaction holding its rows' locks while the relay publishes, so two
     gateway processes never publish the same rows at once; its marks commit with it. Times
@@ -61,7 +64,7 @@ class PostgresInbox(Inbox):
                 """INSERT INTO eo_inbox (endpoint, message_id, type, body, received_at)
                    SELECT $1, m, t, b, $5
                    FROM unnest($2::uuid[], $3::text[], $4::bytea[]) AS u(m, t, b)
-                   ON CONFLICT (endpoint, message_id) DO NOTHING""",
+                   ON CONFLICT (endpoint, producer, message_id) DO NOTHING""",
                 self.endpoint, [e.message_id for e in envelopes], [e.type for e in envelopes],
                 [e.body for e in envelopes], self.clock.now())
         return _count(status)
@@ -72,11 +75,12 @@ class PostgresInbox(Inbox):
             raise ValueError("limit must be at least 1")
         async with translated(), self.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
-                """SELECT message_id, type, body FROM eo_inbox
+                """SELECT message_id, type, body, producer FROM eo_inbox
                    WHERE endpoint = $1 AND relayed_at IS NULL
                    ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED""",
                 self.endpoint, limit)
-            yield PostgresClaim([Envelope(r["message_id"], r["type"], bytes(r["body"]))
+            yield PostgresClaim([Envelope(r["message_id"], r["type"], bytes(r["body"]),
+                                          producer=r["producer"])
                                  for r in rows], conn, self.endpoint, self.clock)
 
     async def purge_relayed(self, before: datetime) -> int:
@@ -115,8 +119,9 @@ async def create_staging(conn: asyncpg.Connection, name: str) -> None:
 
 async def merge_staging(conn: asyncpg.Connection, name: str, endpoint: str) -> tuple[int, int]:
     """In one transaction: insert the staged rows whose natural IDs are new to `endpoint`'s
-    inbox (`ON CONFLICT DO NOTHING`: rows already there, relayed or not, and copies inside
-    the staging table are skipped), then drop the staging table. Returns (rows staged, rows
+    inbox for this connection's role (the rows' producer; `ON CONFLICT DO NOTHING`: rows
+    already there, relayed or not, and copies inside the staging table are skipped), then
+    drop the staging table. Returns (rows staged, rows
     new). Raises asyncpg errors (e.g. a staged message ID that is not a UUID) unchanged."""
     table = _checked(name)
     async with conn.transaction():
@@ -124,7 +129,7 @@ async def merge_staging(conn: asyncpg.Connection, name: str, endpoint: str) -> t
         status = await conn.execute(
             f"""INSERT INTO eo_inbox (endpoint, message_id, type, body)
                 SELECT $1, message_id::uuid, type, body FROM {table}
-                ON CONFLICT (endpoint, message_id) DO NOTHING""", endpoint)
+                ON CONFLICT (endpoint, producer, message_id) DO NOTHING""", endpoint)
         await conn.execute(f"DROP TABLE {table}")
     return staged, _count(status)
 

@@ -132,7 +132,8 @@ SELECT tr.version, {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
 # $1 endpoint, $2 partition, $3 expected version, $4 state, $5 message, $6 attempt, $7 now,
 # $8 with processed-message row, $9-$15 record columns, $16 reply status, $17 reply body,
 # $18 outgoing, $19-$23 token columns, $24 the processed body's SHA-256, $25-$26 the IDs and
-# seqs of the messages whose tokens stand for their records. One statement: the TR update
+# seqs of the messages whose tokens stand for their records, $27 the producer, $28 the
+# message's digest (type and body). One statement: the TR update
 # guards every insert (FROM tr). The processed-message row is the claim of the message ID
 # (protocol 4): `_NOT_PROCESSED` sees the rows committed before the statement began, and a
 # concurrent commit of the same ID on another partition (another body) meets the primary key,
@@ -142,7 +143,8 @@ SELECT tr.version, {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
 PROCESSED_KEY = "eo_processed_message_pkey"
 _NOT_PROCESSED = """
      AND NOT ($8::boolean AND EXISTS (
-       SELECT 1 FROM eo_processed_message WHERE endpoint = $1 AND message_id = $5))"""
+       SELECT 1 FROM eo_processed_message
+        WHERE endpoint = $1 AND producer = $27 AND message_id = $5))"""
 COMMIT = f"""
 WITH {_commit_tr("$25", "$26", _NOT_PROCESSED)},
 recs AS (
@@ -157,8 +159,8 @@ reply AS (
   ON CONFLICT (endpoint, message_id) DO NOTHING),
 processed AS (
   INSERT INTO eo_processed_message
-    (endpoint, message_id, partition_key, outgoing, processed_at, body_sha256)
-  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8),
+    (endpoint, message_id, partition_key, outgoing, processed_at, body_sha256, producer, digest)
+  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24, $27, $28 FROM tr WHERE $8),
 {_insert_tokens(19)}{_COMMITTED}"""
 
 # COMMIT of the plain case: no record row, reply or processed-message row, only the TR and
@@ -211,8 +213,8 @@ WITH {_CLEAR_TR},
 {_consume("$4")}"""
 
 SELECT_PROCESSED = """
-SELECT partition_key, outgoing, processed_at, body_sha256 FROM eo_processed_message
- WHERE endpoint = $1 AND message_id = $2"""
+SELECT partition_key, outgoing, processed_at, body_sha256, digest FROM eo_processed_message
+ WHERE endpoint = $1 AND producer = $3 AND message_id = $2"""
 
 SELECT_REPLY = "SELECT status, body FROM eo_stored_reply WHERE endpoint = $1 AND message_id = $2"
 DELETE_REPLY = "DELETE FROM eo_stored_reply WHERE endpoint = $1 AND message_id = $2"

@@ -204,7 +204,9 @@ class PostgresTransactionalStore(TransactionalStore):
                         reply.status if reply else None, dict(reply.body) if reply else None,
                         [dict(o) for o in processed.outgoing] if processed else [],
                         *token_columns, processed.body_sha256 if processed else None,
-                        in_ids or None, in_seqs or None)
+                        in_ids or None, in_seqs or None,
+                        processed.producer if processed else "",
+                        processed.digest if processed else None)
                 except asyncpg.UniqueViolationError as exc:
                     if exc.constraint_name != sql.PROCESSED_KEY:
                         raise
@@ -292,13 +294,16 @@ class PostgresTransactionalStore(TransactionalStore):
                 [dict(r.payload) for r in aborted], cleanup_due, consume)
         return bool(cleared)
 
-    async def processed(self, message_id: uuid.UUID) -> ProcessedMessage | None:
+    async def processed(self, message_id: uuid.UUID, producer: str = ""
+                        ) -> ProcessedMessage | None:
         async with translated():
-            row = await self.pool.fetchrow(sql.SELECT_PROCESSED, self.endpoint, message_id)
+            row = await self.pool.fetchrow(sql.SELECT_PROCESSED, self.endpoint, message_id,
+                                           producer)
         if row is None:
             return None
         return ProcessedMessage(message_id, row["partition_key"], tuple(row["outgoing"]),
-                                row["processed_at"], row["body_sha256"])
+                                row["processed_at"], row["body_sha256"], row["digest"],
+                                producer)
 
     async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
         async with translated():

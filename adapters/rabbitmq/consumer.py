@@ -30,6 +30,7 @@ from adapters.rabbitmq.dispatcher import (
     attempt_of,
     envelope_message,
     envelope_of,
+    producer_of,
     text_headers,
 )
 from adapters.rabbitmq.topology import queue_names, retry_index
@@ -38,6 +39,7 @@ from application.envelope import (
     BODY_BYTES_HEADER,
     ENDPOINT_HEADER,
     NO_MESSAGE_ID_HEADER,
+    PRODUCER_HEADER,
     REASON_HEADER,
     RETRY_REASON_HEADER,
     Envelope,
@@ -97,7 +99,8 @@ class RabbitDelivery(Delivery):
         """Redeliver after the retry queue delay that is the smallest >= `delay_s` seconds
         (else the longest), with `eo-attempts` = this attempt and `eo-retry-reason`."""
         copy = envelope_message(self.envelope, {ATTEMPTS_HEADER: str(self.attempt),
-                                                RETRY_REASON_HEADER: capped(reason)})
+                                                RETRY_REASON_HEADER: capped(reason)},
+                                self._source.service_user)
         await self._settle((self._source.retry_queue(delay_s), copy))
 
     async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
@@ -114,7 +117,8 @@ class RabbitDelivery(Delivery):
             headers.update(sizes)
         try:
             await self._settle((queue_names(endpoint, 0).dead_letter,
-                                envelope_message(envelope, headers)))
+                                envelope_message(envelope, headers,
+                                                 self._source.service_user)))
         except PublishRefused as exc:
             raise DeadLetterRefused(str(exc)) from exc
 
@@ -158,14 +162,18 @@ class RabbitSource:
     SHA-256), never yielded, and counted in `rejected`; when the dead-letter queue refuses
     them (full) they wait in the longest retry queue instead. A delivery keeps only the
     protocol's headers and those named in `kept_headers`. `retry_delays_s` must match the
-    declared retry queues (seconds, non-empty).
+    declared retry queues (seconds, non-empty). `service_user` is the service's own broker
+    user (the copies it publishes carry it as `user_id`, so their `eo-producer` is trusted:
+    `adapters.rabbitmq.dispatcher.producer_of`); with `require_producer` (a gateway in
+    production) a message without `user_id` is dead-lettered, as it names no producer.
     """
 
     def __init__(self, connection: RabbitConnection, endpoint: str,
                  retry_delays_s: Sequence[float], max_body_bytes: int = 1_048_576,
                  events: EventSink | None = None, watchdog_s: float = 30.0,
                  watchdog_interval_s: float | None = None, dead_letter_body_bytes: int = 4096,
-                 kept_headers: Collection[str] = ()) -> None:
+                 kept_headers: Collection[str] = (), service_user: str | None = None,
+                 require_producer: bool = False) -> None:
         if not retry_delays_s:
             raise ValueError("RabbitSource needs at least one retry delay")
         if watchdog_s <= 0:
@@ -177,6 +185,7 @@ class RabbitSource:
         self.max_body_bytes = max_body_bytes
         self.dead_letter_body_bytes = dead_letter_body_bytes
         self.kept_headers = frozenset(kept_headers)
+        self.service_user, self.require_producer = service_user, require_producer
         self.events = events
         self.watchdog_s = watchdog_s
         self.watchdog_interval_s = watchdog_interval_s or min(5.0, watchdog_s / 3)
@@ -227,7 +236,8 @@ class RabbitSource:
                 if _channel_lost(message):
                     continue  # the broker requeued it when the channel died
                 try:
-                    envelope = envelope_of(message, self.max_body_bytes, self.kept_headers)
+                    envelope = envelope_of(message, self.max_body_bytes, self.kept_headers,
+                                           self.service_user, self.require_producer)
                 except MalformedMessage as exc:
                     await self._reject(message, exc.reason)
                     continue
@@ -419,7 +429,12 @@ class RabbitSource:
             self._settled_singly(message)
 
     async def _reject(self, message: AbstractIncomingMessage, reason: str) -> None:
-        headers = known_headers(text_headers(message.headers), self.kept_headers)
+        raw = text_headers(message.headers)
+        headers = known_headers(raw, self.kept_headers)
+        headers.pop(PRODUCER_HEADER, None)  # a producer's own claim: never passed on
+        producer = producer_of(message.user_id, raw, self.service_user)
+        if producer:
+            headers[PRODUCER_HEADER] = producer
         attempt = attempt_of(headers)
         body, sizes = clipped_body(message.body, self.dead_letter_body_bytes)
         if BODY_BYTES_HEADER in headers:  # clipped before (it waited in a retry queue)
@@ -433,14 +448,16 @@ class RabbitSource:
             try:
                 await self.connection.publish(
                     self.names.dead_letter,
-                    amqp_message(message.message_id, message.type, body, headers))
+                    amqp_message(message.message_id, message.type, body, headers,
+                                 self.service_user))
             except PublishRefused:
                 # the dead-letter queue is full: the message waits in the longest retry
                 # queue (it comes back, and is refused again until the queue is drained)
                 headers[RETRY_REASON_HEADER] = capped(f"dead-letter queue full; {reason}")
                 await self.connection.publish(
                     self.retry_queue(max(self.retry_delays_s)),
-                    amqp_message(message.message_id, message.type, body, headers))
+                    amqp_message(message.message_id, message.type, body, headers,
+                                 self.service_user))
                 parked = True
             with translated("ack of a rejected message"):
                 await message.ack()

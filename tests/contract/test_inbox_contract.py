@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -48,7 +49,8 @@ class InboxContract:
         async with inbox.claim(10) as claim:
             got = {e.message_id: e for e in claim.envelopes}
         assert set(got) == {uuid.UUID(int=n) for n in (1, 2, 3)}
-        assert got[uuid.UUID(int=1)] == _env(1)  # type, body, no headers
+        first = got[uuid.UUID(int=1)]
+        assert (first.type, first.body, dict(first.headers)) == ("AddItem", b'{"n":1}', {})
 
     async def test_claims_oldest_first_and_marks_when_the_claim_ends(
         self,
@@ -60,7 +62,7 @@ class InboxContract:
         await inbox.add([_env(n) for n in range(4, 6)])
         async with inbox.claim(3) as claim:
             assert {e.message_id.int for e in claim.envelopes} == {1, 2, 3}
-            await claim.mark_relayed([uuid.UUID(int=1), uuid.UUID(int=2), uuid.UUID(int=9)])
+            await claim.mark_relayed([e for e in claim.envelopes if e.message_id.int < 3])
         assert await inbox.count_pending() == 3
         async with inbox.claim(10) as claim:
             assert {e.message_id.int for e in claim.envelopes} == {3, 4, 5}
@@ -75,7 +77,7 @@ class InboxContract:
 
         async def crash_before_the_claim_ends() -> None:
             async with inbox.claim(10) as claim:
-                await claim.mark_relayed([e.message_id for e in claim.envelopes])
+                await claim.mark_relayed(claim.envelopes)
                 raise RuntimeError("crash between publish and the claim's end")
 
         with pytest.raises(RuntimeError, match="crash"):
@@ -96,7 +98,7 @@ class InboxContract:
                 assert len(a) == 2
                 assert len(b) == 3
                 assert not a & b
-                await second.mark_relayed(list(b))
+                await second.mark_relayed(second.envelopes)
             async with inbox.claim(10) as third:  # the first claim still holds its rows
                 assert not third.envelopes
         assert await inbox.count_pending() == 2
@@ -108,10 +110,10 @@ class InboxContract:
         inbox, clock = inbox_and_clock
         await inbox.add([_env(n) for n in range(1, 5)])
         async with inbox.claim(10) as claim:
-            await claim.mark_relayed([uuid.UUID(int=1), uuid.UUID(int=2)])
+            await claim.mark_relayed([e for e in claim.envelopes if e.message_id.int < 3])
         clock.advance(timedelta(days=1))
         async with inbox.claim(10) as claim:
-            await claim.mark_relayed([uuid.UUID(int=3)])
+            await claim.mark_relayed([e for e in claim.envelopes if e.message_id.int == 3])
         cutoff = clock.now() - timedelta(hours=1)
         assert await inbox.purge_relayed(cutoff) == 2
         assert await inbox.purge_relayed(cutoff) == 0
@@ -141,7 +143,7 @@ class InboxContract:
                         return
                     seen.extend(e.message_id for e in claim.envelopes)
                     await asyncio.sleep(0)
-                    await claim.mark_relayed([e.message_id for e in claim.envelopes])
+                    await claim.mark_relayed(claim.envelopes)
 
         await asyncio.gather(relay(), relay(), relay())
         assert sorted(m.int for m in seen) == list(range(1, 41))
@@ -153,9 +155,35 @@ class TestMemoryInbox(InboxContract):
     async def make(self, clock: ManualClock) -> AsyncIterator[Any]:
         yield MemoryInbox(clock)
 
+    async def test_rows_are_keyed_by_producer_and_natural_id(
+        self, inbox_and_clock: tuple[Any, ManualClock]
+    ) -> None:
+        """No roles in memory: the envelope's producer is taken as given (embedded
+        profile)."""
+        inbox, _ = inbox_and_clock
+        billing, mallory = replace(_env(1), producer="billing"), replace(_env(1), producer="m")
+        assert await inbox.add([mallory, billing, billing]) == 2
+        async with inbox.claim(10) as claim:
+            assert {e.producer for e in claim.envelopes} == {"billing", "m"}
+            await claim.mark_relayed([e for e in claim.envelopes if e.producer == "m"])
+        async with inbox.claim(10) as claim:
+            assert [e.producer for e in claim.envelopes] == ["billing"]
+
 
 class TestPostgresInbox(InboxContract):
     @asynccontextmanager
     async def make(self, clock: ManualClock) -> AsyncIterator[Any]:
         async with postgres_pool() as pool:  # an endpoint of its own: the table is shared
             yield PostgresInbox(pool, f"contract-{uuid.uuid4()}", clock)
+
+    async def test_the_producer_is_the_role_that_added_the_row(
+        self, inbox_and_clock: tuple[Any, ManualClock]
+    ) -> None:
+        """Whatever the envelope claims, a row's producer is the database role that inserted
+        it (revision 0010's default): a producer cannot write under another's name."""
+        inbox, _ = inbox_and_clock
+        assert await inbox.add([replace(_env(1), producer="someone-else")]) == 1
+        assert await inbox.add([_env(1)]) == 0  # the same role, the same ID: a re-run
+        role = await inbox.pool.fetchval("SELECT current_user")
+        async with inbox.claim(10) as claim:
+            assert [e.producer for e in claim.envelopes] == [role]

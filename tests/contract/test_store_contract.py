@@ -251,6 +251,32 @@ class TransactionalStoreContract:
         assert await store.purge_processed(clock.now() - timedelta(days=7)) == 1
         assert await store.processed(M) is None
 
+    async def test_a_processed_message_row_claims_the_id_for_its_producer(
+        self, store_and_clock
+    ) -> None:
+        """The claim is (producer, message ID) and keeps the message's digest: another
+        producer's row under the same ID is another claim (protocol 4, issue 24)."""
+        store, clock = store_and_clock
+
+        def row(partition: str, producer: str) -> ProcessedMessage:
+            return ProcessedMessage(M, partition, (), clock.now(), "ab" * 32, "cd" * 32,
+                                    producer)
+
+        for partition, producer in (("p", "billing"), ("q", "mallory"), ("r", "")):
+            await store.load_tr(partition)
+            await store.commit(CommitRequest(partition, 0, Tally(), M, A, [],
+                                             processed=row(partition, producer)))
+        got = await store.processed(M, "billing")
+        assert (got.partition, got.digest, got.producer) == ("p", "cd" * 32, "billing")
+        assert (await store.processed(M, "mallory")).partition == "q"
+        assert (await store.processed(M)).partition == "r"
+        assert await store.processed(M, "nobody") is None
+        await store.load_tr("s")
+        with pytest.raises(Conflict):  # billing's claim is taken: nothing of it commits
+            await store.commit(CommitRequest("s", 0, Tally(("x",)), M, B, [],
+                                             processed=row("s", "billing")))
+        assert (await store.load_tr("s")).message_id is None
+
     async def test_commit_returns_what_finish_would_read(self, store_and_clock) -> None:
         store, _ = store_and_clock
         await store.load_tr("p")

@@ -125,8 +125,8 @@ class _CrashingInbox:
                 class Marking:
                     envelopes = claim.envelopes
 
-                    async def mark_relayed(self, ids: Sequence[uuid.UUID]) -> None:
-                        await claim.mark_relayed(ids)
+                    async def mark_relayed(self, rows: Sequence[Envelope]) -> None:
+                        await claim.mark_relayed(rows)
                         raise Crash("killed before the claim committed its marks")
 
                 yield Marking()

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import pika
@@ -36,6 +37,7 @@ from application.envelope import (
 )
 from application.errors import DeadLetterRefused, TransientError
 from application.observability import MESSAGE_DEAD_LETTER_REFUSED, CountingSink
+from tests.support.processes import broker_user, this_run
 from tests.support.services import discover
 
 DELAYS = (0.05, 0.2)
@@ -523,3 +525,72 @@ async def test_acks_settled_together_share_frames_and_none_is_lost_or_doubled(
     await rabbit.consumer.close()  # anything left unacked would be requeued now
     await asyncio.sleep(0.2)
     assert await rabbit.depth(rabbit.names.work) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the producer's identity (issue 24: a gateway's deduplication is scoped to it)
+
+
+@pytest.fixture
+def producer_url(amqp_url: str) -> Iterator[str]:
+    """The broker as an outside producer of its own (a user this test run made)."""
+    with broker_user(amqp_url, this_run("eo-it-producer", "-")) as url:
+        yield url
+
+
+async def _publish_as(url: str, queue: str, message: aio_pika.Message) -> None:
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.default_exchange.publish(message, routing_key=queue)
+    finally:
+        await connection.close()
+
+
+def _add(amount: int, **properties: Any) -> aio_pika.Message:
+    return aio_pika.Message(f'{{"counter": "c-1", "amount": {amount}}}'.encode(),
+                            message_id=str(uuid.uuid4()), type="Add", **properties)
+
+
+async def test_the_producer_is_the_validated_user_id_and_survives_the_services_copies(
+    rabbit: Rabbit, producer_url: str,
+) -> None:
+    """RabbitMQ checks `user_id` against the publishing connection's user, so a validated
+    one names the producer; a producer's own `eo-producer` header names nobody; the
+    service's copies (published with its `user_id`) keep the producer they carry."""
+    work, producer = rabbit.names.work, urlsplit(producer_url).username
+    with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed, match="user_id"):
+        await _publish_as(producer_url, work, _add(1, user_id="guest"))  # forged: refused
+    await _publish_as(producer_url, work, _add(2, user_id=producer,
+                                                headers={"eo-producer": "billing"}))
+    await _publish_as(producer_url, work, _add(3, headers={"eo-producer": "billing"}))
+    source = RabbitSource(rabbit.consumer, work, DELAYS, service_user="guest")
+    async with pumped(source) as received:
+        signed = await asyncio.wait_for(received.get(), 3.0)
+        anonymous = await asyncio.wait_for(received.get(), 3.0)
+        await anonymous.ack()
+        assert (signed.envelope.producer, anonymous.envelope.producer) == (producer, "")
+        assert "eo-producer" not in signed.envelope.headers  # a claim is not kept
+        assert "eo-producer" not in anonymous.envelope.headers
+        await signed.retry(0.05, "a transient failure")  # published as the service
+        again = await asyncio.wait_for(received.get(), 3.0)
+        await again.ack()
+    assert (again.envelope.message_id, again.envelope.producer, again.attempt) == (
+        signed.envelope.message_id, producer, 2)
+
+
+async def test_a_gateway_that_requires_producers_dead_letters_an_anonymous_message(
+    rabbit: Rabbit, producer_url: str,
+) -> None:
+    work, producer = rabbit.names.work, urlsplit(producer_url).username
+    await _publish_as(producer_url, work, _add(1))
+    await _publish_as(producer_url, work, _add(2, user_id=producer))
+    source = RabbitSource(rabbit.consumer, work, DELAYS, service_user="guest",
+                          require_producer=True)
+    async with pumped(source) as received:
+        delivery = await asyncio.wait_for(received.get(), 3.0)
+        await delivery.ack()
+    assert delivery.envelope.producer == producer
+    (dead,) = await rabbit.drain(rabbit.names.dead_letter)
+    assert str(dead.headers[REASON_HEADER]).startswith("no user_id: this gateway takes "
+                                                       "messages of authenticated producers")

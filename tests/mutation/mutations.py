@@ -263,9 +263,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="outbox-without-positive-proof",
         guard="4: a processed-message row drops the copies of a processed message",
         file="application/outbox_path.py",
-        before="""        row = await self.processed.processed(stored.message_id)
+        before="""        row = await self.processed.processed(stored.message_id, stored.producer)
         if row is not None:""",
-        after="""        row = await self.processed.processed(stored.message_id)
+        after="""        row = await self.processed.processed(stored.message_id, stored.producer)
         if False:""",
         killers=("tests/unit/application/test_outbox.py::test_duplicate_republishes_the_"
                  "stored_copy_without_running_the_handler",),
@@ -274,18 +274,42 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="outbox-accepts-another-body-under-a-known-id",
         guard="4 (amendment): a known message ID with another body is no copy",
         file="application/outbox_path.py",
-        before="""            if row.body_sha256 is not None and row.body_sha256 != stored.body_sha256:""",
+        before="""            if not stored.same_message(row.digest, row.body_sha256):""",
         after="""            if False:""",
         killers=("tests/unit/application/test_boundary_security.py",),
+        invariants=("I1",)),
+    Mutation(
+        name="digest-ignores-the-type",
+        guard="4 (amendment): the digest that tells a copy from another message under a "
+              "known ID covers the type and the body",
+        file="application/envelope.py",
+        before="""        return hashlib.sha256(b"%d:%s" % (len(kind), kind) + self.body).hexdigest()""",
+        after="""        return hashlib.sha256(self.body).hexdigest()""",
+        killers=("tests/unit/application/test_boundary_security.py::test_a_known_message_id_"
+                 "with_the_same_bytes_but_another_type_is_no_copy",),
+        invariants=("I1",)),
+    Mutation(
+        name="gateway-claim-ignores-the-producer",
+        guard="4 (amendment): a gateway's claim is (producer, message ID): one producer "
+              "cannot squat another's IDs",
+        file="application/outbox_path.py",
+        before="""        row = await self.processed.processed(stored.message_id, stored.producer)""",
+        after="""        row = await self.processed.processed(stored.message_id)""",
+        also=(("application/outbox_path.py",
+               """                                self.clock.now(), stored.body_sha256, stored.digest,
+                                stored.producer)""",
+               """                                self.clock.now(), stored.body_sha256, stored.digest)"""),),
+        killers=("tests/unit/application/test_boundary_security.py::test_a_producer_cannot_"
+                 "squat_another_producers_message_ids",),
         invariants=("I1",)),
     Mutation(
         name="processed-claim-does-nothing-on-conflict",
         guard="4: the processed-message row claims the message ID; the commit that loses "
               "the claim (a concurrent commit of the ID on another partition) rolls back whole",
         file="adapters/postgres/sql.py",
-        before="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8),""",
-        after="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24 FROM tr WHERE $8
-  ON CONFLICT (endpoint, message_id) DO NOTHING),""",
+        before="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24, $27, $28 FROM tr WHERE $8),""",
+        after="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24, $27, $28 FROM tr WHERE $8
+  ON CONFLICT (endpoint, producer, message_id) DO NOTHING),""",
         killers=("tests/integration/test_postgres_protocol.py::test_one_message_id_with_two_"
                  "bodies_on_two_partitions_commits_once",),
         invariants=("I1",)),

@@ -123,6 +123,26 @@ def private_vhost(url: str, vhost: str) -> str:
     return urlunsplit(parts._replace(path=f"/{vhost}"))
 
 
+@contextlib.contextmanager
+def broker_user(url: str, name: str) -> Iterator[str]:
+    """A RabbitMQ user `name` (this run's: pass a `this_run` name) with every right on the
+    virtual host of `url`, made with `rabbitmqctl` and deleted at the end; yields `url` as
+    that user. Fails the test when `rabbitmqctl` cannot manage the broker of `url`."""
+    if not _local_rabbitmqctl(url):
+        pytest.fail("a second broker user needs rabbitmqctl on this host for "
+                    f"{urlsplit(url).hostname}")
+    parts = urlsplit(url)
+    vhost = parts.path.lstrip("/") or "/"
+    password = uuid.uuid4().hex
+    _rabbitmqctl("add_user", name, password)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, name, ".*", ".*", ".*")
+        netloc = f"{name}:{password}@{parts.hostname}:{parts.port or 5672}"
+        yield urlunsplit(parts._replace(netloc=netloc))
+    finally:
+        _rabbitmqctl("delete_user", name)
+
+
 def delete_vhost(url: str) -> None:
     """Delete the virtual host of `url` (made by `private_vhost`), queues included; nothing
     when `url` is on the default one or `rabbitmqctl` is not at hand."""

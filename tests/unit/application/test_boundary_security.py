@@ -16,6 +16,7 @@ token endpoints, `bank` an HTTP callee.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -112,3 +113,42 @@ async def test_the_consumer_dead_letters_a_reused_message_id_with_its_reason() -
     (dead,) = system.broker.dead_letters["front"]
     assert dead.header("eo-reason") == f"message ID {message_id} reused with another body"
     assert decode(Add, dead.body) == Add(ACCOUNT, 1)
+
+
+async def test_a_known_message_id_with_the_same_bytes_but_another_type_is_no_copy() -> None:
+    """The duplicate check hashed the body only: a `Spend` with the ID and the very bytes of
+    an earlier `Add` was acked as a duplicate and lost (issue 24). The digest covers the
+    type and the body."""
+    system = counters()
+    message_id = uuid.uuid4()
+    add = outside_envelope(Add(ACCOUNT, 4), message_id)
+    assert await system.processor("front").process(add) is Outcome.PROCESSED
+    spend = outside_envelope(Spend(ACCOUNT, 4), message_id)
+    assert spend.body == add.body
+    with pytest.raises(MessageIdReused):
+        await system.processor("front").process(spend)
+    assert await system.processor("front").process(add) is Outcome.DUPLICATE
+    assert system.runs("front") == 1
+
+
+async def test_a_producer_cannot_squat_another_producers_message_ids() -> None:
+    """A squatter that sends a known ID first with a body of its own made the real command a
+    dead letter, and again on replay (issue 24). The gateway's claim is (producer, message
+    ID), the producer being the identity the transport authenticated (`Envelope.producer`):
+    the squatter's command and the real one are both processed, each once."""
+    system = counters()
+    message_id = uuid.uuid5(uuid.NAMESPACE_URL, "Add/c1/1")  # a natural ID anyone can derive
+    squat = replace(outside_envelope(Add(ACCOUNT, 64), message_id), producer="mallory")
+    real = replace(outside_envelope(Add(ACCOUNT, 1), message_id), producer="billing")
+    assert await system.processor("front").process(squat) is Outcome.PROCESSED
+    assert await system.processor("front").process(real) is Outcome.PROCESSED
+    assert await system.processor("front").process(real) is Outcome.DUPLICATE
+    assert await system.processor("front").process(squat) is Outcome.DUPLICATE
+    anonymous = outside_envelope(Add(ACCOUNT, 2), message_id)  # unauthenticated: its own scope
+    assert await system.processor("front").process(anonymous) is Outcome.PROCESSED
+    with pytest.raises(MessageIdReused):  # within one producer's scope a reuse is refused
+        await system.processor("front").process(replace(real, body=squat.body))
+    # a duplicate re-publishes its stored copy: 5 publications of 3 messages
+    relayed = {e.message_id: decode(Add, e.body) for e in
+               [(await take(system.broker, "counter")).envelope for _ in range(5)]}
+    assert sorted(a.amount for a in relayed.values()) == [1, 2, 64]

@@ -56,8 +56,8 @@ class _CrashingInbox:
                 class Marking:
                     envelopes = claim.envelopes
 
-                    async def mark_relayed(self, ids: Sequence[uuid.UUID]) -> None:
-                        await claim.mark_relayed(ids)
+                    async def mark_relayed(self, rows: Sequence[Envelope]) -> None:
+                        await claim.mark_relayed(rows)
                         raise Crash(f"relay of {outer.inner} killed before its commit")
 
                 yield Marking()  # type: ignore[misc]
@@ -108,7 +108,7 @@ async def test_relay_publishes_each_pending_row_once_under_its_natural_id() -> N
     await _run_gateway(system, broker)
     assert broker.depth("counter") == 9
     # the gateway received them under the producer's IDs: its processed-message rows
-    assert set(system.store("front").processed_rows) == {c.message_id for c in commands}
+    assert {m for _, m in system.store("front").processed_rows} == {c.message_id for c in commands}
     assert await system.tokens.count() == 9
     assert events.total(TRANSACTION_COMMITTED) == 9
 
@@ -196,7 +196,7 @@ async def test_the_gateway_sweeper_purges_relayed_rows_after_the_retention_windo
     system, _, _, clock = _system()
     await system.inbox.add(_commands(2))
     async with system.inbox.claim(3) as claim:
-        await claim.mark_relayed([e.message_id for e in claim.envelopes])
+        await claim.mark_relayed(claim.envelopes)
     clock.advance(timedelta(days=system.system.settings.retention_days, seconds=1))
     report = await system.sweeper("front").sweep()
     assert report.purged_inbox == 3

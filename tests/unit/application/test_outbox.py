@@ -67,7 +67,7 @@ async def test_the_inbox_row_stores_the_outgoing_messages_it_republishes() -> No
     world = _world()
     envelope = await world.send(Add("p", 5), M1)
     await world.processor().process(envelope)
-    row = world.store.processed_rows[M1]
+    row = world.store.processed_rows[("", M1)]
     assert (row.message_id, row.partition, row.processed_at) == (M1, "p", world.clock.now())
     (stored,) = row.outgoing
     ((destination, sent),) = world.dispatcher.sent
@@ -104,7 +104,7 @@ async def test_crash_after_commit_then_redelivery_publishes_the_same_copy(
     with pytest.raises(Crash):
         await world.processor(f"{point}=crash").process(envelope)
     assert world.store.partitions["p"].tr.message_id == M1
-    row = world.store.processed_rows[M1]  # written by the commit itself
+    row = world.store.processed_rows[("", M1)]  # written by the commit itself
     assert len(world.dispatcher.sent) == published_before_crash
     assert await world.processor().process(envelope) is Outcome.DUPLICATE
     assert len(world.dispatcher.sent) == published_before_crash + 1  # finished: once more
@@ -123,7 +123,7 @@ async def test_transient_failure_before_commit_leaves_no_inbox_row_and_retry_pro
     envelope = await world.send(Add("p", 5), M1)
     with pytest.raises(TransientError):
         await world.processor("before_commit=raise").process(envelope)
-    assert M1 not in world.store.processed_rows
+    assert ("", M1) not in world.store.processed_rows
     assert not world.dispatcher.sent
     assert await world.processor().process(envelope) is Outcome.PROCESSED
     assert world.store.partitions["p"].state.total == 5
@@ -150,7 +150,7 @@ async def test_retention_keeps_rows_inside_the_window() -> None:
     world.clock.advance(timedelta(days=6))
     report = await world.sweeper(world.processor()).sweep()
     assert report.purged_processed == 0
-    assert M1 in world.store.processed_rows
+    assert ("", M1) in world.store.processed_rows
     assert await world.processor().process(envelope) is Outcome.DUPLICATE
 
 
@@ -166,7 +166,7 @@ async def test_a_duplicate_older_than_the_retention_window_is_processed_again() 
     await world.processor().process(other)  # processed now: inside the window at the sweep
     report = await world.sweeper(world.processor()).sweep()
     assert report.purged_processed == 1
-    assert set(world.store.processed_rows) == {M2}
+    assert {m for _, m in world.store.processed_rows} == {M2}
 
     assert await world.processor().process(other) is Outcome.DUPLICATE
     assert await world.processor().process(envelope) is Outcome.PROCESSED
@@ -207,4 +207,4 @@ async def test_gateway_keeps_one_partition_per_counter() -> None:
         await world.processor().process(envelope)
     assert world.store.partitions["c42"].state == Relayed(1)
     assert world.store.partitions["c43"].state == Relayed(1)
-    assert set(world.store.processed_rows) == {e.message_id for e in envelopes}
+    assert {m for _, m in world.store.processed_rows} == {e.message_id for e in envelopes}

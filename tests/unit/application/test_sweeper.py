@@ -88,4 +88,4 @@ async def test_retention_purges_old_inbox_rows_only() -> None:
     world.clock.advance(timedelta(days=1, seconds=1))
     report = await world.sweeper(world.processor()).sweep()
     assert report.purged_processed == 1
-    assert set(world.store.processed_rows) == {uuid.UUID(int=2)}
+    assert {m for _, m in world.store.processed_rows} == {uuid.UUID(int=2)}

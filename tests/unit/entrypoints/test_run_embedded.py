@@ -102,6 +102,7 @@ class _AmqpMessage:
     message_id: str | None
     type: str | None
     headers: dict[str, Any] = field(default_factory=dict)
+    user_id: str | None = None
 
 
 def _amqp_reason(message: _AmqpMessage, max_body_bytes: int) -> str:
