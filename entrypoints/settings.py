@@ -4,10 +4,12 @@ name (its registry)."""
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +32,9 @@ DEFAULT_SERVICE = "service.registry:REGISTRY"
 SINGLE_PREFETCH = 8
 #: The first status port tried when `EO_METRICS_PORT` is unset (then the next free one).
 FIRST_STATUS_PORT = 9464
+#: RabbitMQ's default account, user and password; aio-pika sends it for a user or a password
+#: the AMQP URL leaves out.
+GUEST = "guest"
 
 
 S = TypeVar("S", bound="Settings")
@@ -71,8 +76,10 @@ class Settings(BaseSettings):
     defaults, checked against the registry at start-up (`resolve_service`).
     """
 
+    # the input of a failed validation holds every setting, DSNs and passwords included:
+    # never in an error (the chained ValidationError of a `SettingsError` traceback)
     model_config = SettingsConfigDict(env_prefix="EO_", env_nested_delimiter="__",
-                                      extra="ignore")
+                                      extra="ignore", hide_input_in_errors=True)
 
     profile: Profile = "embedded"
     service: str = Field(DEFAULT_SERVICE, pattern=r"^[\w.]+:\w+$",
@@ -148,6 +155,15 @@ class Settings(BaseSettings):
     inbox_batch: int = Field(200, ge=1, description="gateways: inbox rows relayed per round")
     duplicate_rate: float = Field(0.0, ge=0, le=1,
                                   description="fault injection: share of dispatches re-published")
+    allow_guest_broker_credentials: bool = Field(
+        False, description="production: accept an EO_AMQP_URL that logs in with RabbitMQ's "
+        "guest account or password (also what a URL without a user or password sends)")
+    allow_passwordless_dsn: bool = Field(
+        False, description="production: accept a PostgreSQL DSN with neither a password nor "
+        "a client certificate (trust or peer authentication, ~/.pgpass)")
+    allow_plain_http_callees: bool = Field(
+        False, description="production: accept http:// callee URLs (the bearer token then "
+        "travels in clear)")
 
     @field_validator("failpoints")
     @classmethod
@@ -185,7 +201,39 @@ class Settings(BaseSettings):
             if self.duplicate_rate:
                 raise ValueError("duplicate_rate: fault injection is refused by the "
                                  "production profile")
+            self._production_credentials()
         return self
+
+    def _production_credentials(self) -> None:
+        """Raise ValueError ("<field>: ...") for the first weak credential or clear-text
+        bearer token of a production configuration that no `allow_...` setting allows. The
+        message names the setting that would allow it, never the URL (it may hold a
+        password)."""
+        if not self.allow_guest_broker_credentials:
+            weak = guest_credentials(self.amqp())
+            if weak:
+                raise ValueError(f"amqp_url: {weak}: refused by the production profile (give "
+                                 "the service a RabbitMQ user of its own, deploy/rabbitmq/"
+                                 "setup.sh), unless EO_ALLOW_GUEST_BROKER_CREDENTIALS=true")
+        if not self.allow_passwordless_dsn:
+            for name in ("database_dsn", "token_dsn"):
+                dsn = getattr(self, name)
+                if dsn is not None and not authenticates(dsn.get_secret_value()):
+                    raise ValueError(
+                        f"{name}: no password (in the URL, a password= or passfile= "
+                        "parameter, PGPASSWORD or PGPASSFILE) and no client certificate "
+                        "(sslcert= with sslmode=verify-full): refused by the production "
+                        "profile, unless EO_ALLOW_PASSWORDLESS_DSN=true (trust or peer "
+                        "authentication, a password in ~/.pgpass)")
+        for name, callee in self.callees.items():
+            scheme = urlsplit(callee.url).scheme.lower() if callee.url else "https"
+            if scheme == "http" and not self.allow_plain_http_callees:
+                raise ValueError(f"callees__{name}__url: http:// sends the callee's bearer "
+                                 "token in clear: use https://; refused by the production "
+                                 "profile unless EO_ALLOW_PLAIN_HTTP_CALLEES=true")
+            if scheme not in ("http", "https"):
+                raise ValueError(f"callees__{name}__url: a callee is called over https:// "
+                                 "(http:// only with EO_ALLOW_PLAIN_HTTP_CALLEES=true)")
 
     def prefetch_for(self, batches: bool) -> int:
         """The deliveries in flight of one consumer (RabbitMQ's `prefetch_count`):
@@ -232,6 +280,47 @@ class Settings(BaseSettings):
     def callee(self, name: str) -> CalleeSettings:
         """The settings of callee `name` (its defaults when none are set)."""
         return self.callees.get(name) or CalleeSettings.model_validate({})
+
+
+def guest_credentials(amqp_url: str) -> str | None:
+    """Why `amqp_url` logs in to RabbitMQ with its default account `guest` (as user or as
+    password; aio-pika sends it for a user or password the URL leaves out), or None when it
+    does not: it names a user and a password of their own, or logs in with a client
+    certificate (`amqps://...?auth=external&certfile=...`, RabbitMQ's EXTERNAL mechanism).
+    The reason never quotes the URL."""
+    parts = urlsplit(amqp_url)
+    query = {k.lower(): v for k, v in parse_qsl(parts.query)}
+    if (parts.scheme.lower() == "amqps" and query.get("auth", "").lower() == "external"
+            and query.get("certfile")):
+        return None
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    if not user:
+        return "no user: the client logs in as guest, RabbitMQ's default account"
+    if user == GUEST:
+        return "the user is guest, RabbitMQ's default account"
+    if not password:
+        return "no password: the client sends guest's, RabbitMQ's default one"
+    if password == GUEST:
+        return "the password is guest's, RabbitMQ's default one"
+    return None
+
+
+def authenticates(dsn: str) -> bool:
+    """Whether a PostgreSQL `dsn` brings a credential of its own: a password (in the URL's
+    user part, a `password=` or `passfile=` parameter, or libpq's PGPASSWORD / PGPASSFILE
+    in this process's environment, which asyncpg reads when the DSN has none), or a client
+    certificate (`sslcert=`, or PGSSLCERT) with the server's identity checked
+    (`sslmode=verify-full`, or PGSSLMODE). Trust and peer authentication, and a password
+    found in the default ~/.pgpass, are none of these."""
+    parts = urlsplit(dsn)
+    query = {k.lower(): v for k, v in parse_qsl(parts.query)}
+    if parts.password or query.get("password") or query.get("passfile"):
+        return True
+    if os.environ.get("PGPASSWORD") or os.environ.get("PGPASSFILE"):
+        return True
+    certificate = query.get("sslcert") or os.environ.get("PGSSLCERT")
+    mode = query.get("sslmode") or os.environ.get("PGSSLMODE")
+    return bool(certificate) and mode == "verify-full"
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import asyncpg
 import psutil
 import pytest
 from rich.console import Console
@@ -20,6 +20,15 @@ from rich.console import Console
 from adapters.postgres.admin import with_database
 from tests.support.processes import this_run
 from tests.support.services import Services, discover
+from tests.support.users_stores import (
+    MARKER,
+    databases_like,
+    queued,
+    untouched_database,
+    users_database,
+    users_vhost,
+    vhosts,
+)
 from tools.bench.report import BenchResult, Params, as_json, print_table, write_json
 from tools.bench.run import PATHS, run_bench, spawn_worker
 
@@ -37,20 +46,13 @@ RUNS = (*((path, 1) for path in PATHS), ("token-batched", 2))
 
 
 @pytest.fixture
-async def result(services: Services) -> AsyncIterator[BenchResult]:
-    # a database of its own (the bench truncates its tables) and queues of its own
+async def result(services: Services) -> BenchResult:
+    # the bench makes its database and queues, and removes them
     dsn = with_database(services.postgres_dsn, this_run("eo_bench_test"))
-    prefix = f"bench-test-{uuid.uuid4().hex[:8]}"
-    yield await run_bench(Params(messages=MESSAGES, partitions=PARTITIONS, in_flight=8,
+    return await run_bench(Params(messages=MESSAGES, partitions=PARTITIONS, in_flight=8,
                                  batch_size=10, database_dsn=dsn, amqp_url=services.amqp_url,
-                                 prefix=prefix, latency_messages=60, runs=RUNS,
+                                 latency_messages=60, runs=RUNS,
                                  batch_wait_ms=2))  # batches also wait to fill
-    conn = await asyncpg.connect(dsn)
-    try:  # the bench deleted its queues and output tokens; drop its endpoints' rows too
-        for table in ("eo_transaction_record", "eo_processed_message", "eo_state_entry"):
-            await conn.execute(f"DELETE FROM {table} WHERE endpoint LIKE $1", f"{prefix}-%")
-    finally:
-        await conn.close()
 
 
 async def test_every_path_processes_every_message_and_leaves_what_it_should(
@@ -124,26 +126,25 @@ def test_the_bench_refuses_the_production_profile() -> None:
     assert "refuses the production profile" in " ".join(result.output.split())
 
 
-async def test_the_bench_refuses_a_database_holding_other_endpoints(services: Services) -> None:
-    """Each run empties the protocol's tables: a database with a service's rows in it is
-    refused, by name, before anything is touched."""
-    from adapters.postgres.admin import drop_database, ensure_database
-    from adapters.postgres.migrate import upgrade_async
-
-    dsn = with_database(services.postgres_dsn, this_run("eo_bench_refused"))
-    await ensure_database(dsn)
-    await upgrade_async(dsn)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("INSERT INTO eo_transaction_record (endpoint, partition_key) "
-                           "VALUES ('orders', 'o-1')")
-        with pytest.raises(RuntimeError, match="'orders'"):
-            await run_bench(Params(database_dsn=dsn, amqp_url=services.amqp_url,
-                                   runs=(("token", 1),)))
-        assert await conn.fetchval("SELECT count(*) FROM eo_transaction_record") == 1
-    finally:
-        await conn.close()
-        await drop_database(dsn)
+async def test_the_bench_leaves_a_users_database_and_queues_alone(services: Services) -> None:
+    """The bench once migrated, and emptied the tables of, the database `--database-dsn`
+    names, and deleted the queues of its prefix wherever the AMQP URL pointed (issue 24). It
+    now creates a database of its own on that server (the name as a prefix) and queues of
+    its own, and removes them: the user's database and queue under those very names survive,
+    and nothing of the run is left."""
+    name = this_run("eo_bench_user")
+    prefix = f"bench-user-{uuid.uuid4().hex[:8]}"
+    queue = f"{prefix}-token-1"  # the work queue the bench once deleted, then declared
+    async with users_database(services.postgres_dsn, name) as dsn, \
+            users_vhost(services.amqp_url, this_run("eo-bench-user", "-"), queue) as url:
+        result = await run_bench(Params(messages=20, partitions=5, database_dsn=dsn,
+                                        amqp_url=url, prefix=prefix, latency_messages=50,
+                                        runs=(("token", 1),)))
+        assert (await untouched_database(dsn), await queued(url, queue)) == (
+            (["user_marker"], [MARKER]), 1)
+        assert result.runs[0].at_rest["processed"] > 20
+        assert await databases_like(dsn, name) == []
+        assert [v for v in vhosts() if v.startswith(f"eo-bench-{os.getpid()}-")] == []
 
 
 async def test_the_statements_bench_processes_every_message_once_per_configuration(
@@ -198,9 +199,3 @@ async def test_the_instructions_bench_counts_the_consumer_under_callgrind(
     assert counts["token-batched"] == pytest.approx(total / 110)  # 60 drained + 50 paced
     with pytest.raises(ValueError, match="one process per run"):
         await measure(replace(params, runs=(("token-batched", 2),)), tmp_path)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("DELETE FROM eo_transaction_record WHERE endpoint LIKE $1",
-                           f"{prefix}-%")
-    finally:
-        await conn.close()

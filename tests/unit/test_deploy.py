@@ -70,3 +70,30 @@ def test_every_rendered_file_is_the_projects_own_file() -> None:
             raise AssertionError(f"{'/'.join(parts)} is a copy, not a symlink to {rendered.name}")
         if jinja.is_symlink():
             assert jinja.resolve() == rendered.resolve(), jinja
+
+
+def test_every_compose_service_on_the_production_profile_passes_its_settings() -> None:
+    """Production refuses guest credentials, passwordless DSNs and plain-HTTP callees unless
+    a setting allows each: the compose file, which runs the production profile, must start
+    (it did not when the refusals came: orders calls payments over compose's network)."""
+    import yaml
+
+    from entrypoints.settings import load_settings
+
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    checked = []
+    for name, service in compose["services"].items():
+        environment = {k: re.sub(r"\$\{(\w+)(:\?[^}]*)?\}", lambda m: f"x-{m.group(1)}", str(v))
+                       for k, v in (service.get("environment") or {}).items()}
+        if environment.get("EO_PROFILE") != "production" or not service.get("command"):
+            continue
+        overrides = {k.removeprefix("EO_").lower(): v for k, v in environment.items()
+                     if k.startswith("EO_") and "__" not in k}
+        callees: dict[str, dict[str, str]] = {}
+        for k, v in environment.items():
+            if k.startswith("EO_CALLEES__"):
+                _, callee, field = k.split("__")
+                callees.setdefault(callee.lower(), {})[field.lower()] = v
+        load_settings(**overrides, callees=callees)
+        checked.append(name)
+    assert "orders" in checked, checked

@@ -523,8 +523,10 @@ def test_every_setting_is_documented_in_the_configuration_page() -> None:
     assert missing == []
 
 
-PRODUCTION = {"profile": "production", "database_dsn": "postgresql://db/eo",
-              "amqp_url": "amqp://mq/eo"}
+# credentials of their own: production refuses guest and passwordless DSNs
+# (tests/unit/entrypoints/test_production_settings.py)
+PRODUCTION = {"profile": "production", "database_dsn": "postgresql://eo_app:pw@db/eo",
+              "amqp_url": "amqp://eo-service:pw@mq/eo"}
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,9 @@ def bench(
         min=0.05, max=1.0, help="latency's offered load, as a share of the throughput")] = 0.5,
     json_path: Annotated[Path, typer.Option("--json", help="where to write the results")] = Path(
         "var/bench.json"),
-    database_dsn: Annotated[str, typer.Option(help="a database of the bench's own")] = (
+    database_dsn: Annotated[str, typer.Option(
+        help="the server of the bench's own database, created as <name>_<pid>_<hex> (<name>: "
+             "the database this names, never touched) and dropped at the end")] = (
         "postgresql://postgres@127.0.0.1:5432/eo_bench"),
     amqp_url: Annotated[str | None, typer.Option(
         help="RabbitMQ (default: the local profile's)")] = None,
@@ -65,7 +67,9 @@ def bench(
     batched; FastStream), on PostgreSQL and RabbitMQ. Each consumer runs in processes of its
     own and drains a preloaded queue: messages/s, machine CPU per message per process group
     (Python, PostgreSQL, RabbitMQ), latency at a fixed offered load, each path's ratio to
-    the references, deduplication rows at rest (docs/bench.md)."""
+    the references, deduplication rows at rest (docs/bench.md). It works on a database, a
+    virtual host (when this host administers the broker) and queues of its own, removed at
+    the end."""
     from tools.bench.report import DEFAULT_RUNS, Params, print_table, write_json
     from tools.bench.run import run_bench
 

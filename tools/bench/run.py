@@ -15,7 +15,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.postgres.admin import ensure_database
+from adapters.postgres.admin import database_name
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
@@ -37,6 +37,7 @@ from tools.bench import endpoint as bench
 from tools.bench import references
 from tools.bench.report import BenchResult, Params, RunFigures, percentile_ms
 from tools.bench.worker import RETRY_DELAYS_S, TEMPLATE_PATHS
+from tools.scratch import fresh_name, own_database, own_vhost
 
 ROOT = Path(__file__).resolve().parents[2]
 PATHS = ("token", "token-batched", "outbox", "state", "minimal", "minimal-batched",
@@ -48,6 +49,10 @@ _EO_TABLES = ("eo_transaction_record", "eo_side_effect_record", "eo_deferred_cle
 _NEWEST = ("(SELECT DISTINCT ON (partition_key) state FROM eo_state_entry WHERE endpoint = $1 "
            "ORDER BY partition_key, version DESC) AS newest")
 _COUNT = "coalesce(sum((state->>'count')::bigint), 0)"
+#: The bench's database is `<the name --database-dsn gives, else this>_<pid>_<hex>`.
+BENCH_DATABASE = "eo_bench"
+#: Its virtual host (on a broker this host administers) is `<this>-<pid>-<hex>`.
+BENCH_VHOST = "eo-bench"
 
 
 def group_cpu_s() -> dict[str, float]:
@@ -157,18 +162,34 @@ class _Producer:
 
 
 async def run_bench(params: Params, on_run: Any = None, spawn: Any = None) -> BenchResult:
-    """Create and migrate the database, then run every (path, processes) of `params`,
-    `params.rounds` times, interleaved; `on_run(figures)` after each run. `spawn(config)`
-    starts a consumer process (default `spawn_worker`; `tools.bench.instructions` runs it
-    under callgrind). Raises
-    RuntimeError when the database holds another endpoint's rows: each run empties the
-    tables, so the bench needs a database of its own."""
-    await ensure_database(params.database_dsn)
+    """Run every (path, processes) of `params`, `params.rounds` times, interleaved;
+    `on_run(figures)` after each run. `spawn(config)` starts a consumer process (default
+    `spawn_worker`; `tools.bench.instructions` runs it under callgrind).
+
+    Each run empties the tables, so the bench works on stores of its own
+    (tools/scratch.py), removed at the end: a database `<name>_<pid>_<hex>` created on
+    the server of `params.database_dsn` (`<name>`: the database that DSN names, never
+    touched), a virtual host `eo-bench-<pid>-<hex>` when this host administers the broker
+    (else the URL's own), and queues `<prefix>-<pid>-<hex>-<path>-<processes>` that no one
+    else has. Raises what the services raise when they are unreachable or refuse (e.g. a
+    role that may not create databases)."""
+    prefix = database_name(params.database_dsn) or BENCH_DATABASE
+    async with own_database(params.database_dsn, prefix) as dsn, \
+            own_vhost(params.amqp_url, BENCH_VHOST, (), len(RETRY_DELAYS_S), "eo bench") as broker:
+        own = replace(params, database_dsn=dsn, amqp_url=broker.url,
+                      prefix=fresh_name(params.prefix, "-"))
+        machine, runs = await _rounds(own, on_run, spawn or spawn_worker)
+    return BenchResult(params, machine, runs)
+
+
+async def _rounds(params: Params, on_run: Any, spawn: Any
+                  ) -> tuple[dict[str, str], list[RunFigures]]:
+    """The machine's description and every run's figures, on the stores `params` name (the
+    bench's own: `run_bench`)."""
     await upgrade_async(params.database_dsn)
     admin = await create_pool(params.database_dsn, max_size=4)  # producer, checks
     driver = RabbitConnection(params.amqp_url)
     try:
-        await own_database(admin, params.prefix)
         await driver.start()
         for statement in references.SCHEMA:
             await admin.execute(statement)
@@ -179,45 +200,34 @@ async def run_bench(params: Params, on_run: Any = None, spawn: Any = None) -> Be
         runs = []
         for round_no in range(1, params.rounds + 1):
             for path, processes in params.runs:
-                figures = await _run(params, path, processes, round_no, admin, driver,
-                                     spawn or spawn_worker)
+                figures = await _run(params, path, processes, round_no, admin, driver, spawn)
                 runs.append(figures)
                 if on_run is not None:
                     on_run(figures)
     finally:
         await driver.close()
         await admin.close()
-    return BenchResult(params, machine, runs)
+    return machine, runs
 
 
-async def _queues(driver: RabbitConnection, work: str, sink: str, declare: bool) -> None:
+async def _declare(driver: RabbitConnection, work: str, sink: str) -> None:
+    """Declare a run's work and sink queues (names of the run's own: none exists yet)."""
+    await topology.declare(driver, work, RETRY_DELAYS_S, delivery_limit=20)
+    await topology.declare(driver, sink, (), delivery_limit=20)
+
+
+async def _delete(driver: RabbitConnection, work: str, sink: str) -> None:
+    """Delete the queues `_declare` declared, messages included."""
     names = topology.queue_names(work, len(RETRY_DELAYS_S))
     for name in (names.work, *names.retries, names.dead_letter, sink, f"{sink}.dlq"):
         await driver.channel.queue_delete(name)
-    if declare:
-        await topology.declare(driver, work, RETRY_DELAYS_S, delivery_limit=20)
-        await topology.declare(driver, sink, (), delivery_limit=20)
-
-
-async def own_database(admin: Any, prefix: str) -> None:
-    """Raise RuntimeError naming the endpoints found when the database holds rows of
-    endpoints other than the bench's (`<prefix>-...`)."""
-    others = await admin.fetch(
-        "SELECT DISTINCT endpoint FROM (SELECT endpoint FROM eo_transaction_record UNION ALL "
-        "SELECT endpoint FROM eo_token UNION ALL SELECT endpoint FROM eo_processed_message "
-        "UNION ALL SELECT endpoint FROM eo_state_entry) AS e "
-        "WHERE endpoint IS NOT NULL AND endpoint NOT LIKE $1 LIMIT 5", f"{prefix}-%")
-    if others:
-        names = ", ".join(repr(r["endpoint"]) for r in others)
-        raise RuntimeError(f"the bench's database holds other endpoints' rows ({names}): "
-                           "each run empties the tables, give --database-dsn a database of "
-                           "the bench's own")
 
 
 async def truncate_tables(admin: Any) -> None:
-    """Every run starts from empty tables, the template's as the references': deleted rows
-    would stay behind as dead tuples until a vacuum (a server with autovacuum off, as CI
-    configurations may have, made each run read those of all the runs before it)."""
+    """Every run starts from empty tables (of the bench's own database), the template's as
+    the references': deleted rows would stay behind as dead tuples until a vacuum (a server
+    with autovacuum off, as CI configurations may have, made each run read those of all the
+    runs before it)."""
     await admin.execute(f"TRUNCATE eo_token, {', '.join((*_EO_TABLES, *references.TABLES))}")
 
 
@@ -288,11 +298,22 @@ def _cpu_at(samples: list[list[float]], t_ns: int) -> float:
 
 async def _run(params: Params, path: str, processes: int, round_no: int, admin: Any,
                driver: RabbitConnection, spawn: Any) -> RunFigures:
-    label = path if processes == 1 else f"{path} x{processes}"
-    n = params.messages
+    """One run, on queues declared for it and deleted after it (also when it fails: on a
+    virtual host the bench shares, nothing of its own is left behind)."""
     work = f"{params.prefix}-{path}-{processes}"
     sink = f"{params.prefix}-sink-{path}-{processes}"
-    await _queues(driver, work, sink, declare=True)
+    await _declare(driver, work, sink)
+    try:
+        return await _measured(params, path, processes, round_no, admin, driver, spawn, work,
+                               sink)
+    finally:
+        await _delete(driver, work, sink)
+
+
+async def _measured(params: Params, path: str, processes: int, round_no: int, admin: Any,
+                    driver: RabbitConnection, spawn: Any, work: str, sink: str) -> RunFigures:
+    label = path if processes == 1 else f"{path} x{processes}"
+    n = params.messages
     await truncate_tables(admin)
     token = TEMPLATE_PATHS.get(path, ("",))[0] == "token"
     producer = _Producer(params, driver, PostgresTokenStore(admin), work, token,
@@ -329,7 +350,6 @@ async def _run(params: Params, path: str, processes: int, round_no: int, admin: 
     cpu["python"] = sum(_cpu_at(r["samples"], last) - _cpu_at(r["samples"], first)
                         for r in reports)
     rows = await _at_rest(admin, path, work, incoming)
-    await _queues(driver, work, sink, declare=False)
     per_message = {g: cpu[g] * 1000 / (n - 1) for g in ("python", *GROUPS)}
     per_message["total"] = sum(per_message.values())
     round_trips = sum(r["round_trips"] for r in reports) / len(incoming)

@@ -17,8 +17,9 @@ must run on this machine) around each statement: milliseconds per message, per s
 The incoming tokens are written before each step is timed, as a sender would. The
 transaction records exist beforehand (no first-message inserts) and the tables have no
 statistics, as on a server whose autovacuum has not run yet. A benchmark that prints
-figures, never a test of speed; it uses the bench's database (`eo bench`'s rules: its own,
-emptied before and after).
+figures, never a test of speed; like `eo bench` it creates a database of its own on the server
+of `--database-dsn` (named after the database that DSN names, which it never touches) and
+drops it at the end.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from adapters.postgres.admin import ensure_database
+from adapters.postgres.admin import database_name
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.transactional_store import PostgresTransactionalStore
@@ -45,7 +46,8 @@ from application.records import Kind, SideEffectRecord
 from application.side_effects import message_payload
 from tools.bench import endpoint as bench
 from tools.bench import references
-from tools.bench.run import own_database, truncate_tables
+from tools.bench.run import BENCH_DATABASE, truncate_tables
+from tools.scratch import own_database
 
 ENDPOINT, SINK = "bench-statements", "bench-statements-sink"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/eo_bench"  # `eo bench`'s
@@ -155,15 +157,20 @@ async def _check(pool: Any, label: str, messages: int) -> None:
 async def measure(dsn: str, messages: int, partitions: int, batch_size: int
                   ) -> dict[str, dict[str, float]]:
     """{configuration: {step: server CPU ms per message, ..., "total": ...}} for `token`,
-    `token-batched`, `minimal`, `minimal-batched` (see the module docstring). Raises
-    RuntimeError when the database holds other endpoints' rows, `psutil.NoSuchProcess` when
-    the server runs on another machine."""
-    await ensure_database(dsn)
+    `token-batched`, `minimal`, `minimal-batched` (see the module docstring), on a database
+    of its own created on the server of `dsn` and dropped at the end. Raises RuntimeError
+    when a configuration miscounts, `psutil.NoSuchProcess` when the server runs on another
+    machine, asyncpg's errors when the server refuses."""
+    async with own_database(dsn, database_name(dsn) or BENCH_DATABASE) as own:
+        return await _measure(own, messages, partitions, batch_size)
+
+
+async def _measure(dsn: str, messages: int, partitions: int, batch_size: int
+                   ) -> dict[str, dict[str, float]]:
     await upgrade_async(dsn)
     # one server process to read, kept for the whole run (never replaced after N queries)
     pool = await create_pool(dsn, min_size=1, max_size=1, max_queries=2**31 - 1)
     try:
-        await own_database(pool, "bench")
         for statement in references.SCHEMA:
             await pool.execute(statement)
         pid = await pool.fetchval("SELECT pg_backend_pid()")
@@ -185,7 +192,6 @@ async def measure(dsn: str, messages: int, partitions: int, batch_size: int
             await _check(pool, label, messages)
             figures = {k: 1000 * v / messages for k, v in meter.spent.items()}
             results[label] = {**figures, "total": sum(figures.values())}
-        await truncate_tables(pool)
         return results
     finally:
         await pool.close()

@@ -1,47 +1,15 @@
-"""The broker as the chaos campaign sees it: a virtual host of the campaign's own, connections
-closed from the broker's side, and each work queue's consumer count over time."""
+"""The broker as the chaos campaign sees it: connections closed from the broker's side and each
+work queue's consumer count over time (a virtual host of the campaign's own: tools/scratch.py)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 from adapters.rabbitmq.connection import RabbitConnection
 from application.errors import TransientError
-
-
-def rabbitmqctl(*args: str, timeout_s: float = 60.0) -> str:
-    """Run `rabbitmqctl -q <args>` on this host; raises `subprocess.CalledProcessError` or
-    `OSError` when it fails or is missing."""
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                          timeout=timeout_s, check=True).stdout
-
-
-def controllable(url: str) -> bool:
-    """Whether this host can administer the broker of `url` (a local broker and
-    `rabbitmqctl` on the PATH): needed for a virtual host of our own and broker-side
-    connection closes."""
-    return (urlsplit(url).hostname in ("127.0.0.1", "localhost")
-            and shutil.which("rabbitmqctl") is not None)
-
-
-def on_own_vhost(url: str, vhost: str) -> str:
-    """`url` on virtual host `vhost`, created with every right given to the URL's user.
-    Raises `OSError` / `subprocess.SubprocessError` when `rabbitmqctl` fails."""
-    parts = urlsplit(url)
-    if vhost not in rabbitmqctl("list_vhosts").split():
-        rabbitmqctl("add_vhost", vhost)
-    rabbitmqctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*", ".*")
-    return urlunsplit(parts._replace(path=f"/{vhost}"))
-
-
-def vhost_of(url: str) -> str:
-    """The virtual host named by `url` ("/" when none)."""
-    return urlsplit(url).path.lstrip("/") or "/"
+from tools.scratch import rabbitmqctl, vhost_of
 
 
 def close_all_connections(url: str, reason: str = "chaos: broker-side close") -> None:

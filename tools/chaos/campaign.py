@@ -16,6 +16,9 @@ consumer) on PostgreSQL, RabbitMQ and one moto S3 server, and injects faults:
   rows drop them);
 - out-of-order input: the commands of all orders are shuffled.
 
+The campaign runs on a database and a virtual host of its own (tools/scratch.py),
+created at its start and removed at its end; it never touches what it did not create.
+
 Then quiescence (queues empty, no committed transaction left unfinished, no progress), a
 graceful stop, the final sweep, and the checks: the sample's oracle on the
 run's orders (tools/tpch/oracle.py), I1/I2/I7 from the processes' logs, nothing
@@ -30,14 +33,11 @@ are real processes); the plan is printed with each run so a violation can be rep
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
-import os
 import random
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -50,7 +50,6 @@ from typing import Any
 import asyncpg
 from pydantic import SecretStr
 
-from adapters.postgres.admin import with_database
 from adapters.postgres.pool import create_pool
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
@@ -62,15 +61,9 @@ from application.envelope import Envelope
 from application.failpoints import NAMES
 from application.observability import FAULT_INJECTED
 from entrypoints.faults import CRASH_EXIT
+from entrypoints.operations import migrate_all
 from entrypoints.settings import Service, Settings
-from tools.chaos.broker import (
-    ConsumerGaps,
-    close_all_connections,
-    controllable,
-    on_own_vhost,
-    rabbitmqctl,
-    vhost_of,
-)
+from tools.chaos.broker import ConsumerGaps, close_all_connections
 from tools.chaos.checks import (
     at_rest,
     audit_logs,
@@ -88,15 +81,18 @@ from tools.demo.local import (
     final_sweep,
     open_accounts,
     publish_commands,
-    reset_service,
     settled_orders,
 )
 from tools.demo.run import PAYMENTS
+from tools.scratch import own_database, own_vhost
 from tools.settings import ToolSettings
 from tools.tpch.data import TpchSample
 from tools.tpch.oracle import check_oracle
 
+#: The campaign's database is `<this>_<pid>_<hex>` (`--database` gives another prefix).
 CAMPAIGN_DATABASE = "eo_chaos_campaign"
+#: Its virtual host (on a broker this host administers) is `<this>-<pid>-<hex>`.
+CAMPAIGN_VHOST = "eo-chaos-campaign"
 #: Payments accounts open with TPC-H c_acctbal plus this: low enough that about one order in
 #: five of a run is refused.
 CAMPAIGN_CREDIT_LIMIT = Decimal("120000")
@@ -281,15 +277,12 @@ class CampaignReport:
                             for r in self.runs]}
 
 
-def campaign_settings(base: ToolSettings, blob_dir: Path, database: str = CAMPAIGN_DATABASE
-                      ) -> ToolSettings:
-    """`base` pointed at the campaign's own `database` on the same server (dropped and
-    re-created at the start), with enough attempts that a bounded number of faults never
-    dead-letters."""
-    dsn = with_database(base.database(), database)
+def campaign_settings(base: ToolSettings, blob_dir: Path) -> ToolSettings:
+    """`base` with enough attempts that a bounded number of faults never dead-letters. Its
+    database and virtual host name the server and broker only: `run_campaign` makes its
+    own there."""
     return base.model_copy(update={
-        "profile": "local", "database_dsn": SecretStr(dsn), "token_dsn": None,
-        "blob_dir": blob_dir, "max_attempts": 12,
+        "profile": "local", "token_dsn": None, "blob_dir": blob_dir, "max_attempts": 12,
         # some customers run out of credit: refusals (stored 409s) are exercised too
         "credit_limit": CAMPAIGN_CREDIT_LIMIT,
         # the retry budget (about 45 s) outlasts a killed process's restart on a loaded
@@ -313,23 +306,40 @@ async def run_campaign(
     log_root: Path | None = None,
     on_run: Callable[[RunResult], None] = lambda _r: None,
     run_timeout_s: float = 240.0,
+    database: str = CAMPAIGN_DATABASE,
 ) -> CampaignReport:
     """Runs until `duration_s` has passed (at least one run), or only run `only_run`.
 
-    `settings`: from `campaign_settings`. Each run's logs go to `log_root/run-<k>` (a temp
-    directory, removed afterwards, when `log_root` is None). Raises what the services raise
-    when they are unreachable; violations are reported, not raised.
+    `settings`: from `campaign_settings`. The campaign creates a database
+    `<database>_<pid>_<hex>` on the server of `settings.database()` and, when this host
+    administers the broker, a virtual host `eo-chaos-campaign-<pid>-<hex>` (else it uses the
+    URL's own, when that holds none of the sample's queues), and removes them at the end
+    (tools/scratch.py). Broker-side closes need that virtual host of its own: they hit
+    every connection of the virtual host. Each run's logs go to `log_root/run-<k>` (a temp
+    directory, removed afterwards, when `log_root` is None). Raises `SettingsError` naming
+    `EO_AMQP_URL` when the URL's virtual host would have to be used and holds the sample's
+    queues, and what the services raise when they are unreachable; violations are
+    reported, not raised.
     """
     started = time.monotonic()
     report = CampaignReport(seed=seed)
-    own_vhost = None
-    closes = controllable(settings.amqp())
-    if closes and vhost_of(settings.amqp()) == "/":
-        # broker-side closes hit every connection of the virtual host: a vhost of the
-        # campaign's own keeps them (and the queue resets) away from anyone else's
-        own_vhost = f"eo-chaos-campaign-{os.getpid()}"
-        settings = settings.model_copy(update={"amqp_url": SecretStr(
-            await asyncio.to_thread(on_own_vhost, settings.amqp(), own_vhost))})
+    async with own_vhost(settings.amqp(), CAMPAIGN_VHOST, QUEUES, len(settings.retry_delays_s),
+                         "eo chaos") as broker, \
+            own_database(settings.database(), database) as dsn:
+        settings = settings.model_copy(update={"amqp_url": SecretStr(broker.url),
+                                               "database_dsn": SecretStr(dsn)})
+        await _campaign(settings, service, sample, seed, duration_s, only_run, orders_per_run,
+                        log_root, on_run, run_timeout_s, broker.vhost is not None, report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def _campaign(settings: ToolSettings, service: Service, sample: TpchSample, seed: int,
+                    duration_s: float, only_run: int | None, orders_per_run: int,
+                    log_root: Path | None, on_run: Callable[[RunResult], None],
+                    run_timeout_s: float, closes: bool, report: CampaignReport) -> None:
+    """`run_campaign`'s runs, into `report`, on the stores `settings` name (its own)."""
+    started = time.monotonic()
     moto = MotoServer()
     settings = settings.model_copy(update={
         "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
@@ -338,7 +348,7 @@ async def run_campaign(
     root = log_root or temp
     assert root is not None
     try:
-        await reset_service(settings, service)
+        await migrate_all(settings)  # the campaign's own database, new
         pool = await create_pool(settings.database(), max_size=2)
         try:
             keys = sorted(sample.expected)
@@ -361,18 +371,13 @@ async def run_campaign(
         moto.stop()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
-        if own_vhost is not None:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                await asyncio.to_thread(rabbitmqctl, "delete_vhost", own_vhost)
-    report.seconds = time.monotonic() - started
-    return report
 
 
 async def _prepare(settings: ToolSettings, service: Service, pool: asyncpg.Pool,
                    sample: TpchSample) -> None:
+    # the campaign's own database and bucket; the queues go at the end of each run
     await pool.execute(TRUNCATE)
     await open_accounts(pool, service, sample, settings.credit_limit)
-    await topology.delete_queues(settings.amqp(), list(QUEUES), len(settings.retry_delays_s))
     await empty_bucket(settings)
 
 
@@ -440,6 +445,9 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
         fleet.stop_all()
         await rabbit.close()
     await _check(settings, service, sample, pool, log_dir, result)
+    # the run declared them (on the campaign's own virtual host, or on the URL's, where
+    # there were none): the next run starts from nothing
+    await topology.delete_queues(settings.amqp(), list(QUEUES), len(settings.retry_delays_s))
     for record in read_logs(log_dir):
         if record.get("event") == FAULT_INJECTED:
             faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1

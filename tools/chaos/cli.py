@@ -45,15 +45,17 @@ def chaos(
     report: Annotated[Path | None, typer.Option(
         help="write the campaign report (plans, faults, violations) as JSON here")] = None,
     database: Annotated[str, typer.Option(
-        help="the campaign's own database on EO_DATABASE_DSN's server (dropped first!)")]
-        = CAMPAIGN_DATABASE,
+        help="prefix of the campaign's own database, created as <prefix>_<pid>_<hex> on "
+             "EO_DATABASE_DSN's server and dropped at the end")] = CAMPAIGN_DATABASE,
 ) -> None:
     """Randomized fault campaign on the TPC-H sample with real processes: kill -9 and
     restarts, failpoints (crash, raise, sleep, drop_conn), broker-side connection closes (a
     virtual host of its own when the broker is local), duplicates and shuffled input;
-    after each run the oracle and the invariants. Exits 1 on any violation, 3 when a
-    service is unreachable. Uses the local profile's PostgreSQL and RabbitMQ (EO_DATABASE_DSN
-    names the server; the campaign drops and re-creates its own database, `--database`)."""
+    after each run the oracle and the invariants. Exits 1 on any violation, 2 on a bad
+    setting, 3 when a service is unreachable. Uses the local profile's PostgreSQL and
+    RabbitMQ (EO_DATABASE_DSN and EO_AMQP_URL name the server and the broker): the campaign
+    creates a database and a virtual host of its own there and removes them at the end; it
+    never touches the ones they name (docs/sample/chaos.md)."""
     try:
         refuse_production("chaos")
         base = load_tool_settings(profile="local")
@@ -67,14 +69,18 @@ def chaos(
     logging.getLogger("adapters.rabbitmq").setLevel(logging.ERROR)
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
     blob_dir = Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-"))
-    settings = campaign_settings(base, blob_dir, database)
+    settings = campaign_settings(base, blob_dir)
     with console.status("generating TPC-H sf=0.001 with DuckDB"):
         sample = generate(0.001)
     console.print(f"eo chaos: seed {seed}, {duration:.0f} s, {orders_per_run} orders per run"
                   + (f", run {run} only" if run is not None else ""))
     try:
         result = asyncio.run(run_campaign(settings, service, sample, seed, duration, run,
-                                          orders_per_run, log_dir, _print_run))
+                                          orders_per_run, log_dir, _print_run,
+                                          database=database))
+    except SettingsError as exc:  # EO_AMQP_URL's virtual host holds the sample's queues
+        Console(stderr=True).print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
     except (OSError, asyncpg.PostgresError, TransientError, TimeoutError) as exc:
         Console(stderr=True).print(f"[red]campaign failed: {type(exc).__name__}: {exc}[/red]")
         raise typer.Exit(3) from exc

@@ -74,6 +74,9 @@ def demo(
         help="how the commands enter: publish (to the gateway's queue) or spark (`eo "
              "pipeline ingest` into the gateway's inbox, twice; the gateway relays)")]
         = "publish",
+    keep_database: Annotated[bool, typer.Option(
+        help="local: keep the run's database (named in the report) for a look or the "
+             "pipeline's audit; by default it is dropped at the end")] = False,
 ) -> None:
     """Run the sample end to end with duplicates and out-of-order delivery, check the oracle.
 
@@ -108,7 +111,7 @@ def demo(
 
         if profile == "local":
             report = _local_demo(settings, service, sample, consumers, duplicates, seed,
-                                 advance, ingest_dir)
+                                 advance, ingest_dir, keep_database)
         else:
             report = _embedded_demo(settings, service, sample, consumers, duplicates, seed,
                                     log_file, advance, feed)
@@ -149,7 +152,7 @@ def _embedded_demo(settings: ToolSettings, service: Service, sample: TpchSample,
 
 def _local_demo(settings: ToolSettings, service: Service, sample: TpchSample, consumers: int,
                 duplicates: float, seed: int, advance: Callable[[int], None],
-                ingest_dir: Path | None = None) -> DemoReport:
+                ingest_dir: Path | None = None, keep_database: bool = False) -> DemoReport:
     local_base, _ = _load(profile="local")
     local = demo_settings(local_base, settings.blob_dir)
     local = local.model_copy(update={"strategies": settings.strategies})
@@ -158,8 +161,8 @@ def _local_demo(settings: ToolSettings, service: Service, sample: TpchSample, co
     try:
         return asyncio.run(run_local_demo(local, service, sample, max(consumers, 2),
                                           duplicates, seed, log_dir, advance,
-                                          ingest_dir=ingest_dir))
-    except JdbcDriverMissing as exc:
+                                          ingest_dir=ingest_dir, keep_database=keep_database))
+    except (JdbcDriverMissing, SettingsError) as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     except (OSError, asyncpg.PostgresError, TransientError) as exc:

@@ -26,7 +26,7 @@ import asyncpg
 import httpx
 from pydantic import SecretStr
 
-from adapters.postgres.admin import drop_database, ensure_database, with_database
+from adapters.postgres.admin import database_name
 from adapters.postgres.pool import create_pool
 from adapters.postgres.state_stream import PostgresStateStream
 from adapters.rabbitmq import topology
@@ -43,37 +43,29 @@ from entrypoints.local import LocalContainer, postgres_stores
 from entrypoints.logging import configure_logging
 from entrypoints.operations import migrate_all
 from entrypoints.settings import CalleeSettings, Service, Settings
-from tools.chaos.broker import controllable, on_own_vhost, rabbitmqctl, vhost_of
 from tools.chaos.checks import at_rest, audit_logs, dead_letters, queue_depth, read_logs
 from tools.demo.run import GATEWAY, PAYMENTS, DemoReport, _Later
 from tools.demo.spark_ingest import ingest_twice
+from tools.scratch import own_database, own_vhost
 from tools.settings import ToolSettings
 from tools.tpch.data import TpchSample
 from tools.tpch.oracle import check_oracle
 
+#: Each run's database is `<this>_<pid>_<hex>`, on the server of `EO_DATABASE_DSN`.
 DEMO_DATABASE = "eo_demo"
+#: Each run's virtual host (on a broker this host administers) is `<this>-<pid>-<hex>`.
+DEMO_VHOST = "eo-demo"
 #: The demo's bucket on `EO_S3_ENDPOINT_URL` (emptied by each run): never `EO_S3_BUCKET`.
 DEMO_BUCKET = "eo-demo"
 S = TypeVar("S", bound=Settings)
 
 
 def demo_settings(base: S, blob_dir: Path) -> S:
-    """`base` pointed at the demo's own database and bucket (dropped, re-created and emptied
-    by each run), whatever `EO_S3_BUCKET` says."""
-    dsn = with_database(base.database(), DEMO_DATABASE)
-    return base.model_copy(update={"profile": "local", "database_dsn": SecretStr(dsn),
-                                   "token_dsn": None, "s3_bucket": DEMO_BUCKET,
-                                   "blob_dir": blob_dir})
-
-
-async def reset_service(settings: Settings, service: Service) -> None:
-    """Drop and re-create the database `settings` names (then migrate), and delete the
-    service's queues on its broker: a run starts from nothing."""
-    await drop_database(settings.database())
-    await ensure_database(settings.database())
-    await migrate_all(settings)
-    await topology.delete_queues(settings.amqp(), service.registry.consuming(),
-                                 len(settings.retry_delays_s))
+    """`base` pointed at the demo's own bucket (emptied by each run), whatever `EO_S3_BUCKET`
+    says. Its database and virtual host are made by each run (`run_local_demo`) on the server
+    and broker `base` names, never the ones it names."""
+    return base.model_copy(update={"profile": "local", "token_dsn": None,
+                                   "s3_bucket": DEMO_BUCKET, "blob_dir": blob_dir})
 
 
 def _secret(value: SecretStr | None) -> str:
@@ -242,6 +234,7 @@ async def run_local_demo(
     on_progress: Callable[[int], None] = lambda _done: None,
     timeout_s: float = 900.0,
     ingest_dir: Path | None = None,
+    keep_database: bool = False,
 ) -> DemoReport:
     """Run the sample through RabbitMQ, PostgreSQL, S3 (one moto server for every process)
     and HTTP (an `eo serve --endpoint payments` process) with consumer processes (one gateway,
@@ -251,31 +244,38 @@ async def run_local_demo(
 
     With `ingest_dir` (TPC-H tables of the sample's scale factor) the commands are not
     published to the gateway's queue: the Spark ingest writes them into the gateway's inbox,
-    twice (the re-run adds nothing), and the gateway process relays them."""
+    twice (the re-run adds nothing), and the gateway process relays them.
+
+    The run's database and virtual host are its own (tools/scratch.py): a database
+    `eo_demo_<pid>_<hex>` on the server of `settings.database()` (kept with `keep_database`,
+    and named in the report's notes), a virtual host `eo-demo-<pid>-<hex>` when this host
+    administers the broker, else the URL's own when it holds none of the endpoints' queues;
+    all removed at the end. Raises `SettingsError` naming `EO_AMQP_URL` when that virtual
+    host holds them (the run would delete them)."""
     started = time.monotonic()
-    own_vhost = None
-    if controllable(settings.amqp()) and vhost_of(settings.amqp()) == "/":
-        # the demo deletes its endpoints' queues: on a virtual host of its own, never on
-        # what the broker's default one holds
-        own_vhost = f"eo-demo-{os.getpid()}"
-        settings = settings.model_copy(update={"amqp_url": SecretStr(
-            await asyncio.to_thread(on_own_vhost, settings.amqp(), own_vhost))})
-    moto = None
-    if settings.s3_endpoint_url is None:  # one S3 API for every process (each would
-        moto = MotoServer()                # otherwise start its own), gone after the run
-        settings = settings.model_copy(update={"s3_endpoint_url": moto.start()})
-    if settings.s3_access_key is None or settings.s3_secret_key is None:
-        settings = settings.model_copy(update={"s3_access_key": SecretStr("local"),
-                                               "s3_secret_key": SecretStr("local")})
-    try:
-        return await _run(settings, service, sample, orders_consumers, duplicates, seed,
-                          log_dir, on_progress, timeout_s, started, ingest_dir)
-    finally:
-        if moto is not None:
-            moto.stop()
-        if own_vhost is not None:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                await asyncio.to_thread(rabbitmqctl, "delete_vhost", own_vhost)
+    endpoints = service.registry.consuming()
+    async with own_vhost(settings.amqp(), DEMO_VHOST, endpoints, len(settings.retry_delays_s),
+                         "eo demo") as broker, \
+            own_database(settings.database(), DEMO_DATABASE, keep_database) as dsn:
+        settings = settings.model_copy(update={"amqp_url": SecretStr(broker.url),
+                                               "database_dsn": SecretStr(dsn)})
+        moto = None
+        if settings.s3_endpoint_url is None:  # one S3 API for every process (each would
+            moto = MotoServer()                # otherwise start its own), gone after the run
+            settings = settings.model_copy(update={"s3_endpoint_url": moto.start()})
+        if settings.s3_access_key is None or settings.s3_secret_key is None:
+            settings = settings.model_copy(update={"s3_access_key": SecretStr("local"),
+                                                   "s3_secret_key": SecretStr("local")})
+        try:
+            report = await _run(settings, service, sample, orders_consumers, duplicates, seed,
+                                log_dir, on_progress, timeout_s, started, ingest_dir)
+        finally:
+            if moto is not None:
+                moto.stop()
+        if keep_database:
+            report.notes.append(f"database {database_name(dsn)} kept (--keep-database): "
+                                "drop it when done")
+        return report
 
 
 async def _run(settings: ToolSettings, service: Service, sample: TpchSample,
@@ -283,7 +283,7 @@ async def _run(settings: ToolSettings, service: Service, sample: TpchSample,
                on_progress: Callable[[int], None], timeout_s: float, started: float,
                ingest_dir: Path | None = None) -> DemoReport:
     rng = random.Random(seed)
-    await reset_service(settings, service)
+    await migrate_all(settings)  # the run's own database, new
     await empty_bucket(settings)
     pool = await create_pool(settings.database(), max_size=4)
     await open_accounts(pool, service, sample, settings.credit_limit)

@@ -1,5 +1,6 @@
 """CI's short `eo chaos` campaign: the command itself, against the local PostgreSQL and
-RabbitMQ (a virtual host of its own), one moto server and real processes. It must end with
+RabbitMQ (the campaign makes a virtual host of its own and deletes it), one moto server and
+real processes. It must end with
 every order settled, the oracle and the invariants holding, and faults really injected."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 
 from adapters.postgres.admin import with_database
 from entrypoints.cli import app
-from tests.support.processes import private_vhost, this_run
+from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.chaos.campaign import plan_run
 from tools.tpch.data import generate
@@ -33,7 +34,7 @@ def _seed_with_a_kill_and_a_crash() -> int:
 def test_a_short_campaign_injects_faults_and_finds_no_violation(tmp_path: Path) -> None:
     services = discover()
     try:
-        amqp = private_vhost(services.amqp_url, this_run("eo-chaos-campaign", "-"))
+        amqp = services.amqp_url
         server = with_database(services.postgres_dsn, "postgres")
         seed = _seed_with_a_kill_and_a_crash()
         report = tmp_path / "report.json"
