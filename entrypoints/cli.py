@@ -121,17 +121,23 @@ def load(profile: str | None = None, services: bool = False, **overrides: object
 
 
 def run_service(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a service process; exit 69 when the broker stayed away, 2 for a bad setting, 3
-    when a server cannot be reached at start."""
+    """Run a service process; exit 69 when a server stayed away for `EO_BROKER_GIVE_UP_S`
+    (the broker of a running consumer; PostgreSQL or RabbitMQ at start-up), 2 for a bad
+    setting, 3 when start-up finds what no wait fixes (a missing database or schema,
+    refused credentials)."""
     from adapters.rabbitmq.connection import BrokerUnavailable
     from application.errors import PermanentError, TransientError
     from entrypoints.service import EXIT_BROKER_UNAVAILABLE
     from entrypoints.settings import SettingsError
+    from entrypoints.startup import GaveUpWaiting
 
     try:
         asyncio.run(coro)
     except BrokerUnavailable as exc:  # after start: the orchestrator should restart us
         raise fail(f"broker unavailable, exiting: {exc}", EXIT_BROKER_UNAVAILABLE) from exc
+    except GaveUpWaiting as exc:  # a server away, not a fault of ours: restart us too
+        raise fail(f"gave up waiting at start-up, exiting: {exc}",
+                   EXIT_BROKER_UNAVAILABLE) from exc
     except SettingsError as exc:
         raise fail(str(exc), 2) from exc
     except (TransientError, PermanentError) as exc:

@@ -6,28 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from datetime import UTC, datetime
-from urllib.parse import urlsplit
+from functools import partial
 
-import aio_pika
-import asyncpg
 import structlog
 import uvicorn
 
-from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq import topology
-from adapters.rabbitmq.connection import BrokerUnavailable, RabbitConnection
+from adapters.rabbitmq.connection import (
+    BrokerUnavailable,
+    RabbitConnection,
+)
 from adapters.rabbitmq.consumer import RabbitSource
-from application.errors import PermanentError, TransientError
 from application.registry import Role
 from application.strategy import Strategy
 from application.sweeper import Sweeper
 from entrypoints.callee_app import create_callee_app
-from entrypoints.local import LocalContainer
-from entrypoints.logging import configure_logging
 from entrypoints.settings import FIRST_STATUS_PORT, Service, Settings, SettingsError
+from entrypoints.startup import started_container, waiting_for
 from entrypoints.status import (
     EmbeddedServer,
     Metrics,
@@ -40,38 +37,9 @@ from entrypoints.system import System
 
 log = structlog.get_logger("eo.service")
 #: Exit status of a consumer whose broker stayed unreachable (or whose work queue could not
-#: be consumed) for `EO_BROKER_GIVE_UP_S`: EX_UNAVAILABLE of sysexits.h. Restart it.
+#: be consumed) for `EO_BROKER_GIVE_UP_S`, and of a process whose start-up waited that long
+#: for PostgreSQL or RabbitMQ: EX_UNAVAILABLE of sysexits.h. Restart it.
 EXIT_BROKER_UNAVAILABLE = 69
-
-
-async def preflight(settings: Settings, broker: bool = True) -> None:
-    """Fail fast, naming what is wrong, before any resource starts: the databases exist and
-    answer, RabbitMQ answers (when `broker`). Raises `PermanentError` (missing database: run
-    `eo migrate`) or `TransientError` (a server does not answer)."""
-    for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
-        name = urlsplit(dsn).path.lstrip("/")
-        try:
-            conn = await asyncio.wait_for(asyncpg.connect(dsn), 10)
-        except asyncpg.InvalidCatalogNameError as exc:
-            raise PermanentError(f"database {name!r} does not exist: run `eo migrate`") from exc
-        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-            raise TransientError(f"PostgreSQL database {name!r}: {type(exc).__name__}: "
-                                 f"{exc}") from exc
-        await conn.close()
-    if not broker:
-        return
-    try:
-        connection = await asyncio.wait_for(aio_pika.connect(settings.amqp()), 10)
-    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as exc:
-        raise TransientError(f"RabbitMQ: {type(exc).__name__}: {exc}") from exc
-    await connection.close()
-
-
-async def migrate(settings: Settings) -> None:
-    """Apply the schema migrations to the endpoint database and, if separate, the token store."""
-    for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
-        await upgrade_async(dsn)
-
 
 async def _sweep_forever(sweeper: Sweeper, system: System, metrics: Metrics,
                          interval_s: float) -> None:
@@ -96,17 +64,6 @@ async def _sweep_forever(sweeper: Sweeper, system: System, metrics: Metrics,
         await asyncio.sleep(interval_s)
 
 
-async def _container(settings: Settings, service: Service, name: str) -> LocalContainer:
-    configure_logging(settings.log_level)
-    if settings.migrate_on_start:
-        await migrate(settings)
-    await preflight(settings)
-    container = LocalContainer(settings=settings, service=service)
-    container.connection_name.override(f"eo {name} pid {os.getpid()}")
-    await container.init_resources()  # type: ignore[misc]
-    return container
-
-
 async def run_consumer(settings: Settings, service: Service, endpoint: str) -> None:
     """Consume `endpoint`'s work queue until SIGTERM or SIGINT: then stop consuming, let the
     deliveries in flight finish, and close. A gateway also relays its inbox to its work
@@ -114,9 +71,12 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
     pending: they are published again, and the gateway drops the copy). The status server
     listens on `EO_METRICS_PORT`, or on the first free port from 9464 when unset (printed in
     `consumer.started`). Raises `SettingsError` when `endpoint` has no work queue or the
-    status port is taken, `TransientError` when PostgreSQL or RabbitMQ cannot be reached at
-    start, and `BrokerUnavailable` (after the deliveries in flight finished) when
-    consumption could not be restored within `EO_BROKER_GIVE_UP_S` (the CLI exits 69)."""
+    status port is taken, `PermanentError` when start-up finds what no wait fixes (a missing
+    database or schema, refused credentials), `GaveUpWaiting` when PostgreSQL or RabbitMQ
+    stayed away for `EO_BROKER_GIVE_UP_S` from the start (start-up waits for them as a
+    running consumer does), and `BrokerUnavailable` (after the deliveries in flight
+    finished) when consumption could not be restored within `EO_BROKER_GIVE_UP_S` (the
+    CLI exits 69 for both)."""
     registration = service.registry[endpoint]
     if registration.role is Role.CALLEE:
         raise SettingsError(f"{endpoint} is an HTTP callee: serve it with `eo serve "
@@ -128,14 +88,17 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
                                     FIRST_STATUS_PORT)
         except OSError as exc:
             raise SettingsError(f"invalid setting {exc}") from exc
-    container = await _container(settings, service, endpoint)
+    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    container = await started_container(settings, service, endpoint, deadline)
     lost: BrokerUnavailable | None = None
     try:
         rabbit: RabbitConnection = await container.rabbit()  # type: ignore[misc]
         for name in service.registry.queues_of(endpoint):
-            await topology.declare(rabbit, name, settings.retry_delays_s,
-                                   settings.delivery_limit, settings.dead_letter_max_bytes,
-                                   inbound=service.registry[name].role is Role.GATEWAY)
+            await waiting_for(f"RabbitMQ: the queues of {name!r}", partial(
+                topology.declare, rabbit, name, settings.retry_delays_s,
+                settings.delivery_limit, settings.dead_letter_max_bytes,
+                inbound=service.registry[name].role is Role.GATEWAY), deadline,
+                endpoint=endpoint)
         system: System = await container.system()  # type: ignore[misc]
         metrics: Metrics = container.metrics()
         source = RabbitSource(rabbit, endpoint, settings.retry_delays_s,
@@ -169,7 +132,8 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
             background.append(asyncio.create_task(
                 system.relay(endpoint).run(settings.inbox_poll_s)))
         prefetch = settings.prefetch_for(consumer.batches)
-        await source.start(prefetch)
+        await waiting_for(f"RabbitMQ: a consumer on {endpoint!r}",
+                           partial(source.start, prefetch), deadline, endpoint=endpoint)
         status = f"http://{settings.metrics_host}:{server.port}" if server else None
         log.info("consumer.started", endpoint=endpoint, prefetch=prefetch,
                  batch_size=consumer.batch_size if consumer.batches else 1,
@@ -199,7 +163,8 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     (uvicorn's graceful shutdown: in-flight requests finish), with its sweeper (stale
     committed transactions, tombstone retention), on `EO_CALLEES__<NAME>__HOST` / `PORT`
     (port 0: a free one, printed in `callee.serving`). Raises `SettingsError` when
-    `endpoint` is not a callee, its token is missing or its port is taken."""
+    `endpoint` is not a callee, its token is missing or its port is taken; at start-up,
+    `PermanentError` and `GaveUpWaiting` as `run_consumer`."""
     registration = service.registry[endpoint]
     if registration.role is not Role.CALLEE:
         raise SettingsError(f"{endpoint} is not an HTTP callee: consume it with `eo consume "
@@ -215,7 +180,8 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     # a callee serving its own requests does not call itself over HTTP
     settings = settings.model_copy(update={"callees": {
         name: c for name, c in settings.callees.items() if name != endpoint}})
-    container = await _container(settings, service, endpoint)
+    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    container = await started_container(settings, service, endpoint, deadline)
     try:
         system: System = await container.system()  # type: ignore[misc]
         app = create_callee_app(system.callees[endpoint], own.token.get_secret_value(),

@@ -15,14 +15,22 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 import pamqp.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, DeliveryError, PublishError
+from aio_pika.exceptions import (
+    AMQPError,
+    ChannelInvalidStateError,
+    ChannelPreconditionFailed,
+    DeliveryError,
+    ProbableAuthenticationError,
+    PublishError,
+)
+from aiormq.exceptions import ChannelAccessRefused  # aio-pika does not re-export it
 from yarl import URL
 
 from application.errors import TransientError
@@ -40,6 +48,15 @@ RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 #: Bound on opening a connection or a channel (seconds): an open on a connection that is
 #: closing under our feet must not wait forever.
 OPEN_TIMEOUT_S = 10.0
+#: Broker refusals that no wait fixes: the credentials (ACCESS_REFUSED at login), an
+#: operation the user has no permission for, a queue that exists with other arguments
+#: (PRECONDITION_FAILED). A virtual host the user may not open is not one of them: a revoked
+#: permission, or a deployment that has created the user but not yet its rights, looks so.
+REFUSALS: tuple[type[BaseException], ...] = (
+    ProbableAuthenticationError, ChannelAccessRefused, ChannelPreconditionFailed,
+)
+
+T = TypeVar("T")
 
 
 class PublishRefused(TransientError):
@@ -80,6 +97,45 @@ def backoff(delays_s: Sequence[float], attempt: int) -> float:
     """The pause before reconnection attempt `attempt` (0-based): `delays_s[attempt]`, the
     last delay repeating."""
     return delays_s[min(attempt, len(delays_s) - 1)]
+
+
+def refusal(error: BaseException) -> BaseException | None:
+    """The broker's refusal (one of `REFUSALS`) that `error` is or was raised from (its
+    `__cause__` / `__context__` chain), None when there is none: waiting may fix `error`."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, REFUSALS):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+async def retried(step: Callable[[], Awaitable[T]], deadline: float,
+                  delays_s: Sequence[float] = RECONNECT_DELAYS_S,
+                  retry_on: tuple[type[BaseException], ...] = (TransientError,),
+                  waiting: Callable[[BaseException, float], None] | None = None) -> T:
+    """`await step()` until it returns its result. After a failure of `retry_on`, pause
+    `backoff(delays_s, attempt)` seconds (cut short at `deadline`) and try again; once the
+    event loop's clock (`loop.time()`, seconds) has reached `deadline`, that failure is
+    raised instead. `waiting(failure, pause_s)` is called before each pause (to log it) and
+    may raise to stop. Other errors propagate at once. The reconnection of a running
+    connection and the waits of a process's start-up both go through it."""
+    loop = asyncio.get_running_loop()
+    attempt = 0
+    while True:
+        try:
+            return await step()
+        except retry_on as failure:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise
+            pause = min(backoff(delays_s, attempt), left)
+            if waiting is not None:
+                waiting(failure, pause)
+            await asyncio.sleep(pause)
+            attempt += 1
 
 
 class RabbitConnection:
@@ -173,38 +229,35 @@ class RabbitConnection:
     async def _recover(self) -> None:
         await asyncio.sleep(0)  # let the close callbacks of the whole connection run first
         loop = asyncio.get_running_loop()
-        started, attempt = loop.time(), 0
+        started = loop.time()
         log.warning("connection to %s (or its publishing channel) lost: recovering",
                     redacted(self._url))
-        while not self._closing:
-            connection = self._connection
-            try:
-                if _alive(connection):
-                    # only the publishing channel went (a channel-level error): reopen it,
-                    # the consuming channels on this connection are unaffected
-                    async with asyncio.timeout(OPEN_TIMEOUT_S):
-                        channel = await connection.channel(  # type: ignore[union-attr]
-                            publisher_confirms=True, on_return_raises=True)
-                    self._channel = channel
-                    channel.close_callbacks.add(self._on_close)
-                    self._up.set()
-                else:
-                    await self._connect()
-            except DRIVER_ERRORS as exc:
-                waited = loop.time() - started
-                if waited >= self.give_up_after_s:
-                    self.failure = (f"the broker at {redacted(self._url)} stayed unreachable "
-                                    f"for {waited:.0f} s: {type(exc).__name__}: {exc}")
-                    log.error("%s", self.failure)
-                    self.failed.set()
-                    return
-                await asyncio.sleep(backoff(self.reconnect_delays_s, attempt))
-                attempt += 1
-                continue
-            self.reconnections += 1
-            log.warning("recovered the connection to %s after %.1f s", redacted(self._url),
-                        loop.time() - started)
+        try:
+            await retried(self._reopen, started + self.give_up_after_s,
+                          self.reconnect_delays_s, DRIVER_ERRORS)
+        except DRIVER_ERRORS as exc:
+            self.failure = (f"the broker at {redacted(self._url)} stayed unreachable "
+                            f"for {loop.time() - started:.0f} s: {type(exc).__name__}: {exc}")
+            log.error("%s", self.failure)
+            self.failed.set()
             return
+        self.reconnections += 1
+        log.warning("recovered the connection to %s after %.1f s", redacted(self._url),
+                    loop.time() - started)
+
+    async def _reopen(self) -> None:
+        connection = self._connection
+        if not _alive(connection):
+            await self._connect()
+            return
+        # only the publishing channel went (a channel-level error): reopen it, the consuming
+        # channels on this connection are unaffected
+        async with asyncio.timeout(OPEN_TIMEOUT_S):
+            channel = await connection.channel(  # type: ignore[union-attr]
+                publisher_confirms=True, on_return_raises=True)
+        self._channel = channel
+        channel.close_callbacks.add(self._on_close)
+        self._up.set()
 
     @property
     def connected(self) -> bool:
