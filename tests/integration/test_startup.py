@@ -40,8 +40,8 @@ from adapters.postgres.token_store import PostgresTokenStore
 from adapters.rabbitmq import topology
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
-from entrypoints.startup import preflight
 from entrypoints.settings import load_settings
+from entrypoints.startup import preflight
 from tests.support.counters.endpoints import Add, Tally
 from tests.support.processes import (
     DELAYS,
