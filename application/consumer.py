@@ -8,10 +8,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Final
 
-from application.errors import DeadLetterRefused, PermanentError, TransientError
+from application.errors import PermanentError, TransientError
 from application.failpoints import Failpoints
 from application.observability import (
-    MESSAGE_DEAD_LETTER_REFUSED,
     MESSAGE_DEAD_LETTERED,
     MESSAGE_RETRIED,
     SETTLEMENT_FAILED,
@@ -64,13 +63,11 @@ class Consumer:
     - duplicate or processed: ack;
     - `PermanentError`: dead-letter with its reason (the token stays); the dead letter of a
       message no replay can fix (malformed, unknown type) carries at most
-      `dead_letter_body_bytes` of its body, with its size and SHA-256;
+      `dead_letter_body_bytes` of its body, with its size and SHA-256; while the
+      dead-letter queue is full the delivery waits in `Delivery.dead_letter`, held;
     - `TransientError`, `Conflict` or an unexpected adapter error: delayed redelivery after
       `retry_delays[attempt - 1]` seconds (the last delay repeats), and dead-letter with
-      "retries exhausted" once `max_attempts` deliveries failed;
-    - a dead letter the dead-letter queue refuses (full): delayed redelivery after the
-      longest delay, with the event `message.dead_letter_refused`; the message waits, it is
-      never dropped.
+      "retries exhausted" once `max_attempts` deliveries failed.
     `counts` holds the settlements, so every delivery is accounted for.
     """
 
@@ -148,21 +145,9 @@ class Consumer:
     async def _dead_letter(self, delivery: Delivery, reason: str,
                            replayable: bool = True) -> Settlement:
         name = self.processor.endpoint
-        try:
+        try:  # waits while the dead-letter queue is full (the adapter holds the delivery)
             await delivery.dead_letter(reason, name,
                                        None if replayable else self.dead_letter_body_bytes)
-        except DeadLetterRefused:
-            delay = self.retry_delays[-1]
-            try:
-                await delivery.retry(delay, f"dead-letter queue full; {reason}")
-            except TransientError as exc:  # the broker redelivers it: its attempt ended
-                raise _Unsettled("retry", exc) from exc
-            self.processor.events.emit(
-                MESSAGE_DEAD_LETTER_REFUSED, endpoint=name,
-                message_id=str(delivery.envelope.message_id), attempt=delivery.attempt,
-                delay_s=delay, reason=reason)
-            self.counts[Settlement.RETRIED] += 1
-            return Settlement.RETRIED
         except TransientError as exc:  # the broker redelivers it: its attempt ended
             raise _Unsettled("dead_letter", exc) from exc
         self.processor.events.emit(

@@ -6,6 +6,7 @@ import hashlib
 import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 
 from application.errors import MalformedMessage
@@ -18,6 +19,12 @@ REQUEST_URL_HEADER = "eo-request-url"
 REASON_HEADER = "eo-reason"
 ENDPOINT_HEADER = "eo-endpoint"
 ATTEMPTS_HEADER = "eo-attempts"
+#: Header of a dead-letter copy: when it was dead-lettered (ISO 8601, UTC), so the
+#: dead-letter store keeps one history entry per time even if it receives the copy twice.
+DEAD_LETTERED_AT_HEADER = "eo-dead-lettered-at"
+#: Header of the dead letter of an inbox row that could not be relayed: its message type
+#: (capped), which the copy's own AMQP `type` cannot carry when it is what the broker refuses.
+TYPE_HEADER = "eo-type"
 #: Header of a delayed-retry copy: why the previous attempt failed.
 RETRY_REASON_HEADER = "eo-retry-reason"
 #: Header of a dead-lettered copy of a message that came without a message ID.
@@ -151,6 +158,14 @@ def lineage(incoming: Envelope) -> dict[str, str]:
     if producer:
         headers[ORIGIN_PRODUCER_HEADER] = producer
     return headers
+
+
+def dead_letter_headers(reason: str, endpoint: str, attempt: int, at: datetime
+                        ) -> dict[str, str]:
+    """The headers a dead-letter copy adds (protocol 7): why (`reason`, capped), which
+    endpoint, on which attempt, and when (`at`, UTC)."""
+    return {REASON_HEADER: capped(reason), ENDPOINT_HEADER: endpoint,
+            ATTEMPTS_HEADER: str(attempt), DEAD_LETTERED_AT_HEADER: at.isoformat()}
 
 
 def capped(value: str, limit: int = MAX_HEADER_CHARS) -> str:

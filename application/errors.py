@@ -34,13 +34,6 @@ class TransientError(ProtocolError):
     """
 
 
-class DeadLetterRefused(TransientError):
-    """The dead-letter queue refused the copy (it is full: its byte bound, with
-    `reject-publish`). The delivery is untouched; the consumer parks it in a retry queue and
-    counts `message.dead_letter_refused`, so nothing is lost while an operator drains the
-    dead-letter queue."""
-
-
 class PermanentError(ProtocolError):
     """A failure no retry can fix; the consumer dead-letters the delivery with `reason`.
 

@@ -21,16 +21,23 @@ TOKEN_CONSUMED: Final = "token.consumed"
 MESSAGE_DEAD_LETTERED: Final = "message.dead_lettered"
 MESSAGE_RETRIED: Final = "message.retried"
 SETTLEMENT_FAILED: Final = "message.settlement_failed"
-#: the dead-letter queue refused a dead letter (full): the message waits in a retry queue
-#: (`reason`: why it was to be dead-lettered). Alert on it: the dead-letter queue needs
-#: draining.
-MESSAGE_DEAD_LETTER_REFUSED: Final = "message.dead_letter_refused"
+#: the dead-letter queue refused a dead letter (full): the endpoint takes no new delivery
+#: until it has room (`reason`), then `dead_letter_queue.room`. Logged at ERROR.
+DEAD_LETTER_QUEUE_FULL: Final = "dead_letter_queue.full"
+DEAD_LETTER_QUEUE_ROOM: Final = "dead_letter_queue.room"
+#: the dead-letter store (application/dead_letters.py): a dead letter moved there from its
+#: queue; an operator (`by`) republished one, or discarded one (`why`, `released`)
+DEAD_LETTER_STORED: Final = "dead_letter.stored"
+DEAD_LETTER_REPLAYED: Final = "dead_letter.replayed"
+DEAD_LETTER_DISCARDED: Final = "dead_letter.discarded"
 #: fault injection (protocol 10): a failpoint fired (`failpoint`, `action`)
 FAULT_INJECTED: Final = "fault.injected"
 #: the inbox relay (application/inbox_relay.py): one per row published and marked relayed,
 #: one per relay round that failed
 INBOX_RELAYED: Final = "inbox.relayed"
 INBOX_RELAY_FAILED: Final = "inbox.relay_failed"
+#: an inbox row that cannot be relayed (`reason`), dead-lettered and marked: logged at ERROR
+INBOX_DEAD_LETTERED: Final = "inbox.dead_lettered"
 #: consumption supervised (adapters/rabbitmq/consumer.py): the work queue's consumer is gone
 #: (`reason`: channel_closed, cancelled, no_consumer, stalled), then re-created (`after_s`)
 CONSUMER_LOST: Final = "consumer.lost"
@@ -40,9 +47,10 @@ EVENTS: Final = (
     MESSAGE_RECEIVED, MESSAGE_DUPLICATE, HANDLER_INVOKED, TRANSACTION_COMMITTED,
     TRANSACTION_CONFLICT, ATTEMPT_ABANDONED, SIDE_EFFECT_PUBLISHED, SIDE_EFFECT_CLEANED,
     TOKEN_CONSUMED,
-    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, MESSAGE_DEAD_LETTER_REFUSED,
+    MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, DEAD_LETTER_QUEUE_FULL,
+    DEAD_LETTER_QUEUE_ROOM, DEAD_LETTER_STORED, DEAD_LETTER_REPLAYED, DEAD_LETTER_DISCARDED,
     INBOX_RELAYED,
-    INBOX_RELAY_FAILED, CONSUMER_LOST, CONSUMER_RESTARTED,
+    INBOX_RELAY_FAILED, INBOX_DEAD_LETTERED, CONSUMER_LOST, CONSUMER_RESTARTED,
 )
 
 

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 from application.envelope import Envelope
 from application.records import (
     Abandoned,
+    DeadLetter,
+    DeadLetterStatus,
     DeferredCleanup,
     ProcessedMessage,
     SideEffectRecord,
@@ -72,6 +74,10 @@ class TokenStore(Protocol):
 
     async def count(self) -> int:
         """Tokens in flight, all endpoints (a gauge, and the I9 check)."""
+
+    async def count_of(self, addresses: Sequence[tuple[str, uuid.UUID]]) -> int:
+        """How many of these tokens, each (endpoint, message ID), exist (the tokens that
+        dead letters keep: `application.dead_letters.DeadLetters.gauges`)."""
 
 
 class IncomingTokens(Protocol):
@@ -289,6 +295,16 @@ class MessageDispatcher(Protocol):
         """Publish `envelope` persistently to the queue of endpoint `destination`."""
 
 
+class DeadLetterPublisher(Protocol):
+    """Dead letters published outside a delivery (the inbox relay's rows that cannot be
+    relayed)."""
+
+    async def dead_letter(self, endpoint: str, envelope: Envelope) -> None:
+        """Publish `envelope` (a dead-letter copy: its headers say why) to `endpoint`'s
+        dead-letter queue, confirmed. Raises `TransientError` when the broker fails or the
+        queue is full (the caller tries again later)."""
+
+
 class InboxClaim(Protocol):
     """Pending inbox rows held by one relay until its claim ends: no other claim sees them
     meanwhile. `mark_relayed` takes effect when the claim ends without an exception; when it
@@ -350,11 +366,13 @@ class Delivery(Protocol):
 
     async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
                           ) -> None:
-        """Move to the dead-letter queue with reason, endpoint and attempt headers; with
-        `body_limit`, the copy carries at most that many bytes of the body plus its size and
-        SHA-256 (`application.envelope.clipped_body`: a message no replay can use). Raises
-        `DeadLetterRefused` (the delivery untouched) when the dead-letter queue is full,
-        `TransientError` when the broker fails."""
+        """Move to the dead-letter queue with reason, endpoint, attempt and time headers
+        (`application.envelope.dead_letter_headers`); with `body_limit`, the copy carries
+        at most that many bytes of the body plus its size and SHA-256
+        (`application.envelope.clipped_body`: a message no replay can use). While the
+        dead-letter queue is full this waits, holding the delivery, and the endpoint takes
+        no new delivery; raises `TransientError` when the broker fails or the delivery is
+        given back meanwhile (the broker redelivers it)."""
 
 
 class BlobStore(Protocol):
@@ -490,6 +508,65 @@ class StateStream(Protocol):
     async def truncate(self, before: datetime) -> int:
         """Drop every entry whose next entry was appended before `before` (the newest entry
         of a partition always stays). Returns how many were dropped."""
+
+
+@dataclass(frozen=True)
+class DeadLetterQuery:
+    """Which dead letters: those of `endpoints` (all when empty), with `ids` (any when
+    empty), in `status` (any when None), whose latest reason contains `reason` (case
+    apart), last dead-lettered before `before` and from `after` on (UTC; None: no bound);
+    at most `limit` (>= 1), oldest first."""
+
+    endpoints: tuple[str, ...] = ()
+    ids: tuple[int, ...] = ()
+    status: DeadLetterStatus | None = DeadLetterStatus.DEAD
+    reason: str | None = None
+    before: datetime | None = None
+    after: datetime | None = None
+    limit: int = 100
+
+
+class HeldDeadLetter(Protocol):
+    """A dead letter held for one operator's action (`DeadLetterStore.hold`): no other hold
+    gets it meanwhile. The mark takes effect when the hold ends without an exception."""
+
+    letter: DeadLetter
+
+    async def replayed(self, by: str) -> None:
+        """Mark it republished by `by`."""
+
+    async def discarded(self, by: str, why: str) -> None:
+        """Mark it discarded by `by`, for `why`."""
+
+
+class DeadLetterStore(Protocol):
+    """The dead letters of a service's endpoints, kept until an operator acts on them
+    (application/dead_letters.py) and purged after the retention window. Raises
+    `TransientError` when unreachable."""
+
+    async def add(self, letter: DeadLetter) -> int:
+        """Keep `letter`; returns its `dead_letter_id`. A replayable message already kept
+        under the same endpoint, producer, message ID and digest is the same dead letter
+        dead-lettered again: its reasons are appended (a reason already there, same time
+        and text, is not repeated: the collector is at least once) and it is `dead` again."""
+
+    async def find(self, query: DeadLetterQuery) -> list[DeadLetter]:
+        """The dead letters `query` selects, oldest first."""
+
+    def hold(self, dead_letter_id: int) -> AbstractAsyncContextManager[HeldDeadLetter | None]:
+        """Hold dead letter `dead_letter_id` for an action; None when it does not exist or
+        another hold has it (two operators, one action)."""
+
+    async def waiting(self) -> list[tuple[str, uuid.UUID]]:
+        """(endpoint, message ID) of the `dead` ones with a message ID (the gauges: the
+        tokens that dead letters keep)."""
+
+    async def counts(self) -> dict[str, dict[str, int]]:
+        """Per endpoint, how many dead letters are in each status."""
+
+    async def purge(self, before: datetime) -> int:
+        """Delete the replayed and discarded ones acted on before `before` (the record of
+        what operators did stays a retention window); returns how many."""
 
 
 @dataclass

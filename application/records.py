@@ -122,3 +122,71 @@ class StateEntry:
     state: Any
     recorded: Mapping[str, Any]
     appended_at: datetime
+
+
+class DeadLetterStatus(StrEnum):
+    """Where a dead letter stands: waiting for an operator (`dead`), republished to its
+    endpoint (`replayed`: it is `dead` again if it fails again), or `discarded`."""
+
+    DEAD = "dead"
+    REPLAYED = "replayed"
+    DISCARDED = "discarded"
+
+
+@dataclass(frozen=True)
+class DeadLetterReason:
+    """One time a message was dead-lettered: when (UTC), why, and on which attempt."""
+
+    at: datetime
+    reason: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message an endpoint dead-lettered (protocol 7), as the dead-letter store keeps it.
+
+    - `dead_letter_id`: the store's number for it (0 before it is stored);
+    - `message_id`: None when the message had no valid one (`raw_message_id`: what it had);
+    - `producer`, `type`, `body`, `headers`: the message to replay (`headers` without the
+      dead-letter ones); `digest`: `Envelope.digest`, None without a type;
+    - `replayable`: False when the body was clipped (malformed, of no known type);
+    - `origin_id`, `origin_producer`: the outside producer's message its chain started from
+      (lineage headers, protocol 9), or its own ID and producer;
+    - `reasons`: every time it was dead-lettered, oldest first;
+    - `status`, `replays`, `acted_at`, `acted_by`, `discard_reason`: what operators did.
+    """
+
+    endpoint: str
+    message_id: uuid.UUID | None
+    raw_message_id: str | None
+    producer: str
+    type: str | None
+    body: bytes
+    headers: Mapping[str, str]
+    digest: str | None
+    replayable: bool
+    origin_id: str | None
+    origin_producer: str | None
+    reasons: tuple[DeadLetterReason, ...]
+    dead_letter_id: int = 0
+    status: DeadLetterStatus = DeadLetterStatus.DEAD
+    replays: int = 0
+    acted_at: datetime | None = None
+    acted_by: str | None = None
+    discard_reason: str | None = None
+
+    @property
+    def first_at(self) -> datetime:
+        """When it was first dead-lettered."""
+        return self.reasons[0].at
+
+    @property
+    def last_at(self) -> datetime:
+        """When it was last dead-lettered (its age counts from then)."""
+        return self.reasons[-1].at
+
+    @property
+    def reason(self) -> str:
+        """The latest reason."""
+        return self.reasons[-1].reason

@@ -73,6 +73,18 @@ class SideEffects:
         elif kind is Kind.HTTP_REQUEST:
             await self._http_delete(key)
 
+    async def present(self, kind: Kind, key: str, payload: Mapping[str, str]) -> bool | None:
+        """Whether the artifact of a record still exists: a blob (its key), a message (its
+        token, addressed to the payload's `destination`); None for an HTTP request (the
+        protocol has no question for it that would not touch it) and kinds without an
+        artifact. For `eo inspect`: a deferred clean-up whose artifact is gone has nothing
+        left to do."""
+        if kind is Kind.BLOB:
+            return None if self.blobs is None else await self.blobs.exists(key)
+        if kind is Kind.MESSAGE:
+            return await self.tokens.exists(payload["destination"], uuid.UUID(key))
+        return None
+
     async def _http_delete(self, url: str) -> None:
         if self.http is None:
             return

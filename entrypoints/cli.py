@@ -144,6 +144,15 @@ def run_service(coro: Coroutine[Any, Any, None]) -> None:
         raise fail(f"cannot start: {exc}", 3) from exc
 
 
+def _add_dead_letters() -> None:
+    from entrypoints.dead_letter_cli import dead_letters_app
+
+    app.add_typer(dead_letters_app, name="dead-letters")
+
+
+_add_dead_letters()
+
+
 @app.command()
 def consume(endpoint: _ENDPOINT, profile: _PROFILE = None) -> None:
     """Run one endpoint's consumer (a consumer or a gateway) on RabbitMQ and PostgreSQL: the
@@ -245,7 +254,7 @@ def inspect_command(profile: _PROFILE = None) -> None:
 
     settings, service = load(profile, services=True)
     try:
-        found = asyncio.run(inspect(settings, service.registry.consuming()))
+        found = asyncio.run(inspect(settings, service))
     except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
         raise fail(f"inspection failed: {type(exc).__name__}: {exc}", 3) from exc
     print_inspection(service, found)

@@ -22,6 +22,7 @@ from application.observability import CountingSink
 from application.ports import (
     BlobStore,
     Clock,
+    DeadLetterPublisher,
     EventSink,
     IdGenerator,
     MessageDispatcher,
@@ -57,6 +58,7 @@ def embedded_system(
     tokens: TokenStore,
     blobs: BlobStore | None,
     failpoints: Failpoints | None,
+    dead_letters: DeadLetterPublisher | None = None,
 ) -> System:
     """The service on memory stores: one transactional store per endpoint (a `state`
     endpoint's reads its stream), a request store per callee, an inbox per gateway."""
@@ -74,7 +76,8 @@ def embedded_system(
         requests={name: MemoryRequestStore() for name in registry.names(Role.CALLEE)},
         inboxes={name: MemoryInbox(clock) for name in registry.names(Role.GATEWAY)},
         streams=streams, blobs=blobs, failpoints=failpoints,
-        renderer=document_renderer() if any(r.blobs for r in registry) else None)
+        renderer=document_renderer() if any(r.blobs for r in registry) else None,
+        dead_letters=dead_letters)
 
 
 class EmbeddedContainer(containers.DeclarativeContainer):
@@ -96,4 +99,4 @@ class EmbeddedContainer(containers.DeclarativeContainer):
     system = providers.Singleton(
         embedded_system, service=service, settings=settings, clock=clock, ids=ids,
         events=events, dispatcher=dispatcher, tokens=tokens, blobs=blobs,
-        failpoints=failpoints)
+        failpoints=failpoints, dead_letters=broker)

@@ -14,6 +14,7 @@ from yarl import URL
 from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.pdf import document_renderer
+from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.postgres.inbox import PostgresInbox
 from adapters.postgres.pool import create_pool
 from adapters.postgres.request_store import PostgresRequestStore
@@ -21,7 +22,7 @@ from adapters.postgres.state_stream import PostgresStateStream
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq.connection import RabbitConnection
-from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.rabbitmq.dispatcher import RabbitDeadLetters, RabbitDispatcher
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.system.clock import SystemClock
 from application.observability import CountingSink
@@ -148,7 +149,7 @@ def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
 
 def local_system(service: Service, settings: Settings, pools: Pools, clock: Clock,
                  events: Any, dispatcher: Any, failpoints: Any, blobs: BlobStore | None,
-                 http: HttpRequests | None) -> System:
+                 http: HttpRequests | None, dead_letters: Any = None) -> System:
     """The service on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob store."""
     registry = service.registry
     return System(
@@ -162,7 +163,8 @@ def local_system(service: Service, settings: Settings, pools: Pools, clock: Cloc
         streams=postgres_streams(pools.endpoint, clock, service),
         blobs=blobs, failpoints=failpoints, colocated_tokens=pools.colocated, http=http,
         urls=callee_urls(settings),
-        renderer=document_renderer() if any(r.blobs for r in registry) else None)
+        renderer=document_renderer() if any(r.blobs for r in registry) else None,
+        dead_letters=dead_letters)
 
 
 class LocalContainer(containers.DeclarativeContainer):
@@ -192,4 +194,8 @@ class LocalContainer(containers.DeclarativeContainer):
     http = providers.Callable(http_requests, settings, http_client)
     system = providers.Singleton(
         local_system, service=service, settings=settings, pools=pools, clock=clock,
-        events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http)
+        events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http,
+        dead_letters=providers.Singleton(RabbitDeadLetters, rabbit, service_user))
+    #: the service's dead letters, in the endpoints' database
+    dead_letter_store = providers.Singleton(
+        lambda pools, clock: PostgresDeadLetterStore(pools.endpoint, clock), pools, clock)

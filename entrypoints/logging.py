@@ -28,15 +28,21 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None
 class StructlogEventSink:
     """`EventSink` writing each protocol event (section 9) as one JSON line: `event` plus
     `endpoint`, `message_id`, `attempt_id`, `partition` and the event's other fields.
-    Dead letters and conflicts log at WARNING, the rest at INFO."""
+    A full dead-letter queue and an inbox row that cannot be relayed log at ERROR (an
+    operator must act); dead letters, conflicts, retries and operators' actions on dead
+    letters at WARNING; the rest at INFO."""
 
-    _WARN = frozenset({"message.dead_lettered", "transaction.conflict", "message.retried"})
+    _ERROR = frozenset({"dead_letter_queue.full", "inbox.dead_lettered"})
+    _WARN = frozenset({"message.dead_lettered", "transaction.conflict", "message.retried",
+                       "dead_letter.replayed", "dead_letter.discarded", "inbox.relay_failed"})
 
     def __init__(self) -> None:
         self._log = structlog.get_logger("eo")
 
     def emit(self, event: str, **fields: object) -> None:
-        if event in self._WARN:
+        if event in self._ERROR:
+            self._log.error(event, **fields)
+        elif event in self._WARN:
             self._log.warning(event, **fields)
         else:
             self._log.info(event, **fields)

@@ -1,14 +1,20 @@
 """Operator commands on the real services: create and migrate the databases, inspect the
-protocol's state at rest and the dead-letter queues."""
+protocol's state at rest, the dead-letter queues and the dead-letter store."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from adapters.postgres.admin import StoresAtRest, database_name, ensure_database, stores_at_rest
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq.topology import dead_letter_depths
-from entrypoints.settings import Settings
+from application.ports import DeadLetterStore
+from application.side_effects import SideEffects
+from entrypoints.local import LocalContainer
+from entrypoints.settings import Service, Settings
+from entrypoints.system import System
 
 
 async def migrate_all(settings: Settings) -> list[str]:
@@ -24,16 +30,47 @@ async def migrate_all(settings: Settings) -> list[str]:
 
 @dataclass
 class Inspection:
-    """What `eo inspect` reports: the stores at rest and each endpoint's dead-letter queue
-    depth (None: no queue)."""
+    """What `eo inspect` reports: the stores at rest (`stores.tokens` counts every token),
+    the tokens dead letters keep (`dead_letter_tokens`, apart from those in flight), each
+    endpoint's dead-letter queue depth (None: no queue) and dead letters in the store by
+    status, and its deferred clean-ups by whether their artifacts are still there
+    (`"present"`, `"gone"`, `"unknown"`: an HTTP request)."""
 
     stores: StoresAtRest
     dead_letters: dict[str, int | None] = field(default_factory=dict)
+    dead_letter_tokens: int = 0
+    kept: dict[str, dict[str, int]] = field(default_factory=dict)
+    cleanups: dict[str, Counter[str]] = field(default_factory=dict)
+
+    @property
+    def tokens_in_flight(self) -> int:
+        """Tokens of messages in flight: not those dead letters keep."""
+        return self.stores.tokens - self.dead_letter_tokens
 
 
-async def inspect(settings: Settings, endpoints: list[str]) -> Inspection:
-    """Tokens in flight, committed-but-unfinished transaction records and their age, deferred
-    clean-ups per endpoint, and each endpoint's dead-letter queue depth."""
+async def inspect(settings: Settings, service: Service) -> Inspection:
+    """Tokens in flight, committed-but-unfinished transaction records and their age,
+    deferred clean-ups per endpoint (asking the blob and token stores whether each artifact
+    is still there), each endpoint's dead-letter queue depth and its dead letters in the
+    store. Raises asyncpg's, aio_pika's and the blob store's errors."""
     stores = await stores_at_rest(settings.database(), settings.tokens_database())
-    letters = await dead_letter_depths(settings.amqp(), endpoints, len(settings.retry_delays_s))
-    return Inspection(stores, letters)
+    found = Inspection(stores, await dead_letter_depths(
+        settings.amqp(), service.registry.consuming(), len(settings.retry_delays_s)))
+    container = LocalContainer(settings=settings, service=service)
+    container.connection_name.override("eo inspect")
+    try:
+        system: System = await container.system()  # type: ignore[misc]
+        store: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        gauges = await system.dead_letters(store).gauges()
+        found.dead_letter_tokens, found.kept = gauges.tokens, gauges.counts
+        effects = SideEffects(system.tokens, system.dispatcher, system.blobs, system.http)
+        later = datetime.now(UTC) + timedelta(days=3650)  # every one, due or not
+        for name in service.registry.names():
+            counted: Counter[str] = Counter()
+            for item in await system.stores[name].due_cleanups(later):
+                there = await effects.present(item.kind, item.key, item.payload)
+                counted[{True: "present", False: "gone", None: "unknown"}[there]] += 1
+            found.cleanups[name] = counted
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]
+    return found

@@ -118,7 +118,9 @@ def _json(body: bytes) -> Any:
 
 
 async def _feed(system: System, broker: MemoryBroker, settings: Settings,
-                lines: Iterable[str], report: EmbeddedReport) -> None:
+                lines: Iterable[str], report: EmbeddedReport, refused: Counter[str]) -> None:
+    """Publish `lines`; a message the AMQP source would refuse is dead-lettered here, as it
+    would be there, and counted in `refused` (per queue)."""
     consuming = set(system.registry.consuming())
     tokens_sent: set[tuple[str, uuid.UUID]] = set()
     for number, line in enumerate(lines, 1):
@@ -152,6 +154,7 @@ async def _feed(system: System, broker: MemoryBroker, settings: Settings,
                 MappingProxyType({**known_headers(headers, settings.kept_headers), **sizes,
                                   REASON_HEADER: capped(exc.reason),
                                   _RAW_ID: "" if raw_id is None else capped(str(raw_id))})))
+            refused[queue] += 1
             continue
         if system.service.strategy(queue) is Strategy.TOKEN:
             envelope = Envelope(envelope.message_id, envelope.type, body,
@@ -189,8 +192,9 @@ async def run_embedded(settings: Settings, service: Service, lines: Iterable[str
                                                 settings.prefetch_for(consumer.batches)))
              for name, consumer in consumers.items()]
     relays = [system.relay(name) for name in system.registry.names(Role.GATEWAY)]
+    refused: Counter[str] = Counter()
     try:
-        await _feed(system, broker, settings, lines, report)
+        await _feed(system, broker, settings, lines, report, refused)
         await _until_idle(broker)
         later = _Later(system.clock, system.grace + timedelta(seconds=settings.stale_after_s + 1))
         for name in system.registry.names():
@@ -202,15 +206,18 @@ async def run_embedded(settings: Settings, service: Service, lines: Iterable[str
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    await _fill(report, system, broker, recording, consumers)
+    await _fill(report, system, broker, recording, consumers, refused)
     return report
 
 
 async def _fill(report: EmbeddedReport, system: System, broker: MemoryBroker,
-                recording: _Recording, consumers: dict[str, Consumer]) -> None:
+                recording: _Recording, consumers: dict[str, Consumer],
+                refused: Counter[str]) -> None:
     names = {str(s): 0 for s in Settlement}
     for name, consumer in consumers.items():
         report.settled[name] = {**names, **{str(k): v for k, v in consumer.counts.items()}}
+        # one vocabulary: what the source refuses before processing is dead-lettered too
+        report.settled[name][str(Settlement.DEAD_LETTERED)] += refused[name]
     for name in system.registry.names():
         store: Any = system.stores[name]
         report.states[name] = {p: to_jsonable(s) for p, s in sorted(store.states().items())}

@@ -19,10 +19,16 @@ from adapters.rabbitmq.connection import (
     RabbitConnection,
 )
 from adapters.rabbitmq.consumer import RabbitSource
+from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
+from application.consumer import Settlement
+from application.dead_letters import DeadLetters
+from application.ports import DeadLetterStore
+from application.records import DeadLetterStatus
 from application.registry import Role
 from application.strategy import Strategy
 from application.sweeper import Sweeper
 from entrypoints.callee_app import create_callee_app
+from entrypoints.dead_letter_api import create_dead_letter_app
 from entrypoints.settings import FIRST_STATUS_PORT, Service, Settings, SettingsError
 from entrypoints.startup import started_container, waiting_for
 from entrypoints.status import (
@@ -41,6 +47,7 @@ log = structlog.get_logger("eo.service")
 #: for PostgreSQL or RabbitMQ: EX_UNAVAILABLE of sysexits.h. Restart it.
 EXIT_BROKER_UNAVAILABLE = 69
 
+
 async def _sweep_forever(sweeper: Sweeper, system: System, metrics: Metrics,
                          interval_s: float) -> None:
     name = sweeper.endpoint
@@ -54,13 +61,39 @@ async def _sweep_forever(sweeper: Sweeper, system: System, metrics: Metrics,
                 dropped = await retention.sweep()
                 if dropped:
                     log.info("sweeper.state_truncated", endpoint=name, entries=dropped)
-            metrics.tokens.set(await system.tokens.count())
             stale = await sweeper.store.committed_before(datetime.now(UTC))
             oldest = min((t.committed_at for t in stale if t.committed_at), default=None)
             age = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
             metrics.oldest.labels(sweeper.endpoint).set(age)
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a bad round
             log.warning("sweeper.failed", endpoint=sweeper.endpoint, error=str(exc))
+        await asyncio.sleep(interval_s)
+
+
+async def _dead_letters_forever(collector: DeadLetterCollector | None,
+                                operations: DeadLetters, system: System, metrics: Metrics,
+                                endpoint: str, interval_s: float) -> None:
+    """Every `interval_s` seconds: move the endpoint's dead-letter queue into the store
+    (with a `collector`: `EO_DEAD_LETTER_COLLECT`), discard (and forget) what the retention
+    says, and set the gauges: dead letters per endpoint and status, the tokens dead letters
+    keep and the tokens in flight (the others)."""
+    name = endpoint
+    while True:
+        try:
+            moved = await collector.drain() if collector is not None else 0
+            discarded, purged = await operations.expire()
+            if moved or discarded or purged:
+                log.info("dead_letters.kept", endpoint=name, moved=moved,
+                         expired=discarded, forgotten=purged)
+            gauges = await operations.gauges()
+            for endpoint, counts in gauges.counts.items():
+                for status in DeadLetterStatus:
+                    metrics.dead_letters.labels(endpoint, str(status)).set(
+                        counts.get(str(status), 0))
+            metrics.dead_letter_tokens.set(gauges.tokens)
+            metrics.tokens.set(await system.tokens.count() - gauges.tokens)
+        except Exception as exc:  # noqa: BLE001 - the upkeep must outlive a bad round
+            log.warning("dead_letters.failed", endpoint=name, error=str(exc))
         await asyncio.sleep(interval_s)
 
 
@@ -101,17 +134,23 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
                 endpoint=endpoint)
         system: System = await container.system()  # type: ignore[misc]
         metrics: Metrics = container.metrics()
+        service_user: str = container.service_user()
+        gateway = registration.role is Role.GATEWAY
         source = RabbitSource(rabbit, endpoint, settings.retry_delays_s,
                               settings.max_body_bytes, system.events,
                               watchdog_s=settings.consumer_watchdog_s,
                               dead_letter_body_bytes=settings.dead_letter_body_bytes,
-                              kept_headers=settings.kept_headers)
+                              kept_headers=settings.kept_headers, service_user=service_user,
+                              require_producer=gateway and settings.profile == "production"
+                              and not settings.allow_anonymous_producers)
         consumer = system.consumer(endpoint)
 
         async def ready() -> dict[str, bool]:
             # consuming: a live consumer on the work queue; publishing: the connection and
-            # its publisher-confirm channel are open (outputs, retries, dead letters)
-            checks = {"consuming": source.consuming, "publishing": rabbit.connected}
+            # its publisher-confirm channel are open (outputs, retries, dead letters);
+            # dead_letter_queue: room for dead letters (else the endpoint takes nothing new)
+            checks = {"consuming": source.consuming, "publishing": rabbit.connected,
+                      "dead_letter_queue": not source.dead_letters_blocked}
             try:
                 await system.stores[endpoint].load_tr("__ready__")
                 checks["postgres"] = True
@@ -126,9 +165,16 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(source.stop()))
+        kept: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        collector = (DeadLetterCollector(rabbit, endpoint, kept, service_user,
+                                         system.events)
+                     if settings.dead_letter_collect else None)
         background = [asyncio.create_task(_sweep_forever(
-            system.sweeper(endpoint), system, metrics, settings.sweep_interval_s))]
-        if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
+            system.sweeper(endpoint), system, metrics, settings.sweep_interval_s)),
+            asyncio.create_task(_dead_letters_forever(
+                collector, system.dead_letters(kept), system,
+                metrics, endpoint, settings.sweep_interval_s))]
+        if gateway:  # batch producers' commands: inbox to queue
             background.append(asyncio.create_task(
                 system.relay(endpoint).run(settings.inbox_poll_s)))
         prefetch = settings.prefetch_for(consumer.batches)
@@ -143,9 +189,10 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         except BrokerUnavailable as exc:
             lost = exc
             log.error("consumer.broker_unavailable", endpoint=endpoint, reason=str(exc))
-        log.info("consumer.stopped", endpoint=endpoint,
-                 **{str(k): v for k, v in consumer.counts.items()}, rejected=source.rejected,
-                 restarts=source.restarts)
+        settled = {str(s): consumer.counts[s] for s in Settlement}
+        # one vocabulary: what the source dead-lettered before processing is dead-lettered
+        settled[str(Settlement.DEAD_LETTERED)] += source.dead_lettered
+        log.info("consumer.stopped", endpoint=endpoint, **settled, restarts=source.restarts)
         for task in background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -206,3 +253,36 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
 def state_endpoints(service: Service) -> list[str]:
     """The endpoints whose strategy is `state` (their state lives in a stream)."""
     return [r.name for r in service.registry if service.strategy(r.name) is Strategy.STATE]
+
+
+async def run_dead_letter_api(settings: Settings, service: Service) -> None:
+    """Serve the dead letters over HTTP (entrypoints/dead_letter_api.py) with uvicorn on
+    `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT` (port 0: a free one, printed in
+    `dead_letters.serving`) until SIGTERM/SIGINT (in-flight requests finish). Raises
+    `SettingsError` when no operator token is set or the port is taken; at start-up,
+    `PermanentError` and `GaveUpWaiting` as `run_consumer`."""
+    tokens = {name: token.get_secret_value() for name, token in settings.operator_tokens.items()}
+    if not tokens or not all(tokens.values()):
+        raise SettingsError("invalid setting EO_OPERATOR_TOKENS: required, each token "
+                            "non-empty, to serve the dead letters")
+    try:
+        sock = listening_socket(settings.operator_host, settings.operator_port,
+                                setting="EO_OPERATOR_PORT")
+    except OSError as exc:
+        raise SettingsError(f"invalid setting {exc}") from exc
+    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    container = await started_container(settings, service, "dead-letters", deadline)
+    try:
+        system: System = await container.system()  # type: ignore[misc]
+        store: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        app = create_dead_letter_app(system.dead_letters(store), tokens)
+        server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                               timeout_graceful_shutdown=20))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        log.info("dead_letters.serving", operators=sorted(tokens),
+                 url=f"http://{settings.operator_host}:{bound_port(sock)}")
+        await server.serve(sockets=[sock])
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]

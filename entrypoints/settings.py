@@ -155,6 +155,24 @@ class Settings(BaseSettings):
     inbox_batch: int = Field(200, ge=1, description="gateways: inbox rows relayed per round")
     duplicate_rate: float = Field(0.0, ge=0, le=1,
                                   description="fault injection: share of dispatches re-published")
+    dead_letter_collect: bool = Field(
+        True, description="consumers move their endpoint's dead-letter queue into the "
+        "dead-letter store every EO_SWEEP_INTERVAL_S, where `eo dead-letters` acts on them; "
+        "false: dead letters stay in the queue")
+    dead_letter_retention_days: float = Field(
+        14.0, gt=0, description="dead letters nobody replayed or discarded are discarded "
+        "(their tokens deleted, logged with by=retention) this long after they were last "
+        "dead-lettered; replayed and discarded ones are forgotten as late")
+    operator_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="the dead-letter API's operators: name -> bearer "
+        "token (`eo dead-letters serve`; the name is logged with each action)")
+    operator_host: str = Field("127.0.0.1", description="where `eo dead-letters serve` "
+                               "listens")
+    operator_port: int = Field(0, ge=0, le=65535, description="its port (0: a free one, "
+                               "printed at start-up)")
+    allow_anonymous_producers: bool = Field(
+        False, description="production: accept gateway messages without an AMQP user_id "
+        "(unauthenticated producers share one deduplication scope)")
     allow_guest_broker_credentials: bool = Field(
         False, description="production: accept an EO_AMQP_URL that logs in with RabbitMQ's "
         "guest account or password (also what a URL without a user or password sends)")

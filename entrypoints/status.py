@@ -14,12 +14,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from application.observability import CONSUMER_RESTARTED
+from application.observability import (
+    CONSUMER_RESTARTED,
+    DEAD_LETTER_QUEUE_FULL,
+    DEAD_LETTER_QUEUE_ROOM,
+)
 
 
 class Metrics:
     """Protocol counts (section 9) as `eo_events_total{endpoint, event}`, the gauges
-    `eo_tokens_in_flight` and `eo_oldest_unfinished_transaction_seconds{endpoint}`, and
+    `eo_tokens_in_flight` (tokens of messages in flight: not those dead letters keep),
+    `eo_dead_letter_tokens` (tokens that dead letters keep),
+    `eo_dead_letters{endpoint, status}`, `eo_dead_letter_queue_full{endpoint}` (1 while a
+    dead letter waits for room and the endpoint takes no new delivery) and
+    `eo_oldest_unfinished_transaction_seconds{endpoint}`, and
     `eo_consumer_restarts_total{endpoint, reason}` (work-queue consumers re-created).
     Also an `EventSink`: `emit` counts the event and forwards it to `inner`."""
 
@@ -27,8 +35,17 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.events = Counter("eo_events", "Protocol events by endpoint and name",
                               ["endpoint", "event"], registry=self.registry)
-        self.tokens = Gauge("eo_tokens_in_flight", "Tokens in the token store",
-                            registry=self.registry)
+        self.tokens = Gauge("eo_tokens_in_flight", "Tokens of messages in flight (not those "
+                            "that dead letters keep)", registry=self.registry)
+        self.dead_letter_tokens = Gauge("eo_dead_letter_tokens", "Tokens that dead letters "
+                                        "keep (until replayed, discarded or expired)",
+                                        registry=self.registry)
+        self.dead_letters = Gauge("eo_dead_letters", "Dead letters kept, by endpoint and "
+                                  "status (dead: waiting for an operator)",
+                                  ["endpoint", "status"], registry=self.registry)
+        self.dead_letter_queue_full = Gauge(
+            "eo_dead_letter_queue_full", "1 while the endpoint's dead-letter queue is full "
+            "and the endpoint takes no new delivery", ["endpoint"], registry=self.registry)
         self.oldest = Gauge("eo_oldest_unfinished_transaction_seconds",
                             "Age of the oldest committed-but-unfinished transaction",
                             ["endpoint"], registry=self.registry)
@@ -43,6 +60,8 @@ class Metrics:
         self.events.labels(endpoint, event).inc()
         if event == CONSUMER_RESTARTED:
             self.consumer_restarts.labels(endpoint, str(fields.get("reason", ""))).inc()
+        elif event in (DEAD_LETTER_QUEUE_FULL, DEAD_LETTER_QUEUE_ROOM):
+            self.dead_letter_queue_full.labels(endpoint).set(event == DEAD_LETTER_QUEUE_FULL)
         emit = getattr(self._inner, "emit", None)
         if emit is not None:
             emit(event, **fields)

@@ -11,12 +11,16 @@ from datetime import timedelta
 from adapters.memory.http import InProcessHttp
 from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
 from application.consumer import Consumer
+from application.dead_letters import DeadLetters, EndpointAccess
 from application.failpoints import Failpoints
+from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
 from application.inbox_relay import InboxRelay
 from application.ports import (
     BlobStore,
     Clock,
+    DeadLetterPublisher,
+    DeadLetterStore,
     DocumentRenderer,
     EventSink,
     HttpRequests,
@@ -31,6 +35,7 @@ from application.ports import (
 )
 from application.processor import Processor
 from application.registry import Registration, Role
+from application.side_effects import SideEffects
 from application.state_path import StateRetention
 from application.strategy import Strategy
 from application.sweeper import Sweeper
@@ -73,13 +78,17 @@ class System:
         http: HttpRequests | None = None,
         urls: Mapping[str, str] | None = None,
         renderer: DocumentRenderer | None = None,
+        dead_letters: DeadLetterPublisher | None = None,
     ) -> None:
+        """`dead_letters`: where the gateways' inbox relays dead-letter the rows they cannot
+        relay (None: such a row stays pending)."""
         self.service, self.registry, self.settings = service, service.registry, settings
         self.clock, self.ids, self.events, self.dispatcher = clock, ids, events, dispatcher
         self.tokens, self.blobs, self.renderer = tokens, blobs, renderer
         self.stores, self.requests = dict(stores), dict(requests)
         self.inboxes, self.streams = dict(inboxes), dict(streams)
         self.failpoints, self.colocated_tokens = failpoints, colocated_tokens
+        self.dead_letter_publisher = dead_letters
         self._check()
         urls = dict(urls or {})
         #: callee name -> base URL (`inproc://<name>` for a callee of this process)
@@ -153,8 +162,24 @@ class System:
 
     def relay(self, name: str) -> InboxRelay:
         """A new inbox relay of gateway `name`: its inbox rows to its work queue."""
+        s = self.settings
         return InboxRelay(name, self.inboxes[name], self.dispatcher, self.events,
-                          self.settings.inbox_batch)
+                          s.inbox_batch, self.dead_letter_publisher,
+                          None if self.dead_letter_publisher is None else self.clock,
+                          s.max_body_bytes, s.dead_letter_body_bytes)
+
+    def dead_letters(self, store: DeadLetterStore) -> DeadLetters:
+        """The operations on the service's dead letters kept in `store`
+        (application/dead_letters.py), with every consuming endpoint's handler and store,
+        the side effects' clean-up, and `EO_DEAD_LETTER_RETENTION_DAYS`."""
+        endpoints = {name: EndpointAccess(HandlerRunner(self.registry[name].endpoint),
+                                          self.stores[name],
+                                          self.service.strategy(name) is Strategy.TOKEN)
+                     for name in self.registry.consuming()}
+        effects = SideEffects(self.tokens, self.dispatcher, self.blobs, self.http)
+        return DeadLetters(store, self.tokens, endpoints, effects, self.dispatcher, self.clock,
+                           self.events, self.grace,
+                           timedelta(days=self.settings.dead_letter_retention_days))
 
     def state_retention(self, name: str, clock: Clock | None = None) -> StateRetention:
         """Retention of a `state` endpoint's stream (`retention_days`); KeyError otherwise."""

@@ -8,19 +8,19 @@ import random
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from application.envelope import (
     ATTEMPTS_HEADER,
-    ENDPOINT_HEADER,
-    REASON_HEADER,
     RETRY_REASON_HEADER,
     Envelope,
     capped,
     clipped_body,
+    dead_letter_headers,
 )
-from application.errors import DeadLetterRefused
-from application.ports import Delivery, MessageDispatcher
+from application.errors import TransientError
+from application.ports import Clock, DeadLetterPublisher, Delivery, MessageDispatcher
 
 
 @dataclass
@@ -51,33 +51,40 @@ class MemoryDelivery(Delivery):
 
     async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
                           ) -> None:
-        headers = {**self.envelope.headers, REASON_HEADER: capped(reason),
-                   ENDPOINT_HEADER: endpoint, ATTEMPTS_HEADER: str(self.attempt)}
+        broker = self._broker
+        now = broker.clock.now() if broker.clock is not None else datetime.now(UTC)
+        headers = {**self.envelope.headers,
+                   **dead_letter_headers(reason, endpoint, self.attempt, now)}
         body = self.envelope.body
         if body_limit is not None:
             body, sizes = clipped_body(body, body_limit)
             headers.update(sizes)
         copy = replace(self.envelope, body=body, headers=MappingProxyType(headers))
-        broker = self._broker
-        if not broker.dead_letter_fits(self._queue, copy):
-            raise DeadLetterRefused(f"dead-letter queue of {self._queue} is full")
+        await broker.wait_for_room(self._queue, copy)
         if broker._settle(self):
             broker.dead_letters[self._queue].append(copy)
 
 
-class MemoryBroker(MessageDispatcher):
+class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
     """Queues named by endpoint. `dispatch` is confirmed at once; `consume` hands deliveries
     to a named consumer; `drop_consumer` puts that consumer's unsettled deliveries back
     (redelivery, possibly to another consumer while the first still runs: concurrent
     copies). `publish` re-publishes a copy (duplicate injection). With `shuffle`, each
     delivery is taken from a random place in the queue (out-of-order delivery). With
     `dead_letter_max_bytes`, a dead-letter queue refuses a copy whose body would take it past
-    that many bytes (RabbitMQ's `x-max-length-bytes` with `reject-publish`)."""
+    that many bytes (RabbitMQ's `x-max-length-bytes` with `reject-publish`): the dead letter
+    waits for room, and its queue delivers nothing new meanwhile (`wait_for_room`)."""
 
     def __init__(self, shuffle: random.Random | None = None,
-                 dead_letter_max_bytes: int | None = None) -> None:
+                 dead_letter_max_bytes: int | None = None,
+                 dead_letter_wait_s: float = 0.01, clock: Clock | None = None) -> None:
+        """`clock`: what stamps dead letters (`eo-dead-lettered-at`); the wall clock when
+        None."""
         self._shuffle = shuffle
+        self.clock = clock
         self.dead_letter_max_bytes = dead_letter_max_bytes or None  # 0: unbounded
+        self.dead_letter_wait_s = dead_letter_wait_s
+        self._waiting: dict[str, int] = defaultdict(int)
         self._queues: dict[str, _Queue] = defaultdict(_Queue)
         self._in_flight: dict[int, MemoryDelivery] = {}
         self._tags = itertools.count(1)
@@ -114,6 +121,31 @@ class MemoryBroker(MessageDispatcher):
         held = sum(len(e.body) for e in self.dead_letters[queue])
         return held + len(envelope.body) <= self.dead_letter_max_bytes
 
+    async def dead_letter(self, endpoint: str, envelope: Envelope) -> None:
+        """`DeadLetterPublisher`: add `envelope` to `endpoint`'s dead letters; raises
+        `TransientError` when it does not fit (full)."""
+        await asyncio.sleep(0)
+        if not self.dead_letter_fits(endpoint, envelope):
+            raise TransientError(f"the dead-letter queue of {endpoint} is full")
+        self.dead_letters[endpoint].append(envelope)
+
+    def blocked(self, queue: str) -> bool:
+        """Whether a dead letter of `queue` waits for room (`queue` delivers nothing new)."""
+        return self._waiting[queue] > 0
+
+    async def wait_for_room(self, queue: str, envelope: Envelope) -> None:
+        """Return once the dead-letter queue of `queue` takes `envelope` (RabbitMQ's
+        `reject-publish` as the RabbitMQ adapter meets it: the delivery waits, held, and
+        `queue` delivers nothing new meanwhile), polling every `dead_letter_wait_s`."""
+        self._waiting[queue] += 1
+        try:
+            while not self.dead_letter_fits(queue, envelope):  # noqa: ASYNC110 - no signal
+                await asyncio.sleep(self.dead_letter_wait_s)
+        finally:
+            self._waiting[queue] -= 1
+            if not self._waiting[queue]:
+                await self._notify(queue)
+
     def _settle(self, delivery: MemoryDelivery) -> bool:
         return self._in_flight.pop(delivery.tag, None) is not None
 
@@ -136,7 +168,8 @@ class MemoryBroker(MessageDispatcher):
         queue = self._queues[queue_name]
         while True:
             async with queue.signal:
-                await queue.signal.wait_for(lambda: bool(queue.ready))
+                await queue.signal.wait_for(
+                    lambda: bool(queue.ready) and not self.blocked(queue_name))
                 if self._shuffle is not None:  # out-of-order delivery
                     queue.ready.rotate(-self._shuffle.randrange(len(queue.ready)))
                 envelope, attempt = queue.ready.popleft()

@@ -74,3 +74,15 @@ class PostgresTokenStore(TokenStore):
     async def count(self) -> int:
         async with translated():
             return int(await self.pool.fetchval("SELECT count(*) FROM eo_token"))
+
+    async def count_of(self, addresses: Sequence[tuple[str, uuid.UUID]]) -> int:
+        if not addresses:
+            return 0
+        pairs = sorted(set(addresses))
+        async with translated():
+            return int(await self.pool.fetchval(
+                """SELECT count(*) FROM eo_token k
+                     JOIN unnest($1::text[], $2::uuid[]) AS a(endpoint, message_id)
+                       ON k.message_id = a.message_id
+                      AND (k.endpoint = a.endpoint OR k.endpoint IS NULL)""",
+                [e for e, _ in pairs], [m for _, m in pairs]))

@@ -8,8 +8,9 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
@@ -37,21 +38,21 @@ from adapters.rabbitmq.topology import queue_names, retry_index
 from application.envelope import (
     ATTEMPTS_HEADER,
     BODY_BYTES_HEADER,
-    ENDPOINT_HEADER,
     NO_MESSAGE_ID_HEADER,
     PRODUCER_HEADER,
-    REASON_HEADER,
     RETRY_REASON_HEADER,
     Envelope,
     capped,
     clipped_body,
+    dead_letter_headers,
     known_headers,
 )
-from application.errors import DeadLetterRefused, MalformedMessage, TransientError
+from application.errors import MalformedMessage, TransientError
 from application.observability import (
     CONSUMER_LOST,
     CONSUMER_RESTARTED,
-    MESSAGE_DEAD_LETTER_REFUSED,
+    DEAD_LETTER_QUEUE_FULL,
+    DEAD_LETTER_QUEUE_ROOM,
     MESSAGE_DEAD_LETTERED,
 )
 from application.ports import Delivery, EventSink
@@ -101,28 +102,29 @@ class RabbitDelivery(Delivery):
         copy = envelope_message(self.envelope, {ATTEMPTS_HEADER: str(self.attempt),
                                                 RETRY_REASON_HEADER: capped(reason)},
                                 self._source.service_user)
-        await self._settle((self._source.retry_queue(delay_s), copy))
+        queue = self._source.retry_queue(delay_s)
+        await self._settle(lambda: self._source.connection.publish(queue, copy))
 
     async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
                           ) -> None:
-        """Move to `<endpoint>.dlq` with `eo-reason`, `eo-endpoint` and `eo-attempts` (and,
-        with `body_limit`, a clipped body with its size and SHA-256). Raises
-        `DeadLetterRefused` when the dead-letter queue nacks the copy (full)."""
+        """Move to `<endpoint>.dlq` with `eo-reason`, `eo-endpoint`, `eo-attempts` and
+        `eo-dead-lettered-at` (and, with `body_limit`, a clipped body with its size and
+        SHA-256). While the dead-letter queue refuses the copy (full), this waits, holding
+        the delivery, and the source takes no new one (`RabbitSource.dead_letter_copy`);
+        raises `TransientError` when the delivery's channel is lost or the source stops
+        meanwhile (the broker redelivers it: nothing is lost)."""
         envelope = self.envelope
-        headers = {REASON_HEADER: capped(reason), ENDPOINT_HEADER: endpoint,
-                   ATTEMPTS_HEADER: str(self.attempt)}
+        headers = dead_letter_headers(reason, endpoint, self.attempt, datetime.now(UTC))
         if body_limit is not None:
             body, sizes = clipped_body(envelope.body, body_limit)
             envelope = replace(envelope, body=body)
             headers.update(sizes)
-        try:
-            await self._settle((queue_names(endpoint, 0).dead_letter,
-                                envelope_message(envelope, headers,
-                                                 self._source.service_user)))
-        except PublishRefused as exc:
-            raise DeadLetterRefused(str(exc)) from exc
+        copy = envelope_message(envelope, headers, self._source.service_user)
+        await self._settle(lambda: self._source.dead_letter_copy(
+            copy, lambda: not _channel_lost(self._message)))
 
-    async def _settle(self, copy: tuple[str, aio_pika.Message] | None) -> None:
+    async def _settle(self, publish: Callable[[], Awaitable[None]] | None) -> None:
+        """Publish the copy (`publish`, confirmed), then ack the original."""
         if self._settled:
             return
         self._settled = True  # before the first await: a concurrent settle is a no-op
@@ -130,9 +132,9 @@ class RabbitDelivery(Delivery):
             if _channel_lost(self._message):
                 raise TransientError(f"{self.envelope.message_id}: its channel is closed, "
                                      "the broker redelivers it")
-            if copy is not None:
+            if publish is not None:
                 try:
-                    await self._source.connection.publish(*copy)
+                    await publish()
                 except TransientError:
                     self._settled = False  # the original is untouched: settling again is safe
                     raise
@@ -159,8 +161,11 @@ class RabbitSource:
 
     Messages that cannot become an envelope (see `envelope_of`) are dead-lettered here with
     the reason and at most `dead_letter_body_bytes` of their body (plus its size and
-    SHA-256), never yielded, and counted in `rejected`; when the dead-letter queue refuses
-    them (full) they wait in the longest retry queue instead. A delivery keeps only the
+    SHA-256), never yielded, and counted in `dead_lettered`. While the dead-letter queue
+    refuses a copy (full), the source holds that message and yields no new delivery
+    (`dead_letters_blocked`, for readiness; `dead_letter_queue.full` and `.room` events),
+    trying the copy again every `dead_letter_wait_s` seconds: nothing is lost, and nothing
+    is parked elsewhere. A delivery keeps only the
     protocol's headers and those named in `kept_headers`. `retry_delays_s` must match the
     declared retry queues (seconds, non-empty). `service_user` is the service's own broker
     user (the copies it publishes carry it as `user_id`, so their `eo-producer` is trusted:
@@ -173,7 +178,7 @@ class RabbitSource:
                  events: EventSink | None = None, watchdog_s: float = 30.0,
                  watchdog_interval_s: float | None = None, dead_letter_body_bytes: int = 4096,
                  kept_headers: Collection[str] = (), service_user: str | None = None,
-                 require_producer: bool = False) -> None:
+                 require_producer: bool = False, dead_letter_wait_s: float = 5.0) -> None:
         if not retry_delays_s:
             raise ValueError("RabbitSource needs at least one retry delay")
         if watchdog_s <= 0:
@@ -189,7 +194,11 @@ class RabbitSource:
         self.events = events
         self.watchdog_s = watchdog_s
         self.watchdog_interval_s = watchdog_interval_s or min(5.0, watchdog_s / 3)
-        self.rejected = 0
+        #: messages dead-lettered by the source itself (never yielded)
+        self.dead_lettered = 0
+        self.dead_letter_wait_s = dead_letter_wait_s
+        self._room = asyncio.Event()  # cleared while the dead-letter queue refuses copies
+        self._room.set()
         #: consumers re-created since `deliveries` started
         self.restarts = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
@@ -210,6 +219,45 @@ class RabbitSource:
     def retry_queue(self, delay_s: float) -> str:
         """The retry queue for a delay of `delay_s` seconds."""
         return self.names.retries[retry_index(self.retry_delays_s, delay_s)]
+
+    @property
+    def dead_letters_blocked(self) -> bool:
+        """Whether a dead letter waits for room in the full dead-letter queue (readiness:
+        the endpoint takes no new delivery meanwhile)."""
+        return not self._room.is_set()
+
+    async def dead_letter_copy(self, copy: aio_pika.Message, held: Callable[[], bool]
+                               ) -> None:
+        """Publish `copy` to the dead-letter queue (confirmed). While the queue refuses it
+        (full: its byte bound with `reject-publish`), wait `dead_letter_wait_s` and try
+        again, the source yielding no new delivery meanwhile; the first refusal emits
+        `dead_letter_queue.full` (an ERROR), the first copy taken after it
+        `dead_letter_queue.room`. Raises `TransientError` when the broker fails, or when
+        the original stops being `held()` (its channel lost) or the source stops while
+        waiting: the broker then redelivers the original."""
+        while True:
+            try:
+                await self.connection.publish(self.names.dead_letter, copy)
+            except PublishRefused as exc:
+                if self._room.is_set():
+                    self._room.clear()
+                    log.error("the dead-letter queue of %s is full: %s", self.endpoint, exc)
+                    if self.events is not None:
+                        self.events.emit(DEAD_LETTER_QUEUE_FULL, endpoint=self.endpoint,
+                                         queue=self.names.dead_letter, reason=str(exc))
+                if self._stopped or not held():
+                    raise TransientError(f"{self.endpoint}: the dead-letter queue is full and "
+                                         "the delivery is given back: the broker redelivers "
+                                         "it") from exc
+                await asyncio.sleep(self.dead_letter_wait_s)
+                continue
+            if not self._room.is_set():
+                self._room.set()
+                log.warning("the dead-letter queue of %s takes dead letters again", self.endpoint)
+                if self.events is not None:
+                    self.events.emit(DEAD_LETTER_QUEUE_ROOM, endpoint=self.endpoint,
+                                     queue=self.names.dead_letter)
+            return
 
     @property
     def consuming(self) -> bool:
@@ -233,6 +281,10 @@ class RabbitSource:
                  asyncio.create_task(self._watch(), name=f"{self.endpoint} watchdog")]
         try:
             while (message := await self._inbox.get()) is not None:
+                while not self._room.is_set() and not self._stopped:
+                    # a dead letter waits for room: take no new delivery meanwhile
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._room.wait(), self.dead_letter_wait_s)
                 if _channel_lost(message):
                     continue  # the broker requeued it when the channel died
                 try:
@@ -383,8 +435,8 @@ class RabbitSource:
                 ready, consumers = await self.connection.queue_counts(self.endpoint)
             except TransientError:
                 continue  # the connection is down: the channel's close says so
-            if not self.consuming:
-                continue
+            if not self.consuming or self.dead_letters_blocked:
+                continue  # paused on purpose while a dead letter waits for room
             idle = time.monotonic() - self._last_delivery
             if consumers == 0:
                 self._lose(LostBecause.NO_CONSUMER, "the broker lists no consumer on "
@@ -429,6 +481,10 @@ class RabbitSource:
             self._settled_singly(message)
 
     async def _reject(self, message: AbstractIncomingMessage, reason: str) -> None:
+        """Dead-letter a message that cannot become an envelope, with a clipped body (it
+        cannot be replayed): the copy, then the ack. Waits while the dead-letter queue is
+        full (`dead_letter_copy`); when the copy or the ack fails the message is requeued
+        (the work queue's delivery limit bounds that loop)."""
         raw = text_headers(message.headers)
         headers = known_headers(raw, self.kept_headers)
         headers.pop(PRODUCER_HEADER, None)  # a producer's own claim: never passed on
@@ -437,42 +493,24 @@ class RabbitSource:
             headers[PRODUCER_HEADER] = producer
         attempt = attempt_of(headers)
         body, sizes = clipped_body(message.body, self.dead_letter_body_bytes)
-        if BODY_BYTES_HEADER in headers:  # clipped before (it waited in a retry queue)
+        if BODY_BYTES_HEADER in headers:  # clipped before (a replayed dead letter)
             sizes = {}
-        headers.update({REASON_HEADER: capped(reason), ENDPOINT_HEADER: self.endpoint,
-                        ATTEMPTS_HEADER: str(attempt), **sizes})
+        headers.update({**dead_letter_headers(reason, self.endpoint, attempt,
+                                              datetime.now(UTC)), **sizes})
         if not message.message_id:
             headers[NO_MESSAGE_ID_HEADER] = "true"
-        parked = False
+        copy = amqp_message(message.message_id, message.type, body, headers,
+                            self.service_user)
         try:
-            try:
-                await self.connection.publish(
-                    self.names.dead_letter,
-                    amqp_message(message.message_id, message.type, body, headers,
-                                 self.service_user))
-            except PublishRefused:
-                # the dead-letter queue is full: the message waits in the longest retry
-                # queue (it comes back, and is refused again until the queue is drained)
-                headers[RETRY_REASON_HEADER] = capped(f"dead-letter queue full; {reason}")
-                await self.connection.publish(
-                    self.retry_queue(max(self.retry_delays_s)),
-                    amqp_message(message.message_id, message.type, body, headers,
-                                 self.service_user))
-                parked = True
+            await self.dead_letter_copy(copy, lambda: not _channel_lost(message))
             with translated("ack of a rejected message"):
                 await message.ack()
             self._settled_singly(message)
         except TransientError as exc:
-            # Requeued, it comes back; the work queue's delivery limit bounds the loop.
             log.warning("dead-lettering an invalid message of %s failed: %s", self.endpoint, exc)
             await self._requeue(message)
             return
-        if parked:
-            if self.events is not None:
-                self.events.emit(MESSAGE_DEAD_LETTER_REFUSED, endpoint=self.endpoint,
-                                 message_id=message.message_id, reason=reason, attempt=attempt)
-            return
-        self.rejected += 1
+        self.dead_lettered += 1
         if self.events is not None:  # counted like every other dead letter (protocol 7, 9)
             self.events.emit(MESSAGE_DEAD_LETTERED, endpoint=self.endpoint,
                              message_id=message.message_id, reason=reason, attempt=attempt)

@@ -9,6 +9,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.topology import queue_names
 from application.envelope import (
     ATTEMPTS_HEADER,
     NO_MESSAGE_ID_HEADER,
@@ -17,7 +18,7 @@ from application.envelope import (
     admitted,
 )
 from application.errors import MalformedMessage
-from application.ports import MessageDispatcher
+from application.ports import DeadLetterPublisher, MessageDispatcher
 
 CONTENT_TYPE = "application/json"
 
@@ -127,3 +128,17 @@ class RabbitDispatcher(MessageDispatcher):
         await self._connection.publish(destination,
                                        envelope_message(envelope, user_id=self.service_user))
         self.published += 1
+
+
+class RabbitDeadLetters(DeadLetterPublisher):
+    """Publishes dead letters outside a delivery (the inbox relay's) to an endpoint's
+    dead-letter queue, with `user_id` = `service_user` (so its `eo-producer` is trusted)."""
+
+    def __init__(self, connection: RabbitConnection, service_user: str | None = None) -> None:
+        self._connection, self.service_user = connection, service_user
+
+    async def dead_letter(self, endpoint: str, envelope: Envelope) -> None:
+        """Publish and wait for the confirm; raises `TransientError` (a `PublishRefused`
+        when the queue is full)."""
+        await self._connection.publish(queue_names(endpoint, 0).dead_letter,
+                                       envelope_message(envelope, user_id=self.service_user))

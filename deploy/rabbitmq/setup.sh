@@ -9,7 +9,10 @@
 #   else: no queue of the service, no default exchange (which routes to any queue), no
 #   reading, no declaring;
 # - the dead-letter queues' byte bound as a policy (EO_DEAD_LETTER_MAX_BYTES, default 256 MiB,
-#   reject-publish), which also bounds queues declared before it.
+#   reject-publish), which also bounds queues declared before it;
+# - at-least-once dead-lettering on the work queues (a policy): a message the broker
+#   dead-letters past the delivery limit waits while the dead-letter queue is full, where the
+#   default (at-most-once) would drop it.
 #
 # Passwords come from EO_SERVICE_PASSWORD and EO_PRODUCER_PASSWORD (required), given to
 # rabbitmqctl on its standard input, never on a command line. Example:
@@ -40,4 +43,7 @@ exchanges=$(printf '%s\n' $gateways | sed 's/[.]/\\./g; s/$/\\.in/' | paste -sd'
 $ctl set_permissions -p "$vhost" "$producer" '^$' "^($exchanges)\$" '^$'
 $ctl set_policy -p "$vhost" --priority 1 --apply-to queues eo-dead-letters '\.dlq$' \
   "{\"max-length-bytes\": $max_bytes, \"overflow\": \"reject-publish\"}"
+$ctl set_policy -p "$vhost" --priority 1 --apply-to queues eo-work-queues \
+  '^(?!.*\.(dlq|retry\.[0-9]+)$)' \
+  '{"dead-letter-strategy": "at-least-once", "overflow": "reject-publish"}'
 echo "rabbitmq: vhost $vhost, users $service (all on $vhost), $producer (publish to $exchanges)"

@@ -197,7 +197,7 @@ async def test_bad_input_is_dead_lettered_with_its_reason_and_the_consumer_goes_
     assert counter.alive(), counter.tail()
     status, body = await asyncio.to_thread(counter.get, "/ready")
     assert (status, json.loads(body)) == (200, {"consuming": True, "publishing": True,
-                                                "postgres": True})
+                                                "dead_letter_queue": True, "postgres": True})
     status, scrape = await asyncio.to_thread(counter.get, "/metrics")
     assert status == 200
     assert metric(scrape, "counter", "transaction.committed") == 1
@@ -207,9 +207,10 @@ async def test_bad_input_is_dead_lettered_with_its_reason_and_the_consumer_goes_
     counter.popen.send_signal(signal.SIGTERM)
     assert await fleet.exit_code(counter, 10) == 0, counter.tail()
     [stopped] = counter.events("consumer.stopped")
-    # every delivery accounted for: processed, duplicate, dead-lettered, or refused by the source
+    # every delivery accounted for, in one vocabulary: the two the source refused before
+    # processing are dead-lettered as the four the processor judged
     assert (stopped.get("processed", 0), stopped.get("duplicate", 0),
-            stopped.get("dead_lettered", 0), stopped.get("rejected", 0)) == (1, 0, 4, 2), stopped
+            stopped.get("dead_lettered", 0), stopped.get("rejected")) == (1, 0, 6, None), stopped
 
 
 async def test_every_dead_letter_is_counted_in_the_metrics(
@@ -471,14 +472,28 @@ async def _tables(dsn: str) -> tuple[set[str], str]:
 
 
 async def _seed_for_inspect(dsn: str) -> None:
+    """A token in flight, one a dead letter keeps, an unfinished transaction record, and two
+    deferred clean-ups: one whose artifact (a token) is still there, one whose is gone."""
     conn = await asyncpg.connect(dsn)
+    in_flight, kept, gone = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     try:
-        await conn.execute("INSERT INTO eo_token (endpoint, message_id, type, body) "
-                           "VALUES ('audit', $1, 'x', '')", uuid.uuid4())
+        for token in (in_flight, kept):
+            await conn.execute("INSERT INTO eo_token (endpoint, message_id, type, body) "
+                               "VALUES ('audit', $1, 'x', '')", token)
         await conn.execute(
             "INSERT INTO eo_transaction_record (endpoint, partition_key, message_id, "
             "attempt_id, committed_at) VALUES ('audit', '1', $1, $2, now())",
             uuid.uuid4(), uuid.uuid4())
+        await conn.execute(
+            "INSERT INTO eo_dead_letter (endpoint, message_id, body, replayable, reasons, "
+            "first_at, last_at) VALUES ('audit', $1, '', true, "
+            "'[{\"at\": \"2026-01-01T00:00:00+00:00\", \"reason\": \"r\", "
+            "\"attempt\": 1}]', now(), now())", kept)
+        for token in (in_flight, gone):
+            await conn.execute(
+                "INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due) "
+                "VALUES ('counter', 'message', $1, '{\"destination\": \"audit\"}', now())",
+                str(token))
     finally:
         await conn.close()
 
@@ -508,13 +523,16 @@ def test_migrate_creates_the_database_once_and_inspect_reports(where: Where) -> 
 
         shown = runner.invoke(app, ["inspect"], env=env)
         assert shown.exit_code == 0, shown.output
-        assert "tokens in flight: 1" in shown.output  # the row seeded survived the re-run
+        # the rows seeded survived the re-run; the dead letter's token is counted apart
+        assert "tokens in flight: 1; kept by dead letters: 1" in shown.output
         cells = [[cell.strip() for cell in line.strip().strip("│").split("│")]
                  for line in shown.output.splitlines() if line.startswith("│")]
         rows = {row[0]: row[1:] for row in cells if row[0] in (*CONSUMING, "bank")}
         assert set(rows) == {*CONSUMING, "bank"}, shown.output
         assert rows["audit"][0] == "1", shown.output  # one unfinished transaction record
         assert rows["front"][0] == rows["counter"][0] == rows["bank"][0] == "0", shown.output
-        assert rows["bank"][-1] == "-", shown.output  # a callee has no dead-letter queue
+        assert rows["counter"][2] == "2 (1 gone)", shown.output
+        assert rows["bank"][-2] == "-", shown.output  # a callee has no dead-letter queue
+        assert rows["audit"][-1] == "1 dead", shown.output
     finally:
         asyncio.run(drop_database(dsn))

@@ -35,8 +35,12 @@ from application.envelope import (
     REASON_HEADER,
     Envelope,
 )
-from application.errors import DeadLetterRefused, TransientError
-from application.observability import MESSAGE_DEAD_LETTER_REFUSED, CountingSink
+from application.errors import TransientError
+from application.observability import (
+    DEAD_LETTER_QUEUE_FULL,
+    DEAD_LETTER_QUEUE_ROOM,
+    CountingSink,
+)
 from tests.support.processes import broker_user, this_run
 from tests.support.services import discover
 
@@ -162,7 +166,7 @@ async def test_invalid_messages_are_dead_lettered_and_consumption_goes_on(
         delivery = await asyncio.wait_for(received.get(), 3.0)
         assert delivery.envelope.message_id == good.message_id
         await delivery.ack()
-    assert source.rejected == 4
+    assert source.dead_lettered == 4
     dead = await rabbit.drain(rabbit.names.dead_letter, count=4)
     reasons = [str(m.headers[REASON_HEADER]) for m in dead]
     assert reasons[0] == "no message_id"
@@ -202,10 +206,10 @@ async def test_an_oversize_messages_dead_letter_is_clipped_and_its_foreign_heade
                           max_body_bytes=65_536, dead_letter_body_bytes=1024)
     async with pumped(source):
         for _ in range(150):
-            if source.rejected:
+            if source.dead_lettered:
                 break
             await asyncio.sleep(0.02)
-    assert source.rejected == 1
+    assert source.dead_lettered == 1
     (dead,) = await rabbit.drain(rabbit.names.dead_letter)
     headers = dead.headers or {}
     assert dead.body == body[:1024]
@@ -219,10 +223,15 @@ async def test_an_oversize_messages_dead_letter_is_clipped_and_its_foreign_heade
     assert kept < 4096
 
 
-async def test_a_full_dead_letter_queue_refuses_and_the_message_waits(amqp_url: str) -> None:
-    """A dead-letter queue declared with a byte bound refuses (reject-publish) past it: the
-    delivery is untouched and can be parked in a retry queue; an invalid message the source
-    rejects waits in the longest retry queue, counted as `message.dead_letter_refused`."""
+async def test_a_full_dead_letter_queue_holds_the_dead_letter_and_pauses_the_source(
+    amqp_url: str,
+) -> None:
+    """A dead-letter queue declared with a byte bound refuses (reject-publish) past it. The
+    dead letter then waits, held (never parked elsewhere: 200 refused copies of 900 KB
+    cycled through a retry queue before, 174.6 MB of it, issue 24), the source takes no new
+    delivery and says so (`dead_letters_blocked`, `dead_letter_queue.full`); once there is
+    room the copy goes, the source goes on (`dead_letter_queue.room`), and nothing is lost.
+    An invalid message the source refuses itself waits the same way."""
     publisher = RabbitConnection(amqp_url, reconnect_delays_s=(0.1,))
     consumer = RabbitConnection(amqp_url, reconnect_delays_s=(0.1,))
     await publisher.start()
@@ -234,32 +243,57 @@ async def test_a_full_dead_letter_queue_refuses_and_the_message_waits(amqp_url: 
     events = CountingSink()
     try:
         # the queue refuses once it holds more than its bound: the first takes it past
-        first, second = Envelope(uuid.uuid4(), "Add", b"{" + b" " * 400 + b"}"), valid()
+        first, second, third = (Envelope(uuid.uuid4(), "Add", b"{" + b" " * 400 + b"}"),
+                                valid(), valid())
         dispatcher = RabbitDispatcher(publisher)
         for envelope in (first, second):
             await dispatcher.dispatch(names.work, envelope)
         source = RabbitSource(consumer, names.work, DELAYS, events=events,
-                              dead_letter_body_bytes=10_000)
-        async with pumped(source) as received:
+                              dead_letter_body_bytes=10_000, dead_letter_wait_s=0.05)
+        async with pumped(source, prefetch=4) as received:
             one = await asyncio.wait_for(received.get(), 3.0)
             await one.dead_letter("refused by the handler", names.work)
             two = await asyncio.wait_for(received.get(), 3.0)
-            with pytest.raises(DeadLetterRefused):
-                await two.dead_letter("refused by the handler", names.work)
-            await two.retry(max(DELAYS), "dead-letter queue full; refused by the handler")
-            assert await rabbit.depth(names.dead_letter) == 1
-            again = await asyncio.wait_for(received.get(), 3.0)  # it waited, nothing lost
-            assert again.envelope.message_id == second.message_id
-            await again.ack()
-            await publisher.publish(names.work, raw(b"x" * 400, message_id="not-a-uuid",
-                                                    type="Add"))
-            for _ in range(150):
-                if events.total(MESSAGE_DEAD_LETTER_REFUSED):
+            waiting = asyncio.create_task(two.dead_letter("refused by the handler",
+                                                          names.work))
+            for _ in range(100):
+                if source.dead_letters_blocked:
                     break
                 await asyncio.sleep(0.02)
-        assert events.total(MESSAGE_DEAD_LETTER_REFUSED) == 1
-        assert source.rejected == 0
-        assert await rabbit.depth(names.dead_letter) == 1
+            assert source.dead_letters_blocked
+            assert events.total(DEAD_LETTER_QUEUE_FULL) == 1
+            await dispatcher.dispatch(names.work, third)  # within the prefetch, yet...
+            await asyncio.sleep(0.3)
+            assert received.empty()  # ...paused: the third is not taken meanwhile
+            assert not waiting.done()
+            assert await rabbit.depth(names.dead_letter) == 1
+            (drained,) = await rabbit.drain(names.dead_letter)  # an operator makes room
+            assert drained.message_id == str(first.message_id)
+            await asyncio.wait_for(waiting, 3.0)
+            assert not source.dead_letters_blocked
+            assert events.total(DEAD_LETTER_QUEUE_ROOM) == 1
+            three = await asyncio.wait_for(received.get(), 3.0)  # goes on
+            assert three.envelope.message_id == third.message_id
+            await three.ack()
+            # the source's own refusals wait the same way: the first takes the queue past
+            # its bound, the second waits
+            await publisher.publish(names.work, raw(b"x" * 400, message_id="not-a-uuid",
+                                                    type="Add"))
+            await publisher.publish(names.work, raw(b"{}", message_id="neither", type="Add"))
+            for _ in range(150):
+                if events.total(DEAD_LETTER_QUEUE_FULL) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert source.dead_letters_blocked
+            assert source.dead_lettered == 1
+            await rabbit.drain(names.dead_letter, count=2, wait_s=0.5)
+            for _ in range(150):
+                if source.dead_lettered == 2:
+                    break
+                await asyncio.sleep(0.02)
+        assert source.dead_lettered == 2
+        assert await rabbit.depth(names.work) == 0
+        assert [await rabbit.depth(q) for q in names.retries] == [0] * len(DELAYS)  # no parking
     finally:
         await close_rabbit(rabbit)
 

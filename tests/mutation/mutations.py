@@ -323,6 +323,53 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=("tests/contract/test_state_stream_contract.py",),
         invariants=("I1",)),
     Mutation(
+        name="discard-of-a-committed-message",
+        guard="7 (amendment): a discard is refused while the message's transaction is "
+              "committed (its finish consumes the token)",
+        file="application/dead_letters.py",
+        before="""            if tr.message_id == m:""",
+        after="""            if False:""",
+        killers=("tests/unit/application/test_dead_letter_operations.py::test_a_discard_of_a_"
+                 "processed_message_whose_finish_is_pending_is_refused",),
+        invariants=("I5",)),
+    Mutation(
+        name="dead-letter-held-by-two-operators",
+        guard="7 (amendment): an action holds its dead letter (one of two operators acts)",
+        file="adapters/postgres/dead_letter_store.py",
+        before=""""FOR UPDATE SKIP LOCKED", dead_letter_id)""",
+        after=""""", dead_letter_id)""",
+        killers=("tests/contract/test_dead_letter_store_contract.py",),
+        invariants=("I1",)),
+    Mutation(
+        name="full-dead-letter-queue-does-not-pause",
+        guard="7 (amendment): while a dead letter waits for room the source takes no new "
+              "delivery",
+        file="adapters/rabbitmq/consumer.py",
+        before="""                while not self._room.is_set() and not self._stopped:""",
+        after="""                while False:""",
+        killers=("tests/integration/test_rabbitmq.py::test_a_full_dead_letter_queue_holds_the_"
+                 "dead_letter_and_pauses_the_source",),
+        invariants=("I10",)),
+    Mutation(
+        name="producer-taken-from-any-header",
+        guard="4 (amendment): `eo-producer` is trusted only on the service's own copies",
+        file="adapters/rabbitmq/dispatcher.py",
+        before="""    if service_user is not None and user_id == service_user:""",
+        after="""    if True:""",
+        killers=("tests/integration/test_rabbitmq.py::test_the_producer_is_the_validated_user_"
+                 "id_and_survives_the_services_copies",),
+        invariants=("I1",)),
+    Mutation(
+        name="inbox-relay-blocked-by-an-unrelayable-row",
+        guard="4 (boundary inbox): a row that cannot be relayed is dead-lettered, never "
+              "left at the head of the inbox",
+        file="application/inbox_relay.py",
+        before="""        reason = unrelayable(envelope, self.max_body_bytes)""",
+        after="""        reason = None""",
+        killers=("tests/unit/application/test_inbox_relay.py::test_rows_that_cannot_be_relayed_"
+                 "are_dead_lettered_and_the_rest_go_on",),
+        invariants=("I10",)),
+    Mutation(
         name="transient-failure-acked",
         guard="7: a transient failure is retried, then dead-lettered with a reason, never "
               "dropped",

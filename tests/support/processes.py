@@ -306,7 +306,10 @@ class Fleet:
             "EO_SWEEP_INTERVAL_S": "0.5", "EO_STALE_AFTER_S": "1",
             "EO_BLOB_DIR": str(self.blob_dir), "EO_BLOB_STORE": "directory",
             "EO_MAX_BODY_BYTES": str(self.max_body_bytes),
-            "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": str(self.pool_size), **extra}
+            "EO_LOG_LEVEL": "INFO", "EO_POOL_SIZE": str(self.pool_size),
+            # dead letters stay in their queues, where these tests read what the consumers
+            # dead-lettered; tests of the dead-letter store turn it on
+            "EO_DEAD_LETTER_COLLECT": "false", **extra}
         return {k: v for k, v in env.items() if v is not None}
 
     def spawn(self, name: str, args: list[str], extra_env: Mapping[str, str | None],

@@ -557,6 +557,6 @@ async def _check(settings: ToolSettings, service: Service, sample: TpchSample,
     result.violations += [f"re-run: {v}" for v in rerun_violations(records, deaths)]
     left = await at_rest(pool)
     result.violations += [f"I8/I9: {n} {name} left at rest" for name, n in left.items() if n]
-    dead = await dead_letters(settings.amqp(), list(QUEUES))
+    dead = await dead_letters(settings.amqp(), list(QUEUES), database_dsn=settings.database())
     for endpoint, reasons in dead.reasons.items():
         result.violations += [f"I10: {endpoint} dead-lettered a message: {r}" for r in reasons]

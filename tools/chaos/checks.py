@@ -251,10 +251,12 @@ class DeadLetters:
 
 
 async def dead_letters(amqp_url: str, endpoints: Sequence[str],
-                       peek: bool = True) -> DeadLetters:
+                       peek: bool = True, database_dsn: str | None = None) -> DeadLetters:
     """Count each endpoint's dead-letter queue (`<endpoint>.dlq`) on the broker at
-    `amqp_url`; with `peek`, also read their `eo-reason` headers (messages go back to the
-    queue). A queue that does not exist counts 0. Raises aio_pika's connection errors."""
+    `amqp_url` and, with `database_dsn`, the dead letters its consumers moved into the
+    dead-letter store (`eo_dead_letter`, those waiting for an operator); with `peek`, also
+    read their reasons (messages go back to the queue). A queue that does not exist counts
+    0. Raises aio_pika's connection errors and asyncpg's."""
     counts: dict[str, int] = {}
     reasons: dict[str, list[str]] = {}
     connection = await aio_pika.connect(amqp_url)
@@ -282,6 +284,18 @@ async def dead_letters(amqp_url: str, endpoints: Sequence[str],
             await channel.close()
     finally:
         await connection.close()
+    if database_dsn is not None:
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT endpoint, reasons->-1->>'reason' AS reason FROM eo_dead_letter "
+                "WHERE status = 'dead' AND endpoint = ANY($1::text[])", list(endpoints))
+        finally:
+            await conn.close()
+        for row in rows:
+            counts[row["endpoint"]] = counts.get(row["endpoint"], 0) + 1
+            if peek:
+                reasons.setdefault(row["endpoint"], []).append(str(row["reason"]))
     return DeadLetters(counts, reasons)
 
 

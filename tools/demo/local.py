@@ -426,8 +426,8 @@ async def _report(settings: ToolSettings, service: Service, sample: TpchSample,
     for (endpoint, event), n in per_endpoint.items():
         if endpoint != PAYMENTS:  # the in-process callee logs from the orders processes
             events[event] += n
-    dead = (await dead_letters(settings.amqp(), service.registry.consuming(),
-                               peek=False)).total
+    dead = (await dead_letters(settings.amqp(), service.registry.consuming(), peek=False,
+                               database_dsn=settings.database())).total
     await pool.close()
     settlements = Counter({
         "processed": events["transaction.committed"],

@@ -596,7 +596,8 @@ class Run:
 
     async def dead(self) -> dict[str, int]:
         """Dead letters per endpoint now (not consumed)."""
-        return (await dead_letters(self.settings.amqp(), list(ENDPOINTS), peek=False)).counts
+        return (await dead_letters(self.settings.amqp(), list(ENDPOINTS), peek=False,
+                                   database_dsn=self.settings.database())).counts
 
     def attempts_in_flight(self) -> list[str]:
         """Attempts a live process started (`handler.invoked`) and has not ended yet: no
@@ -695,7 +696,8 @@ class Run:
                               await stores["ledger"].states(),
                               await stores["payments"].states(), await self.blob_keys(),
                               CREDIT_LIMIT)
-        letters = await dead_letters(self.settings.amqp(), list(ENDPOINTS))
+        letters = await dead_letters(self.settings.amqp(), list(ENDPOINTS),
+                                     database_dsn=self.settings.database())
         found_dead = {k: v for k, v in letters.counts.items() if v}
         records = self.records()
         audit = audit_logs(records)

@@ -107,7 +107,7 @@ def counters(failpoints: str | None = None, seed: int = 11, **settings: Any) -> 
     loaded = load_settings(**settings)
     container = EmbeddedContainer(settings=loaded, service=resolve_service(loaded, REGISTRY))
     clock, events, blobs = ManualClock(), CountingSink(), MemoryBlobStore()
-    broker, tokens = MemoryBroker(), MemoryTokenStore()
+    broker, tokens = MemoryBroker(clock=clock), MemoryTokenStore()
     container.clock.override(clock)
     container.ids.override(SeededIds(seed))
     container.events.override(events)

@@ -1,6 +1,6 @@
 """Bounded dead letters (security review, finding 4), on the memory broker: a malformed body's
 dead letter carries a prefix with the body's size and SHA-256, copies keep only known headers
-(each capped), and a full dead-letter queue parks the message in a retry queue."""
+(each capped), and a full dead-letter queue holds the dead letter until there is room."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import asyncio
 import hashlib
 import uuid
 from types import MappingProxyType
+
+import pytest
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.codec import encode
@@ -22,10 +24,7 @@ from application.envelope import (
     Envelope,
     admitted,
 )
-from application.observability import (
-    MESSAGE_DEAD_LETTER_REFUSED,
-    MESSAGE_DEAD_LETTERED,
-)
+from application.observability import MESSAGE_DEAD_LETTERED
 from tests.support.counter import COUNTER
 from tests.support.counters import endpoints as counters
 from tests.support.world import World
@@ -77,21 +76,30 @@ async def test_a_rejected_message_keeps_its_whole_body_for_a_replay() -> None:
     assert BODY_BYTES_HEADER not in dead.headers
 
 
-async def test_a_full_dead_letter_queue_parks_the_message_in_a_retry_queue() -> None:
+async def test_a_full_dead_letter_queue_holds_the_dead_letter_until_there_is_room() -> None:
+    """Nothing is parked in a retry queue any more (issue 24: refused copies cycled there for
+    ever): the dead letter waits, held, and its queue delivers nothing new meanwhile."""
     world, broker = World(COUNTER), MemoryBroker(dead_letter_max_bytes=LIMIT)
     await _sent(world, broker, "Add", b"not json")
     await _sent(world, broker, "Add", b'{"also": "not an Add", "pad": "' + b"x" * 40 + b'"}')
+    third = await _sent(world, broker, "Add", b"neither")
     consumer = _consumer(world)
     assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
-    assert await consumer.settle(await _take(broker)) is Settlement.RETRIED  # refused: full
+    waiting = asyncio.create_task(consumer.settle(await _take(broker)))  # refused: full
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert broker.blocked(QUEUE)
+    with pytest.raises(TimeoutError):  # the third is not delivered while the second waits
+        await asyncio.wait_for(anext(broker.consume(QUEUE, "c2")), 0.1)
     assert len(broker.dead_letters[QUEUE]) == 1
-    assert world.events.total(MESSAGE_DEAD_LETTER_REFUSED) == 1
-    parked = await _take(broker)  # back after the longest retry delay, nothing lost
-    assert parked.envelope.header(RETRY_REASON_HEADER).startswith("dead-letter queue full; ")
-    assert parked.attempt == 2
     broker.dead_letters[QUEUE].clear()  # an operator drained the dead-letter queue
-    assert await consumer.settle(parked) is Settlement.DEAD_LETTERED
-    assert world.events.total(MESSAGE_DEAD_LETTERED) == 2
+    assert await asyncio.wait_for(waiting, 2.0) is Settlement.DEAD_LETTERED
+    assert not broker.blocked(QUEUE)
+    later = await _take(broker)
+    assert later.envelope.message_id == third.message_id
+    broker.dead_letters[QUEUE].clear()  # (the second's copy fills the queue again)
+    assert await consumer.settle(later) is Settlement.DEAD_LETTERED
+    assert world.events.total(MESSAGE_DEAD_LETTERED) == 3
     assert broker.idle()
 
 

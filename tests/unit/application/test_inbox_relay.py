@@ -19,6 +19,7 @@ from application.envelope import Envelope
 from application.errors import Crash, TransientError
 from application.inbox_relay import InboxRelay
 from application.observability import (
+    INBOX_DEAD_LETTERED,
     INBOX_RELAY_FAILED,
     INBOX_RELAYED,
     TRANSACTION_COMMITTED,
@@ -207,3 +208,46 @@ async def test_the_gateway_sweeper_purges_relayed_rows_after_the_retention_windo
 def test_a_relay_needs_a_positive_batch() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         InboxRelay("front", MemoryInbox(ManualClock()), MemoryBroker(), CountingSink(), 0)
+
+
+async def test_rows_that_cannot_be_relayed_are_dead_lettered_and_the_rest_go_on() -> None:
+    """Issue 24: 200 inbox rows that could not be relayed (a 300-character type) blocked the
+    relay for good, a valid row behind them was never relayed, and the failures were logged
+    at INFO. Now each is dead-lettered with its reason and marked; the valid row goes."""
+    system, broker, events, _ = _system()
+    bad = [Envelope(uuid.uuid4(), "T" * 300, b'{"counter": "c", "amount": 1}')
+           for _ in range(200)]
+    await system.inbox.add(bad)
+    (valid,) = _commands(1)[:1]
+    await system.inbox.add([valid])
+    relay = system.system.relay("front")
+    assert await relay.drain() == 201
+    assert (relay.relayed, relay.dead_lettered) == (1, 200)
+    assert broker.depth("front") == 1
+    assert await system.inbox.count_pending() == 0
+    letters = broker.dead_letters["front"]
+    assert len(letters) == 200
+    assert letters[0].header("eo-reason") == "type of 300 bytes exceeds the broker's 255"
+    assert letters[0].header("eo-type") == "T" * 300
+    assert events.total(INBOX_DEAD_LETTERED) == 200
+
+
+async def test_a_row_the_broker_refuses_itself_is_dead_lettered_not_retried() -> None:
+    system, broker, _, _ = _system()
+    await system.inbox.add(_commands(1))
+
+    class Refusing:
+        async def dispatch(self, destination: str, envelope: Envelope) -> None:
+            if envelope.message_id == refused:
+                raise ValueError("the client cannot encode this message")
+            await broker.dispatch(destination, envelope)
+
+    refused = _commands(1)[1].message_id
+    relay = system.system.relay("front")
+    relay.dispatcher = Refusing()
+    assert await relay.drain() == 3
+    (letter,) = broker.dead_letters["front"]
+    assert letter.message_id == refused
+    assert letter.header("eo-reason") == ("cannot be relayed: ValueError: the client cannot "
+                                          "encode this message")
+    assert broker.depth("front") == 2

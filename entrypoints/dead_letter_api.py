@@ -1,0 +1,191 @@
+"""The dead letters over HTTP for operators (`eo dead-letters serve`): list, show, replay and
+discard (application/dead_letters.py), each request authenticated by a bearer token that names
+its operator (`EO_OPERATOR_TOKENS`), so every action is logged with who did it."""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' annotations, and the
+# operator dependency is local to `create_dead_letter_app`
+
+import base64
+import json
+import secrets
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+
+from application.dead_letters import ActionResult, DeadLetters
+from application.ports import DeadLetterQuery
+from application.records import DeadLetter, DeadLetterStatus
+
+#: the most dead letters one request lists or acts on
+MAX_LIMIT = 1000
+
+
+def letter_json(letter: DeadLetter, token_exists: bool | None = None) -> dict[str, Any]:
+    """`letter` as JSON: its identity, where it came from, why (the reason history), what
+    operators did, and the message itself (the body as JSON when it is, else base64)."""
+    try:
+        body: Any = json.loads(letter.body)
+        encoding = "json"
+    except ValueError:
+        body, encoding = base64.b64encode(letter.body).decode(), "base64"
+    return {
+        "dead_letter_id": letter.dead_letter_id, "endpoint": letter.endpoint,
+        "status": str(letter.status), "message_id": str(letter.message_id or "") or None,
+        "raw_message_id": letter.raw_message_id, "type": letter.type,
+        "producer": letter.producer or None, "origin_id": letter.origin_id,
+        "origin_producer": letter.origin_producer, "replayable": letter.replayable,
+        "first_at": letter.first_at.isoformat(), "last_at": letter.last_at.isoformat(),
+        "age_s": round((datetime.now(UTC) - letter.last_at).total_seconds(), 1),
+        "reasons": [{"at": r.at.isoformat(), "reason": r.reason, "attempt": r.attempt}
+                    for r in letter.reasons],
+        "replays": letter.replays, "acted_at": letter.acted_at.isoformat()
+        if letter.acted_at else None, "acted_by": letter.acted_by,
+        "discard_reason": letter.discard_reason, "token_exists": token_exists,
+        "headers": dict(letter.headers), "body": body, "body_encoding": encoding,
+    }
+
+
+def result_json(result: ActionResult) -> dict[str, Any]:
+    """An action's outcome as JSON."""
+    return {"dead_letter_id": result.dead_letter_id, "done": result.done,
+            "detail": result.detail}
+
+
+def query_of(endpoints: list[str] | None = None, ids: list[int] | None = None,
+             status: str | None = "dead", reason: str | None = None,
+             older_than: timedelta | None = None, newer_than: timedelta | None = None,
+             limit: int = 100, now: datetime | None = None) -> DeadLetterQuery:
+    """A `DeadLetterQuery` from an operator's filters: `status` one of dead, replayed,
+    discarded or any; ages relative to `now` (default: the wall clock). Raises ValueError
+    for an unknown status or a limit outside 1..`MAX_LIMIT`."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be 1..{MAX_LIMIT}")
+    if status not in (None, "any", *(str(s) for s in DeadLetterStatus)):
+        raise ValueError(f"status must be dead, replayed, discarded or any, not {status!r}")
+    now = now or datetime.now(UTC)
+    return DeadLetterQuery(
+        tuple(endpoints or ()), tuple(ids or ()),
+        None if status in (None, "any") else DeadLetterStatus(status), reason or None,
+        None if older_than is None else now - older_than,
+        None if newer_than is None else now - newer_than, limit)
+
+
+class _Filter(BaseModel):
+    """Which dead letters a bulk action takes (ages in seconds); `all` must be true, so
+    an empty filter never acts on everything by accident."""
+
+    endpoints: list[str] = Field(default_factory=list)
+    ids: list[int] = Field(default_factory=list)
+    reason: str | None = None
+    older_than_s: float | None = Field(None, ge=0)
+    newer_than_s: float | None = Field(None, ge=0)
+    limit: int = Field(100, ge=1, le=MAX_LIMIT)
+    all: bool = False
+
+    def query(self) -> DeadLetterQuery:
+        return query_of(self.endpoints, self.ids, "dead", self.reason,
+                        _seconds(self.older_than_s), _seconds(self.newer_than_s), self.limit)
+
+
+class _Discard(BaseModel):
+    why: str = Field(min_length=1, max_length=1000)
+
+
+class _DiscardMany(_Filter):
+    why: str = Field(min_length=1, max_length=1000)
+
+
+def _seconds(value: float | None) -> timedelta | None:
+    return None if value is None else timedelta(seconds=value)
+
+
+_BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                     description="an operator's token (EO_OPERATOR_TOKENS)")
+
+
+def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -> FastAPI:
+    """The API on `operations`; `tokens` maps each operator's name to its bearer token (at
+    least one, each non-empty: ValueError otherwise). Every route answers 401 without a
+    known token; a refused action answers 409 with the reason; OpenAPI at /openapi.json."""
+    if not tokens or not all(tokens.values()):
+        raise ValueError("the dead-letter API needs at least one operator token")
+
+    def operator(credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                        Depends(_BEARER)]) -> str:
+        given = credentials.credentials if credentials is not None else ""
+        for name, token in tokens.items():
+            if secrets.compare_digest(given.encode(), token.encode()):
+                return name
+        raise HTTPException(401, "missing or unknown operator token",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    Operator = Annotated[str, Depends(operator)]
+    app = FastAPI(title="Dead letters", description=__doc__)
+
+    @app.exception_handler(ValueError)
+    async def _bad_request(_request: Any, exc: ValueError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.get("/dead-letters")
+    async def list_letters(
+        _by: Operator, endpoint: Annotated[list[str] | None, Query()] = None,
+        status: str = "dead", reason: str | None = None,
+        older_than_s: Annotated[float | None, Query(ge=0)] = None,
+        newer_than_s: Annotated[float | None, Query(ge=0)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    ) -> list[dict[str, Any]]:
+        """The dead letters the filters select, oldest first (bodies included)."""
+        found = await operations.find(query_of(endpoint, None, status, reason,
+                                               _seconds(older_than_s),
+                                               _seconds(newer_than_s), limit))
+        return [letter_json(d) for d in found]
+
+    @app.get("/dead-letters/{dead_letter_id}")
+    async def show(dead_letter_id: int, _by: Operator) -> dict[str, Any]:
+        """One dead letter, with whether its message's token still exists."""
+        found = await operations.find(DeadLetterQuery(ids=(dead_letter_id,), status=None,
+                                                      limit=1))
+        if not found:
+            raise HTTPException(404, f"no dead letter {dead_letter_id}")
+        return letter_json(found[0], await operations.token_exists(found[0]))
+
+    @app.post("/dead-letters/{dead_letter_id}/replay")
+    async def replay(dead_letter_id: int, by: Operator) -> JSONResponse:
+        """Republish it to its endpoint (409 with the reason when refused)."""
+        return _answer(await operations.replay(dead_letter_id, by))
+
+    @app.post("/dead-letters/{dead_letter_id}/discard")
+    async def discard(dead_letter_id: int, body: _Discard, by: Operator) -> JSONResponse:
+        """Release what its message holds and discard it, for `why`."""
+        return _answer(await operations.discard(dead_letter_id, by, body.why))
+
+    @app.post("/dead-letters/replay")
+    async def replay_many(body: _Filter, by: Operator) -> list[dict[str, Any]]:
+        """Replay each dead letter the filter selects (`all` must be true)."""
+        _needs_all(body)
+        return [result_json(r) for r in await operations.replay_many(body.query(), by)]
+
+    @app.post("/dead-letters/discard")
+    async def discard_many(body: _DiscardMany, by: Operator) -> list[dict[str, Any]]:
+        """Discard each dead letter the filter selects, for `why` (`all` must be true)."""
+        _needs_all(body)
+        return [result_json(r) for r in
+                await operations.discard_many(body.query(), by, body.why)]
+
+    return app
+
+
+def _needs_all(body: _Filter) -> None:
+    if not body.all:
+        raise ValueError("a bulk action needs \"all\": true (with the filters that select "
+                         "the dead letters)")
+
+
+def _answer(result: ActionResult) -> JSONResponse:
+    return JSONResponse(result_json(result), status_code=200 if result.done else 409)

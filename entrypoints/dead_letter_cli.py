@@ -1,0 +1,229 @@
+"""`eo dead-letters`: list, show, replay and discard the service's dead letters, or serve them
+over HTTP (entrypoints/dead_letter_api.py). Imports stay inside the commands (`eo --help`
+stays fast)."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import re
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    from application.dead_letters import DeadLetters
+    from application.ports import DeadLetterStore
+    from entrypoints.settings import Service, Settings
+
+T = TypeVar("T")
+
+dead_letters_app = typer.Typer(
+    no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    help="The service's dead letters (PostgreSQL and RabbitMQ of EO_PROFILE local or "
+         "production): list, show, replay, discard, or serve them over HTTP.")
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str | None) -> timedelta | None:
+    """`30s`, `15m`, `2h` or `7d` as a timedelta (None for None); raises
+    `typer.BadParameter` otherwise."""
+    if text is None:
+        return None
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 30s, 15m, 2h or 7d")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def operator_name() -> str:
+    """Who acts from this shell: `<user>@<host>` (what the log records with each action)."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+_ENDPOINT = Annotated[list[str] | None, typer.Option(
+    "--endpoint", help="only this endpoint's (repeat for several)")]
+_REASON = Annotated[str | None, typer.Option(help="only those whose latest reason contains "
+                                                  "this text (case apart)")]
+_OLDER = Annotated[str | None, typer.Option(help="only those dead-lettered longer ago (30m, "
+                                                 "2h, 7d)")]
+_NEWER = Annotated[str | None, typer.Option(help="only those dead-lettered within (30m, 2h)")]
+_LIMIT = Annotated[int, typer.Option(help="at most this many, oldest first")]
+_BY = Annotated[str | None, typer.Option(help="who acts (default: <user>@<host>)")]
+_ALL = Annotated[bool, typer.Option("--all", help="act on every dead letter the filters "
+                                                  "select (needed without IDs)")]
+_FORMAT = Annotated[str, typer.Option("--format", help="text or json")]
+_PROFILE = Annotated[str | None, typer.Option(
+    help="local or production (default: EO_PROFILE; embedded means local here)")]
+
+
+@asynccontextmanager
+async def _operations(settings: Settings, service: Service) -> AsyncIterator[DeadLetters]:
+    """The dead-letter operations on the services of `settings`, their resources closed at
+    the end."""
+    from entrypoints.local import LocalContainer
+    from entrypoints.system import System
+
+    container = LocalContainer(settings=settings, service=service)
+    container.connection_name.override(f"eo dead-letters {operator_name()}")
+    try:
+        system: System = await container.system()  # type: ignore[misc]
+        store: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        yield system.dead_letters(store)
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]
+
+
+def _run(profile: str | None, work: Callable[[DeadLetters], Awaitable[T]]) -> T:
+    """`work` on the operations of the configured service; exits 3 naming the server when
+    PostgreSQL or RabbitMQ does not answer."""
+    from application.errors import TransientError
+    from entrypoints.cli import fail, load
+
+    settings, service = load(profile, services=True)
+
+    async def main() -> T:
+        async with _operations(settings, service) as operations:
+            return await work(operations)
+
+    try:
+        return asyncio.run(main())
+    except TransientError as exc:
+        raise fail(f"dead letters: {exc}", 3) from exc
+
+
+def _query(endpoint: list[str] | None, ids: list[int] | None, status: str | None,
+           reason: str | None, older_than: str | None, newer_than: str | None,
+           limit: int) -> Any:
+    from entrypoints.dead_letter_api import query_of
+
+    try:
+        return query_of(endpoint, ids, status, reason, duration(older_than),
+                        duration(newer_than), limit)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@dead_letters_app.command(name="list")
+def list_command(endpoint: _ENDPOINT = None, reason: _REASON = None, older_than: _OLDER = None,
+                 newer_than: _NEWER = None,
+                 status: Annotated[str, typer.Option(
+                     help="dead (waiting for an operator), replayed, discarded or any")] = "dead",
+                 limit: _LIMIT = 100, output: _FORMAT = "text",
+                 profile: _PROFILE = None) -> None:
+    """List dead letters, oldest first: ID, endpoint, age, reason, message and origin."""
+    from entrypoints.dead_letter_api import letter_json
+    from entrypoints.report import print_dead_letters
+
+    query = _query(endpoint, None, status, reason, older_than, newer_than, limit)
+    found = _run(profile, lambda ops: ops.find(query))
+    if output == "json":
+        typer.echo(json.dumps([letter_json(d) for d in found], indent=2))
+    else:
+        print_dead_letters(found)
+
+
+@dead_letters_app.command()
+def show(dead_letter_id: Annotated[int, typer.Argument(help="the dead letter's ID")],
+         output: _FORMAT = "text", profile: _PROFILE = None) -> None:
+    """One dead letter whole: its reason history, origin, what operators did, whether its
+    token still exists, its headers and body."""
+    from application.ports import DeadLetterQuery
+    from entrypoints.cli import fail
+    from entrypoints.dead_letter_api import letter_json
+    from entrypoints.report import print_dead_letter
+
+    async def look(ops: DeadLetters) -> tuple[Any, bool | None] | None:
+        found = await ops.find(DeadLetterQuery(ids=(dead_letter_id,), status=None, limit=1))
+        return (found[0], await ops.token_exists(found[0])) if found else None
+
+    shown = _run(profile, look)
+    if shown is None:
+        raise fail(f"no dead letter {dead_letter_id}", 1)
+    if output == "json":
+        typer.echo(json.dumps(letter_json(*shown), indent=2))
+    else:
+        print_dead_letter(*shown)
+
+
+def _act(ids: list[int] | None, select_all: bool, endpoint: list[str] | None,
+         reason: str | None, older_than: str | None, newer_than: str | None, limit: int,
+         profile: str | None, single: Callable[[DeadLetters, int], Awaitable[Any]],
+         many: Callable[[DeadLetters, Any], Awaitable[list[Any]]]) -> None:
+    from entrypoints.report import print_results
+
+    filtered = any((endpoint, reason, older_than, newer_than))
+    if ids and (select_all or filtered):
+        raise typer.BadParameter("name dead letters by ID, or select them with filters and "
+                                 "--all, not both")
+    if not ids and not select_all:
+        raise typer.BadParameter("name dead letters by ID, or select them with filters and "
+                                 "--all")
+    if ids:
+        results = _run(profile, lambda ops: _each(ops, ids, single))
+    else:
+        query = _query(endpoint, None, "dead", reason, older_than, newer_than, limit)
+        results = _run(profile, lambda ops: many(ops, query))
+    print_results(results)
+    if not all(r.done for r in results):
+        raise typer.Exit(1)
+
+
+async def _each(ops: DeadLetters, ids: list[int],
+                single: Callable[[DeadLetters, int], Awaitable[Any]]) -> list[Any]:
+    return [await single(ops, i) for i in ids]
+
+
+@dead_letters_app.command()
+def replay(ids: Annotated[list[int] | None, typer.Argument(help="dead letter IDs")] = None,
+           select_all: _ALL = False, endpoint: _ENDPOINT = None, reason: _REASON = None,
+           older_than: _OLDER = None, newer_than: _NEWER = None, limit: _LIMIT = 100,
+           by: _BY = None, profile: _PROFILE = None) -> None:
+    """Republish dead letters to their endpoints under their message IDs, once their cause
+    is fixed: processed once while their tokens exist, dropped as duplicates otherwise.
+    Exits 1 when one was refused (the reason is printed)."""
+    who = by or operator_name()
+    _act(ids, select_all, endpoint, reason, older_than, newer_than, limit, profile,
+         lambda ops, i: ops.replay(i, who), lambda ops, q: ops.replay_many(q, who))
+
+
+@dead_letters_app.command()
+def discard(ids: Annotated[list[int] | None, typer.Argument(help="dead letter IDs")] = None,
+            why: Annotated[str, typer.Option(help="why (logged with who discarded it)")] = "",
+            select_all: _ALL = False, endpoint: _ENDPOINT = None, reason: _REASON = None,
+            older_than: _OLDER = None, newer_than: _NEWER = None, limit: _LIMIT = 100,
+            by: _BY = None, profile: _PROFILE = None) -> None:
+    """Discard dead letters for good: their tokens, their attempts' registrations and a
+    follow-up's stored request are deleted, so nothing is left at rest. Exits 1 when one
+    was refused (e.g. its transaction is committed: it was processed)."""
+    if not why.strip():
+        raise typer.BadParameter("say why (it is logged with who discarded it)",
+                                 param_hint="--why")
+    who = by or operator_name()
+    _act(ids, select_all, endpoint, reason, older_than, newer_than, limit, profile,
+         lambda ops, i: ops.discard(i, who, why),
+         lambda ops, q: ops.discard_many(q, who, why))
+
+
+@dead_letters_app.command()
+def serve(profile: _PROFILE = None) -> None:
+    """Serve the dead letters over HTTP (list, show, replay, discard; OpenAPI at
+    /openapi.json) on EO_OPERATOR_HOST:EO_OPERATOR_PORT (port 0: a free one, printed),
+    each request authenticated by an operator's bearer token (EO_OPERATOR_TOKENS='{"alice":
+    "<token>"}'), until SIGTERM."""
+    from entrypoints.cli import fail, load, run_service
+
+    settings, service = load(profile, services=True)
+    if not settings.operator_tokens:
+        raise fail("invalid setting EO_OPERATOR_TOKENS: required to serve the dead letters "
+                   "(operator name -> bearer token, e.g. '{\"alice\": \"...\"}')", 2)
+    from entrypoints.service import run_dead_letter_api
+
+    run_service(run_dead_letter_api(settings, service))
