@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +27,12 @@ import pytest
 from aiormq.exceptions import ChannelAccessRefused, InvalidFrameError
 
 from adapters.postgres.admin import drop_database, ensure_database, with_database
+from adapters.postgres.inbox import (
+    PostgresInbox,
+    create_staging,
+    merge_staging,
+    staging_name,
+)
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
@@ -159,37 +166,58 @@ async def test_the_policy_bounds_a_dead_letter_queue_declared_without_a_bound(
 # --- PostgreSQL ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Roles:
+    """DSNs of a database of its own as each role roles.sql made: the migrations' owner, the
+    service's app role, and a bulk producer granted the gateway `front`."""
+
+    owner: str
+    app: str
+    producer: str
+    producer_role: str
+
+
 @pytest.fixture(scope="module")
-def roles() -> Iterator[tuple[str, str]]:
-    """(owner DSN, app DSN) of a database of its own, set up by roles.sql."""
+def roles() -> Iterator[Roles]:
+    """roles.sql, `eo migrate` as the owner, roles.sql again (the producer's grants are on
+    tables the migrations create), on a database of this run's own."""
     services = discover(rabbitmq=False)
     psql = _tool("psql")
     name = f"eo_lp_{RUN}".replace("-", "_")
-    owner, app = f"eo_lp_owner_{RUN}".replace("-", "_"), f"eo_lp_app_{RUN}".replace("-", "_")
+    owner, app, producer = (f"eo_lp_{who}_{RUN}".replace("-", "_")
+                            for who in ("owner", "app", "producer"))
     server = with_database(services.postgres_dsn, "postgres")
     database = with_database(services.postgres_dsn, name)
     asyncio.run(ensure_database(database))
-    try:
+    parts = urlsplit(database)
+
+    def as_role(role: str, password: str) -> str:
+        netloc = f"{role}:{password}@{parts.hostname}:{parts.port or 5432}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    def roles_sql() -> None:
         done = subprocess.run(
             [psql, server, "-q", "-v", f"owner={owner}", "-v", "owner_password=owner-secret",
              "-v", f"app={app}", "-v", "app_password=app-secret", "-v", f"database={name}",
+             "-v", f"producer={producer}", "-v", "producer_password=producer-secret",
+             "-v", "gateways=front",
              "-f", str(ROOT / "deploy" / "postgres" / "roles.sql")],
             capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        parts = urlsplit(database)
 
-        def as_role(role: str, password: str) -> str:
-            netloc = f"{role}:{password}@{parts.hostname}:{parts.port or 5432}"
-            return urlunsplit(parts._replace(netloc=netloc))
-
-        yield as_role(owner, "owner-secret"), as_role(app, "app-secret")
+    try:
+        roles_sql()
+        asyncio.run(upgrade_async(as_role(owner, "owner-secret")))
+        roles_sql()
+        yield Roles(as_role(owner, "owner-secret"), as_role(app, "app-secret"),
+                    as_role(producer, "producer-secret"), producer)
     finally:
         asyncio.run(drop_database(database))
 
         async def drop_roles() -> None:
             conn = await asyncpg.connect(server)
             try:
-                for role in (owner, app):
+                for role in (owner, app, producer):
                     await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
             finally:
                 await conn.close()
@@ -198,12 +226,8 @@ def roles() -> Iterator[tuple[str, str]]:
         services.close()
 
 
-async def test_migrations_run_as_the_owner_and_the_service_has_no_ddl(
-    roles: tuple[str, str],
-) -> None:
-    owner_dsn, app_dsn = roles
-    await upgrade_async(owner_dsn)
-    pool = await create_pool(app_dsn)
+async def test_migrations_run_as_the_owner_and_the_service_has_no_ddl(roles: Roles) -> None:
+    pool = await create_pool(roles.app)
     try:
         tokens = PostgresTokenStore(pool)  # the protocol's rows: read and written
         incoming = Envelope(uuid.uuid4(), "Add", b"{}")
@@ -224,3 +248,74 @@ async def test_migrations_run_as_the_owner_and_the_service_has_no_ddl(
                 await pool.execute(ddl)
     finally:
         await pool.close()
+
+
+async def test_nobody_rewrites_a_token_and_the_service_inserts_no_inbox_row(
+    roles: Roles,
+) -> None:
+    """Issue 24: the application role could UPDATE a token's body (rewrite an in-flight
+    message) and insert inbox rows for any endpoint."""
+    for dsn in (roles.app, roles.owner):
+        conn = await create_pool(dsn, max_size=1)
+        try:
+            message = uuid.uuid4()
+            await PostgresTokenStore(conn).create("counter", [Envelope(message, "Add", b"{}")])
+            for change in ("body = 'x'", "type = 'Spend'", """headers = '{"x": "1"}'""",
+                           "endpoint = 'audit'", "message_id = gen_random_uuid()"):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError, match="immutable"):
+                    await conn.execute(f"UPDATE eo_token SET {change} WHERE message_id = $1",
+                                       message)
+            await conn.execute("DELETE FROM eo_token WHERE message_id = $1", message)
+        finally:
+            await conn.close()
+    app = await create_pool(roles.app)
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await PostgresInbox(app, "front", ManualClock()).add(
+                [Envelope(uuid.uuid4(), "Add", b"{}")])
+    finally:
+        await app.close()
+
+
+async def test_the_producer_inserts_inbox_rows_of_its_gateways_and_nothing_else(
+    roles: Roles,
+) -> None:
+    clock = ManualClock()
+    producer = await create_pool(roles.producer)
+    app = await create_pool(roles.app)
+    try:
+        command = Envelope(uuid.uuid4(), "Add", b'{"counter": "c1", "amount": 1}')
+        assert await PostgresInbox(producer, "front", clock).add([command]) == 1
+        async with producer.acquire() as conn:  # the bulk ingest: staging, then merge
+            name = staging_name()
+            await create_staging(conn, name)
+            await conn.execute(f'INSERT INTO "{name}" VALUES ($1, $2, $3)',
+                               str(uuid.uuid4()), "Add", b"{}")
+            assert await merge_staging(conn, name, "front") == (1, 1)
+        refused = [
+            (PostgresInbox(producer, "counter", clock).add, [command]),  # not its gateway
+        ]
+        for add, rows in refused:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+                await add(rows)
+        for sql in ("INSERT INTO eo_inbox (endpoint, message_id, type, body, producer) "
+                    "VALUES ('front', gen_random_uuid(), 'Add', '', 'someone-else')",
+                    "SELECT body FROM eo_inbox", "SELECT count(*) FROM eo_token",
+                    "DELETE FROM eo_inbox", "UPDATE eo_inbox SET relayed_at = now()",
+                    "INSERT INTO eo_inbox_producer VALUES (current_user, 'counter')",
+                    "CREATE TABLE public.eo_intruder (i int)"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await producer.execute(sql)
+        # it reads the keys of its own rows only (a re-run checks them), none of the others'
+        await app.execute("INSERT INTO eo_inbox_producer VALUES ('nobody-else', 'front')")
+        assert await producer.fetchval("SELECT count(message_id) FROM eo_inbox") == 2
+        inbox = PostgresInbox(app, "front", clock)  # the gateway relays them
+        async with inbox.claim(10) as claim:
+            assert {e.producer for e in claim.envelopes} == {roles.producer_role}
+            assert len(claim.envelopes) == 2
+            await claim.mark_relayed(claim.envelopes)
+        clock.advance(timedelta(days=8))
+        assert await inbox.purge_relayed(clock.now() - timedelta(days=7)) == 2
+    finally:
+        await producer.close()
+        await app.close()

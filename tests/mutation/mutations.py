@@ -370,6 +370,25 @@ MUTATIONS: tuple[Mutation, ...] = (
                  "are_dead_lettered_and_the_rest_go_on",),
         invariants=("I10",)),
     Mutation(
+        name="token-rows-rewritable",
+        guard="3 (claim check): nobody rewrites an in-flight message's token row",
+        file="adapters/postgres/migrations/versions/0012_least_privilege.py",
+        before="""          WHEN (NEW.message_id IS DISTINCT FROM OLD.message_id""",
+        after="""          WHEN (false AND NEW.message_id IS DISTINCT FROM OLD.message_id""",
+        killers=("tests/integration/test_least_privilege.py::test_nobody_rewrites_a_token_and_"
+                 "the_service_inserts_no_inbox_row",),
+        invariants=("I2",)),
+    Mutation(
+        name="inbox-rows-of-anyone",
+        guard="4 (boundary inbox): a row is inserted only by a producer, in its own name, "
+              "for a gateway it is granted",
+        file="adapters/postgres/migrations/versions/0012_least_privilege.py",
+        before="""          producer = current_user AND EXISTS (""",
+        after="""          true OR EXISTS (""",
+        killers=("tests/integration/test_least_privilege.py::test_nobody_rewrites_a_token_and_"
+                 "the_service_inserts_no_inbox_row",),
+        invariants=("I1",)),
+    Mutation(
         name="transient-failure-acked",
         guard="7: a transient failure is retried, then dead-lettered with a reason, never "
               "dropped",
