@@ -8,10 +8,10 @@ rows are inserted only by producers, in their own name, for the gateways they ar
 - `eo_inbox` gets row-level security (its owner, the migrations' role, is exempt): any role
   with the table's privileges may relay (update) and purge rows, and read them, except a
   producer, which reads its own only; a row is inserted only with `producer = current_user`
-  and for an endpoint that `eo_inbox_producer` grants that role. deploy/postgres/roles.sql makes a producer role (insert on the inbox
-  only, and a schema of its own for the bulk ingest's staging tables) and grants it its
-  gateways. The service's role gets no such grant: it cannot insert inbox rows for any
-  endpoint, as it could before.
+  and for an endpoint that `eo_inbox_producer` grants that role. deploy/postgres/roles.sql
+  makes a producer role (insert on the inbox only, and a schema of its own for the bulk
+  ingest's staging tables) and grants it its gateways. The service's role gets no such
+  grant: it cannot insert inbox rows for any endpoint, as it could before.
 
 Revision ID: 0012
 Revises: 0011
