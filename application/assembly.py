@@ -54,14 +54,16 @@ def build_processor(
     failpoints: Failpoints | None = None,
     conflict_retries: int = 3,
     cleanup_grace: timedelta = DEFAULT_GRACE,
+    max_state_bytes: int | None = None,
 ) -> Processor:
     """A new worker of `endpoint` on `ports` with `strategy`: its own partition locks, as a
     separate process would have (competing workers meet only in the stores). Raises
     ValueError for co-located tokens on a store that holds none, or the state strategy
-    without a state stream. The HTTP callee passes `failpoints.scoped("callee.")`."""
+    without a state stream. The HTTP callee passes `failpoints.scoped("callee.")`.
+    `max_state_bytes`: the bound of a partition's state (`HandlerRunner`)."""
     if ports.colocated_tokens and not ports.store.holds_tokens:
         raise ValueError("colocated_tokens needs a transactional store that holds tokens")
-    name, runner = endpoint.name, HandlerRunner(endpoint)
+    name, runner = endpoint.name, HandlerRunner(endpoint, max_state_bytes)
     finisher, batch = None, None
     path: Path
     if strategy is Strategy.STATE:
@@ -90,15 +92,15 @@ def build_processor(
 
 def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,
                  request_type: str, failpoints: Failpoints | None = None,
-                 conflict_retries: int = 3, cleanup_grace: timedelta = DEFAULT_GRACE
-                 ) -> HttpCallee:
+                 conflict_retries: int = 3, cleanup_grace: timedelta = DEFAULT_GRACE,
+                 max_state_bytes: int | None = None) -> HttpCallee:
     """The HTTP callee of `endpoint` (protocol 6): its stored requests are its tokens, so its
     processor runs the token path on `requests` (never a co-located token table); the tokens
     of the messages it sends go to `ports.tokens` as anyone's. `failpoints` are the callee's
     (`callee.` names: pass `failpoints.scoped("callee.")`)."""
     callee_ports = replace(ports, incoming=requests, colocated_tokens=False)
     processor = build_processor(endpoint, callee_ports, Strategy.TOKEN, failpoints,
-                                conflict_retries, cleanup_grace)
+                                conflict_retries, cleanup_grace, max_state_bytes)
     return HttpCallee(processor, requests, ports.store, ports.clock, request_type, failpoints)
 
 

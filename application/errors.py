@@ -74,6 +74,13 @@ class HandlerRejected(PermanentError):
     """The handler raised `domain.errors.Rejected`."""
 
 
+class StateTooLarge(PermanentError):
+    """The handler's new state of a partition is larger than the service allows
+    (`EO_MAX_STATE_BYTES`): not committed, the message dead-lettered. A state that grows
+    without bound through one partition slows every later message of it (issue 24: 44 MB
+    after 60 messages, 6 minutes for the next order)."""
+
+
 class OutsideRetention(PermanentError):
     """A duplicate whose preceding state-stream entry was truncated by retention: it cannot
     be re-evaluated (state strategy), so it is dead-lettered, never applied twice."""

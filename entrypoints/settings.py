@@ -125,6 +125,9 @@ class Settings(BaseSettings):
         30.0, gt=0, description="re-create the consumer when its queue has ready messages, "
         "the consumer free slots, and no delivery came for this long")
     max_body_bytes: int = Field(1_048_576, ge=1, description="larger bodies are dead-lettered")
+    max_state_bytes: int = Field(
+        1_048_576, ge=0, description="the most a partition's state may take as JSON: a "
+        "message whose handler would make it larger is dead-lettered; 0: unbounded")
     dead_letter_body_bytes: int = Field(
         4096, ge=0, description="the most of a malformed or oversize body a dead letter keeps "
         "(with the body's size and SHA-256)")

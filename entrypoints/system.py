@@ -101,7 +101,8 @@ class System:
             registration = self.registry[name]
             self.callees[name] = build_callee(
                 registration.endpoint, self.ports(name), self.requests[name],
-                registration.stored_request, callee_fp, settings.conflict_retries, self.grace)
+                registration.stored_request, callee_fp, settings.conflict_retries, self.grace,
+                settings.max_state_bytes or None)
 
     def _check(self) -> None:
         for r in self.registry:
@@ -151,7 +152,8 @@ class System:
         """A new worker of consuming endpoint `name` with its configured strategy."""
         return build_processor(self.registry[name].endpoint, self.ports(name),
                                self.service.strategy(name), self.failpoints,
-                               self.settings.conflict_retries, self.grace)
+                               self.settings.conflict_retries, self.grace,
+                               self.settings.max_state_bytes or None)
 
     def consumer(self, name: str) -> Consumer:
         """A new consumer (its own processor) of endpoint `name`."""

@@ -25,6 +25,12 @@ INVOICE_MEDIA_TYPE = "application/pdf"
 #: The most lines an order may have (TPC-H orders have 1 to 7). The state and the work of
 #: every message of an order grow with its lines, so an order announcing more is rejected.
 MAX_LINES = 1000
+#: TPC-H's order priorities (O_ORDERPRIORITY), the only ones an order may have.
+PRIORITIES = frozenset({"1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW"})
+#: The most digits of a line's amounts, and of their fraction (TPC-H: DECIMAL(15,2)): an
+#: order's state stays small whatever a producer sends (issue 24: 60 AddItems of 1 MB made
+#: one order's state 44 MB).
+MAX_DIGITS, MAX_FRACTION_DIGITS = 15, 4
 OrderMessage = PlaceOrder | AddItem | RemoveItem | SubmitOrder | PaymentResult
 _BUILDING = (PlaceOrder, AddItem, RemoveItem, SubmitOrder)
 
@@ -63,7 +69,17 @@ def _check_line_number(order: Order, line_number: int) -> None:
         raise _reject(order, f"line {line_number} outside 1..{last}")
 
 
+def _check_amount(order: Order, name: str, value: Decimal) -> None:
+    _, digits, exponent = value.as_tuple()
+    if (not value.is_finite() or not isinstance(exponent, int) or len(digits) > MAX_DIGITS
+            or -exponent > MAX_FRACTION_DIGITS):
+        raise _reject(order, f"{name} {str(value)[:40]} is not an amount of at most "
+                             f"{MAX_DIGITS} digits, {MAX_FRACTION_DIGITS} after the point")
+
+
 def _place(order: Order, m: PlaceOrder) -> Order:
+    if m.priority not in PRIORITIES:
+        raise _reject(order, f"priority {m.priority[:40]!r} is none of {sorted(PRIORITIES)}")
     header = (m.customer_key, m.order_date, m.priority, m.line_count)
     if order.placed:
         if (order.customer_key, order.order_date, order.priority, order.line_count) == header:
@@ -92,6 +108,8 @@ def _add(order: Order, m: AddItem) -> Order:
     if order.status != OPEN:
         raise _reject(order, f"AddItem for line {m.line_number} after the order was finalised")
     _check_line_number(order, m.line_number)
+    for name in ("quantity", "extended_price", "discount", "tax"):
+        _check_amount(order, name, getattr(m, name))
     line = Line(m.line_number, m.part_key, m.quantity, m.extended_price, m.discount, m.tax)
     lines = sorted((*order.lines, line), key=lambda x: x.line_number)
     return replace(order, lines=tuple(lines))

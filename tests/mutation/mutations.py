@@ -389,6 +389,16 @@ MUTATIONS: tuple[Mutation, ...] = (
                  "the_service_inserts_no_inbox_row",),
         invariants=("I1",)),
     Mutation(
+        name="state-grows-without-bound",
+        guard="boundary: a partition's state is bounded (EO_MAX_STATE_BYTES); the message "
+              "that would pass the bound is dead-lettered, not committed",
+        file="application/handler_runner.py",
+        before="""            if size > limit:""",
+        after="""            if False:""",
+        killers=("tests/unit/application/test_boundary_security.py::test_a_state_over_the_"
+                 "limit_is_not_committed_and_the_message_dead_lettered",),
+        invariants=("I10",)),
+    Mutation(
         name="transient-failure-acked",
         guard="7: a transient failure is retried, then dead-lettered with a reason, never "
               "dropped",

@@ -291,3 +291,24 @@ def test_readiness_counts_received_lines_and_removals() -> None:
     waiting = run(place(3), add(1), add(2), SubmitOrder(K, 1)).state
     assert waiting.status == "open"  # the announced removal has not arrived
     assert run(RemoveItem(K, 3), state=waiting).state.status == "awaiting_payment"
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (PlaceOrder(K, 42, date(1996, 1, 2), "x" * 1_000_000, 1), "priority 'xxxx"),
+        (PlaceOrder(K, 42, date(1996, 1, 2), "0-NOW", 1), "priority '0-NOW' is none of"),
+        (add(1, price="9" * 1_000_000), "extended_price 9999"),
+        (add(1, price="1." + "1" * 30), "extended_price 1.111"),
+        (add(1, tax="NaN"), "tax NaN is not an amount"),
+        (add(1, discount="Infinity"), "discount Infinity is not an amount"),
+    ],
+)
+def test_an_order_bounds_its_fields(message: object, reason: str) -> None:
+    """Issue 24: 60 AddItems of 1 MB each grew one order's state to 44 MB, and a normal
+    order sent after it took 6 minutes. The sample bounds what it keeps (TPC-H's
+    DECIMAL(15,2) amounts and its five priorities), so a producer cannot grow it."""
+    with pytest.raises(Rejected, match=reason):
+        run(message)
+    assert run(add(1, price="12345678901.2345")).state.lines[0].extended_price == Decimal(
+        "12345678901.2345")  # 15 digits, 4 after the point: kept

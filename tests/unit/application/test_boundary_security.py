@@ -23,7 +23,7 @@ import pytest
 
 from application.codec import decode, encode
 from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
-from application.errors import MessageIdReused
+from application.errors import MessageIdReused, StateTooLarge
 from application.processor import Outcome
 from tests.support.counters.endpoints import Add, AuditLog, Reported, Spend, Tally
 from tests.support.counters.harness import counters, outside_envelope, take, token_envelope
@@ -152,3 +152,23 @@ async def test_a_producer_cannot_squat_another_producers_message_ids() -> None:
     relayed = {e.message_id: decode(Add, e.body) for e in
                [(await take(system.broker, "counter")).envelope for _ in range(5)]}
     assert sorted(a.amount for a in relayed.values()) == [1, 2, 64]
+
+
+async def test_a_state_over_the_limit_is_not_committed_and_the_message_dead_lettered() -> None:
+    """Issue 24: 60 `AddItem`s of 1 MB each grew one order's state to 44 MB, and a normal
+    order sent right after took 6 minutes. A partition's state is bounded
+    (`EO_MAX_STATE_BYTES`): the message that would pass the bound is dead-lettered with the
+    reason, and the partition keeps the state it had."""
+    system = counters(max_state_bytes=450)  # a Tally keeps each message ID: 87 bytes more each
+    for n in range(4):
+        add = outside_envelope(Add(ACCOUNT, 2 ** n), uuid.uuid4())
+        assert await system.processor("front").process(add) is Outcome.PROCESSED
+        relayed = (await take(system.broker, "counter")).envelope
+        assert await system.processor("counter").process(relayed) is Outcome.PROCESSED
+    last = outside_envelope(Add(ACCOUNT, 16), uuid.uuid4())
+    assert await system.processor("front").process(last) is Outcome.PROCESSED
+    relayed = (await take(system.broker, "counter")).envelope
+    with pytest.raises(StateTooLarge, match=r"takes 496 bytes, over the limit of 450 "
+                                            r"\(EO_MAX_STATE_BYTES\)"):
+        await system.processor("counter").process(relayed)
+    assert system.state("counter", ACCOUNT).total == 15  # the four before, not the fifth
