@@ -1,18 +1,35 @@
 """Publish one message to a service's queue as an outside producer does (the wire format).
 
-    python docs/examples/publish.py AMQP_URL QUEUE TYPE 'JSON_BODY' [MESSAGE_ID] [--inbound]
+    python docs/examples/publish.py AMQP_URL QUEUE TYPE 'JSON_BODY' \\
+        (MESSAGE_ID | --key BUSINESS_KEY [--namespace NAME]) [--inbound]
 
-With `--inbound`, to the gateway's exchange `<QUEUE>.in` (the only place a producer user of
-deploy/rabbitmq/setup.sh may publish), else to the default exchange with the queue's name as
-routing key.
+The message ID is the producer's to choose, and the same for every copy of one message: here
+either given, or derived from the business key (`--key p-1` for a `Ship` of parcel p-1) in a
+namespace of the producer's own (`--namespace`, a URL or a name it owns), so running this
+again, or retrying after a lost confirm, sends the same message, which the gateway drops as a
+copy. aio-pika (through aiormq) gives a message published without an ID a random one: every
+retry of such a producer would be processed again, so this example refuses to send without.
+
+The message carries `user_id` = the URL's user: RabbitMQ checks it against the user that
+publishes, and a gateway scopes deduplication to it (one producer cannot squat another's IDs;
+production requires it). With `--inbound`, to the gateway's exchange `<QUEUE>.in` (the only
+place a producer user of deploy/rabbitmq/setup.sh may publish), else to the default exchange
+with the queue's name as routing key.
 """
 
+import argparse
 import asyncio
 import json
-import sys
 import uuid
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
+
+
+def natural_id(namespace: str, type_: str, key: str) -> str:
+    """The message ID of `type_` for business key `key`: uuid5 of "<type>/<key>" in the
+    producer's namespace (itself a uuid5 of `namespace` in the URL namespace)."""
+    return str(uuid.uuid5(uuid.uuid5(uuid.NAMESPACE_URL, namespace), f"{type_}/{key}"))
 
 
 async def publish(url: str, queue: str, type_: str, body: dict, message_id: str,
@@ -24,13 +41,28 @@ async def publish(url: str, queue: str, type_: str, body: dict, message_id: str,
                     else channel.default_exchange)  # the default one: routing key = queue
         await exchange.publish(
             aio_pika.Message(json.dumps(body).encode(), message_id=message_id, type=type_,
+                             user_id=unquote(urlsplit(url).username or "") or "guest",
                              content_type="application/json",
                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
             routing_key=queue, mandatory=True)
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--inbound"]
-    url, queue, type_, body = args[0], args[1], args[2], json.loads(args[3])
-    message_id = args[4] if len(args) > 4 else str(uuid.uuid4())  # the same ID per copy
-    asyncio.run(publish(url, queue, type_, body, message_id, "--inbound" in sys.argv))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("queue")
+    parser.add_argument("type")
+    parser.add_argument("body", type=json.loads)
+    parser.add_argument("message_id", nargs="?")
+    parser.add_argument("--key", help="derive the message ID from this business key")
+    parser.add_argument("--namespace", default="https://producer.example/eo",
+                        help="the producer's own namespace for derived IDs")
+    parser.add_argument("--inbound", action="store_true")
+    options = parser.parse_args()
+    if (options.message_id is None) == (options.key is None):
+        parser.error("give the message ID, or --key to derive it from the business key "
+                     "(never a random one: a retry would be a new message)")
+    message_id = options.message_id or natural_id(options.namespace, options.type,
+                                                   options.key)
+    asyncio.run(publish(options.url, options.queue, options.type, options.body, message_id,
+                        options.inbound))
