@@ -377,7 +377,9 @@ class RabbitSource:
                              detail=detail)
 
     async def _supervise(self) -> None:
-        while not self._stopped:
+        # ends once consumption could not be restored (`_failure`): `_lost` stays set then,
+        # and waiting on it again would spin without ever yielding to the event loop
+        while not self._stopped and self._failure is None:
             await self._lost.wait()
             if self._stopped:
                 return

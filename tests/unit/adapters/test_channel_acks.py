@@ -105,7 +105,11 @@ async def test_any_settlement_order_acks_each_delivery_once_and_never_early(seed
         del order[:size]
 
     async def wave(tags: list[int]) -> None:
-        await asyncio.sleep(rng.random() / 1000)
+        # the waves interleave by turns of the event loop, not by the clock: the same
+        # schedule for a seed whatever the machine's load (a sleep of up to 1 ms let a
+        # loaded machine run every wave in a turn of its own: nothing coalesced)
+        for _ in range(rng.randint(0, 3)):
+            await asyncio.sleep(0)
         rejected = [t for t in tags if rng.random() < 0.05]
         for tag in rejected:
             channel.reject(tag)
@@ -114,7 +118,9 @@ async def test_any_settlement_order_acks_each_delivery_once_and_never_early(seed
 
     await asyncio.gather(*(wave(w) for w in waves))
     assert not channel.outstanding  # each one acked (or rejected), none twice (406)
-    assert acks.frames == len(channel.frames) < acks.acked  # and some coalesced
+    # one frame per flush, never more frames than acks (that runs coalesce is the
+    # deterministic tests' above: whether a random schedule coalesces any depends on it)
+    assert acks.frames == len(channel.frames) <= acks.acked
 
 
 async def test_a_failed_write_fails_every_ack_of_its_flush() -> None:
