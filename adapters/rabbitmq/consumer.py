@@ -241,10 +241,12 @@ class RabbitSource:
             except PublishRefused as exc:
                 if self._room.is_set():
                     self._room.clear()
-                    log.error("the dead-letter queue of %s is full: %s", self.endpoint, exc)
-                    if self.events is not None:
+                    if self.events is not None:  # logged at ERROR by the service's sink
                         self.events.emit(DEAD_LETTER_QUEUE_FULL, endpoint=self.endpoint,
                                          queue=self.names.dead_letter, reason=str(exc))
+                    else:
+                        log.error("the dead-letter queue of %s is full: %s", self.endpoint,
+                                  exc)
                 if self._stopped or not held():
                     raise TransientError(f"{self.endpoint}: the dead-letter queue is full and "
                                          "the delivery is given back: the broker redelivers "
@@ -253,10 +255,12 @@ class RabbitSource:
                 continue
             if not self._room.is_set():
                 self._room.set()
-                log.warning("the dead-letter queue of %s takes dead letters again", self.endpoint)
                 if self.events is not None:
                     self.events.emit(DEAD_LETTER_QUEUE_ROOM, endpoint=self.endpoint,
                                      queue=self.names.dead_letter)
+                else:
+                    log.warning("the dead-letter queue of %s takes dead letters again",
+                                self.endpoint)
             return
 
     @property
