@@ -208,3 +208,28 @@ async def test_a_clipped_dead_letter_cannot_be_replayed_but_can_be_discarded() -
     assert not await desk.c.tokens.exists("counter", envelope.message_id)
     assert desk.c.state("counter", "c1") in (None, Tally())
 
+
+
+async def test_a_discarded_follow_up_deletes_its_request_stored_on_the_callee() -> None:
+    """A follow-up's request stays on the callee until the follow-up's commit deletes it
+    (protocol 6): discarding the follow-up deletes it instead, so nothing is left there."""
+    desk = Desk(counters())
+    desk.c.open_account("c1", 500)
+    spend = token_envelope(Spend("c1", 100), uuid.uuid4())
+    await desk.c.tokens.create("counter", [spend])
+    desk.c.broker.publish("counter", spend)
+    assert await desk.deliver() is Settlement.PROCESSED  # the request is on the bank now
+    assert desk.c.requests.requests
+    consumer = desk.c.consumer("counter")
+    consumer.processor = desk.c.worker("counter", FAILING)  # the follow-up fails
+    consumer.max_attempts = 1
+    assert await consumer.settle(await take(desk.c.broker, "counter")) is (
+        Settlement.DEAD_LETTERED)
+    await desk.kept()
+    letter = await desk.only()
+    assert letter.type == "Spent"
+    result = await desk.ops.discard(letter.dead_letter_id, "alice", "paid by hand")
+    assert result.done, result.detail
+    assert "its stored HTTP request" in result.detail
+    assert not desk.c.requests.requests
+    assert await desk.c.tokens.count() == 0
