@@ -99,3 +99,21 @@ def test_every_compose_service_on_the_production_profile_passes_its_settings() -
     assert "migrate" in checked, checked
     if "orders" in compose["services"]:  # the sample's: it calls payments over http://
         assert "orders" in checked, checked
+
+
+def test_compose_renders_to_valid_yaml_with_and_without_the_sample() -> None:
+    """copier renders compose.yaml with its line statements (`#%`): both answers must give
+    a file compose can read (a service made without the sample got an indented, unquoted
+    `EO_GATEWAYS: ${...: ...}` line that YAML refused)."""
+    import jinja2
+    import yaml
+
+    source = (ROOT / "deploy" / "compose.yaml").read_text()
+    env = jinja2.Environment(line_statement_prefix="#%", keep_trailing_newline=True,
+                             autoescape=False)  # YAML, not HTML
+    for keep_sample in (True, False):
+        rendered = env.from_string(source).render(keep_sample=keep_sample,
+                                                  service_name="my-service")
+        services = yaml.safe_load(rendered)["services"]
+        assert ("orders" in services) is keep_sample
+        assert services["rabbitmq"]["environment"]["EO_GATEWAYS"]
