@@ -23,7 +23,7 @@ from application.strategy import Strategy
 from application.sweeper import Sweeper
 from application.token_batch import TokenBatch
 from application.token_path import AddressedTokens, TokenPath
-from application.transactional_path import PathParts
+from application.transactional_path import PathParts, Steps
 from domain.decisions import Endpoint
 
 #: The grace period of deferred clean-ups when none is given (protocol 8).
@@ -78,16 +78,15 @@ def build_processor(
                                   ports.renderer, ports.colocated_tokens, ports.token_receivers)
         own = incoming_tokens(name, ports)
         caller = HttpCaller(ports.http, own, ports.store, failpoints)
-        parts = PathParts(name, runner, ports.store, preparation, finisher, caller, ports.clock,
-                          ports.ids, ports.events, failpoints)
+        steps = Steps(PathParts(name, runner, ports.store, preparation, finisher, caller,
+                                ports.clock, ports.ids, ports.events, failpoints))
         if strategy is Strategy.TOKEN:
-            path = TokenPath(parts, own, ports.colocated_tokens)
+            path = TokenPath(steps, own, ports.colocated_tokens)
             if ports.colocated_tokens and ports.incoming is None:  # batches need both
-                batch = TokenBatch(path)
+                batch = TokenBatch(steps)
         else:
-            path = OutboxPath(parts, ports.store, ports.dispatcher)
-    return Processor(name, strategy, path, runner, ports.events, conflict_retries, finisher,
-                     batch)
+            path = OutboxPath(steps, ports.store, ports.dispatcher, ports.clock)
+    return Processor(name, path, runner, ports.events, conflict_retries, finisher, batch)
 
 
 def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,

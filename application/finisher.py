@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from application.failpoints import Failpoints
@@ -26,6 +27,16 @@ from application.records import Kind, SideEffectRecord
 from application.side_effects import SideEffects
 
 _KIND_ORDER = {kind: i for i, kind in enumerate(Kind)}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Finishing one transaction: its message, event fields, winners and compare-and-clear."""
+
+    message_id: uuid.UUID
+    fields: dict[str, str]
+    winners: list[SideEffectRecord]
+    clear: Clear
 
 
 class Finisher:
@@ -71,81 +82,83 @@ class Finisher:
         attempt's event fields (endpoint, message_id, attempt_id, partition) when the caller
         has them already.
         """
-        store, fp, ev = self._store, self._fp, self._events
-        if committed is not None:
-            version, records = committed.version, committed.records
-        else:
-            tr, records = await store.load_tr_with_records(partition)
+        if committed is None:
+            tr, records = await self._store.load_tr_with_records(partition)
             if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
                 return False
-            version = tr.version
-        fields = event_fields or attempt_fields(self._endpoint, message_id, attempt_id,
-                                                partition)
-        winners, aborted = _split(records, attempt_id)
-        await self._publish(winners, fields)
-        if fp:
-            await fp.hit("after_publish_all")
-        await self._clean_up(aborted, fields)
-        if fp:
-            await fp.hit("after_cleanup_aborted")
-        due = self._clock.now() + self._grace
-        if self._colocated:  # consume and clear in one transaction (3.2 fast path)
-            await store.clear(partition, version, records, aborted, due, message_id)
-            ev.emit(TOKEN_CONSUMED, **fields)
-            if fp:
-                await fp.hit("after_consume_token")
-        else:
-            if self._tokens is not None:
-                await self._tokens.delete(message_id)  # consume: the last publication step
-                ev.emit(TOKEN_CONSUMED, **fields)
-            if fp:
-                await fp.hit("after_consume_token")
-            await store.clear(partition, version, records, aborted, due)
-        if fp:
-            await fp.hit("after_tr_clear")
-        return True
-
+            committed = Committed(tr.version, tuple(records))
+        [cleared] = await self._finish([self._plan(partition, message_id, attempt_id,
+                                                   committed, event_fields)], batched=False)
+        return cleared
 
     async def finish_many(self, done: Sequence[tuple[str, uuid.UUID, uuid.UUID, Committed]],
                           event_fields: Sequence[dict[str, str]] | None = None) -> list[bool]:
         """Finish transactions this worker has just committed, `(partition, M, A, committed)`
-        each (the batched token path, co-located tokens only): publish every winner, the
-        messages of one transaction in order and the transactions together (their publisher
-        confirms awaited at once); clean up every loser; then ONE compare-and-clear that
-        consumes every token and clears every TR (`clear_many`). The same steps, in the same
-        order, as `finish` for each transaction, so the failure table holds for each. Returns
-        whether each cleared. `event_fields`: each transaction's event fields (endpoint, message_id,
-        attempt_id, partition) when the caller has them already. Raises ValueError unless
-        tokens are co-located."""
+        each (the batched token path, co-located tokens only): the steps of `finish`, each
+        for all of them together: every winner published (the messages of one transaction in
+        order, the transactions together, their publisher confirms awaited at once), every
+        loser cleaned up, then ONE compare-and-clear that consumes every token and clears
+        every TR (`clear_many`). The failure table holds for each. Returns whether each
+        cleared. `event_fields`: each transaction's event fields when the caller has them
+        already. Raises ValueError unless tokens are co-located."""
         if not self._colocated:
             raise ValueError("finish_many needs co-located tokens")
+        return await self._finish([
+            self._plan(partition, message_id, attempt_id, committed,
+                       event_fields[i] if event_fields is not None else None)
+            for i, (partition, message_id, attempt_id, committed) in enumerate(done)],
+            batched=True)
+
+    def _plan(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
+              committed: Committed, event_fields: dict[str, str] | None) -> _Plan:
+        """What finishing (M, A) does: its winners, its losers and its compare-and-clear
+        (which consumes M's token in the same statement when tokens are co-located)."""
+        fields = event_fields or attempt_fields(self._endpoint, message_id, attempt_id,
+                                                partition)
+        winners, aborted = _split(committed.records, attempt_id)
+        clear = Clear(partition, committed.version, committed.records, aborted,
+                      self._clock.now() + self._grace,
+                      message_id if self._colocated else None)
+        return _Plan(message_id, fields, winners, clear)
+
+    async def _finish(self, plans: Sequence[_Plan], batched: bool) -> list[bool]:
+        """The steps of protocol 3.1's finish, each for every plan: publish, clean up the
+        losers, consume, clear. `batched` (co-located tokens only): the publications run
+        together and one `clear_many` consumes and clears them all; else there is one
+        plan."""
         fp, ev = self._fp, self._events
-        plans = []
-        for i, (partition, message_id, attempt_id, committed) in enumerate(done):
-            ours = (event_fields[i] if event_fields is not None
-                    else attempt_fields(self._endpoint, message_id, attempt_id, partition))
-            winners, aborted = _split(committed.records, attempt_id)
-            plans.append((ours, winners, aborted))
-        outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),
-                                        return_exceptions=True)
-        for outcome in outcomes:  # every publication ended: raise the first failure
-            if isinstance(outcome, BaseException):
-                raise outcome
+        if not batched:
+            await self._publish(plans[0].winners, plans[0].fields)
+        else:
+            outcomes = await asyncio.gather(*(self._publish(p.winners, p.fields) for p in plans),
+                                            return_exceptions=True)
+            for outcome in outcomes:  # every publication ended: raise the first failure
+                if isinstance(outcome, BaseException):
+                    raise outcome
         if fp:
             await fp.hit("after_publish_all")
-        for fields, _, aborted in plans:
-            await self._clean_up(aborted, fields)
+        for plan in plans:
+            await self._clean_up(plan.clear.aborted, plan.fields)
         if fp:
             await fp.hit("after_cleanup_aborted")
-        due = self._clock.now() + self._grace
-        cleared = await self._store.clear_many([
-            Clear(partition, committed.version, committed.records, aborted, due, message_id)
-            for (partition, message_id, _, committed), (_, _, aborted) in zip(done, plans,
-                                                                              strict=True)])
-        for fields, _, _ in plans:
-            ev.emit(TOKEN_CONSUMED, **fields)
+        if self._colocated:  # consume and clear in one transaction (3.2 fast path)
+            if batched:
+                cleared = await self._store.clear_many([p.clear for p in plans])
+            else:
+                cleared = [await self._store.clear(plans[0].clear)]
+            for plan in plans:
+                ev.emit(TOKEN_CONSUMED, **plan.fields)
+            if fp:
+                await fp.hit("after_consume_token")
+        else:
+            [plan] = plans
+            if self._tokens is not None:
+                await self._tokens.delete(plan.message_id)  # consume: the last publication step
+                ev.emit(TOKEN_CONSUMED, **plan.fields)
+            if fp:
+                await fp.hit("after_consume_token")
+            cleared = [await self._store.clear(plan.clear)]
         if fp:
-            await fp.hit("after_consume_token")
             await fp.hit("after_tr_clear")
         return cleared
 

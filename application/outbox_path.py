@@ -5,31 +5,45 @@ from __future__ import annotations
 
 from application.envelope import Envelope
 from application.errors import Duplicate, MessageIdReused
-from application.ports import Loaded, MessageDispatcher, ProcessedMessages
+from application.ports import Clock, MessageDispatcher, ProcessedMessages
 from application.preparation import Prepared
 from application.records import ProcessedMessage
 from application.side_effects import envelope_of
-from application.transactional_path import PathParts, TransactionalPath
+from application.transactional_path import Steps
 
 
-class OutboxPath(TransactionalPath):
-    """The outbox strategy, for endpoints whose senders create no tokens (the boundary):
-    the commit writes a processed-message row with the outgoing messages; a copy of a
-    processed message re-publishes them and is dropped. It never reads or consumes a token
-    and honours no protocol (`eo-*`) header of a delivery: they come from outside producers
-    (project amendment to protocol 4; an endpoint that calls HTTP callees, whose follow-ups
-    need a claim check, cannot use this strategy). Construct through
-    `application.assembly.build_processor`."""
+class OutboxPath:
+    """The outbox strategy on the shared steps, for endpoints whose senders create no tokens
+    (the boundary): the commit writes a processed-message row with the outgoing messages; a
+    copy of a processed message re-publishes them and is dropped. It never reads or consumes
+    a token and honours no protocol (`eo-*`) header of a delivery: they come from outside
+    producers (project amendment to protocol 4; an endpoint that calls HTTP callees, whose
+    follow-ups need a claim check, cannot use this strategy). Construct through
+    `application.assembly.build_processor`.
 
-    def __init__(self, parts: PathParts, processed: ProcessedMessages,
-                 dispatcher: MessageDispatcher) -> None:
-        super().__init__(parts)
-        self.processed, self.dispatcher = processed, dispatcher
+    `attempt` returns when the message was processed now and raises `Duplicate`,
+    `MessageIdReused`, `Conflict` (the processor retries), `PermanentError` or
+    `TransientError`.
+    """
 
-    async def load(self, envelope: Envelope) -> Envelope:
-        return envelope.from_outside()
+    def __init__(self, steps: Steps, processed: ProcessedMessages,
+                 dispatcher: MessageDispatcher, clock: Clock) -> None:
+        self.steps, self.processed, self.dispatcher, self.clock = (steps, processed,
+                                                                   dispatcher, clock)
 
-    async def still_pending(self, stored: Envelope, loaded: Loaded) -> None:
+    async def attempt(self, envelope: Envelope) -> None:
+        """One attempt at `envelope`: settle the partition, check for a processed-message
+        row after the TR load, run the steps with the row the commit writes."""
+        steps, stored = self.steps, envelope.from_outside()
+        message = steps.runner.decode(stored)
+        partition = steps.runner.partition_of(message)
+        async with steps.locks.hold(partition):
+            loaded = await steps.settle_committed(partition, stored.message_id)
+            await self.still_pending(stored)
+            await steps.hit("after_token_check")
+            await steps.run(stored, message, partition, loaded, self.processed_row)
+
+    async def still_pending(self, stored: Envelope) -> None:
         """No processed-message row yet for the delivery's producer and message ID; a row
         means processed before: re-publish its stored, byte-identical copies (protocol 4),
         then `Duplicate`. A row whose digest (type and body) differs from this delivery's
@@ -45,7 +59,9 @@ class OutboxPath(TransactionalPath):
             raise Duplicate
 
     def processed_row(self, stored: Envelope, partition: str,
-                      prepared: Prepared) -> ProcessedMessage | None:
+                      prepared: Prepared) -> ProcessedMessage:
+        """The processed-message row the commit writes: the positive proof, with the
+        outgoing messages a duplicate re-publishes."""
         return ProcessedMessage(stored.message_id, partition, prepared.outgoing,
                                 self.clock.now(), stored.body_sha256, stored.digest,
                                 stored.producer)

@@ -133,7 +133,9 @@ class CommitRequest:
 
 @dataclass(frozen=True)
 class Clear:
-    """One compare-and-clear of `PartitionStore.clear_many`: the arguments of `clear`."""
+    """One compare-and-clear (`PartitionStore.clear`, `clear_many`): the partition, the TR
+    version it expects, the records it deletes, the losers' records it defers for clean-up
+    at `cleanup_due`, and the token it consumes (co-located tokens), if any."""
 
     partition: str
     expected_version: int
@@ -188,20 +190,13 @@ class PartitionStore(Protocol):
         every side-effect record of the partition (the transaction's and its losers'): what
         `finish` would read."""
 
-    async def clear(
-        self,
-        partition: str,
-        expected_version: int,
-        records: Sequence[SideEffectRecord],
-        aborted: Sequence[SideEffectRecord],
-        cleanup_due: datetime,
-        consume: uuid.UUID | None = None,
-    ) -> bool:
-        """Compare-and-clear (protocol 3.1): only if the TR is still at `expected_version`,
-        make it idle, bump the version, delete exactly `records` and list `aborted` for
-        deferred clean-up at `cleanup_due`; with `consume` (and `holds_tokens`) delete that
-        token, addressed to this store's endpoint, in the same transaction. Returns whether
-        it cleared."""
+    async def clear(self, clear: Clear) -> bool:
+        """Compare-and-clear (protocol 3.1): only if the TR of `clear.partition` is still at
+        `clear.expected_version`, make it idle, bump the version, delete exactly
+        `clear.records` and list `clear.aborted` for deferred clean-up at
+        `clear.cleanup_due`; with `clear.consume` (and `holds_tokens`) delete that token,
+        addressed to this store's endpoint, in the same transaction. Returns whether it
+        cleared; raises ValueError for `consume` without `holds_tokens`."""
 
     # The batched token path (application/token_batch.py): each call is ONE statement for
     # many partitions, with per-partition outcomes exactly those of the single calls above.

@@ -4,7 +4,6 @@ the endpoint's strategy (application/token_path.py, outbox_path.py, state_path.p
 from __future__ import annotations
 
 import asyncio
-import enum
 import hashlib
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -14,16 +13,9 @@ from application.errors import Conflict, Duplicate, TransientError
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
 from application.observability import MESSAGE_DUPLICATE, MESSAGE_RECEIVED, TRANSACTION_CONFLICT
+from application.outcome import Outcome
 from application.ports import EventSink
-from application.strategy import Strategy
-from application.token_batch import Singly, TokenBatch
-
-
-class Outcome(enum.StrEnum):
-    """How a delivery ended without error."""
-
-    PROCESSED = "processed"
-    DUPLICATE = "duplicate"
+from application.token_batch import TokenBatch
 
 
 class Path(Protocol):
@@ -45,12 +37,12 @@ class Processor:
     `application.assembly.build_processor`.
     """
 
-    def __init__(self, endpoint: str, strategy: Strategy, path: Path, runner: HandlerRunner,
+    def __init__(self, endpoint: str, path: Path, runner: HandlerRunner,
                  events: EventSink, conflict_retries: int = 3,
                  finisher: Finisher | None = None, batch: TokenBatch | None = None) -> None:
         """`finisher`: the path's (None for the state strategy), for the sweeper and tests;
         `batch`: the batched token path (co-located tokens only), used by `process_batch`."""
-        self.endpoint, self.strategy, self.path, self.runner = endpoint, strategy, path, runner
+        self.endpoint, self.path, self.runner = endpoint, path, runner
         self.events, self.conflict_retries = events, conflict_retries
         self.finisher, self.batch = finisher, batch
 
@@ -76,20 +68,9 @@ class Processor:
         for envelope in envelopes:
             self._received(envelope)
         results: dict[int, Outcome | BaseException] = {}
-        singles = list(range(len(envelopes)))
         if self.batch is not None:
-            singles = []
-            for i, result in enumerate(await self.batch.run(envelopes)):
-                if isinstance(result, Singly):
-                    singles.append(i)
-                elif result is None:
-                    results[i] = Outcome.PROCESSED
-                elif isinstance(result, Duplicate):
-                    self.events.emit(MESSAGE_DUPLICATE, endpoint=self.endpoint,
-                                     message_id=str(envelopes[i].message_id))
-                    results[i] = Outcome.DUPLICATE
-                else:
-                    results[i] = result
+            results = await self.batch.run(envelopes)
+        singles = [i for i in range(len(envelopes)) if i not in results]
         alone = await asyncio.gather(*(self._attempts(envelopes[i]) for i in singles),
                                      return_exceptions=True)
         for i, outcome in zip(singles, alone, strict=True):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Duplicate, MalformedMessage
 from application.ports import IncomingTokens, Loaded, TokenStore
-from application.transactional_path import PathParts, TransactionalPath
+from application.transactional_path import Steps
 
 
 @dataclass(frozen=True)
@@ -29,65 +30,81 @@ class AddressedTokens(IncomingTokens):
         await self.tokens.delete(self.endpoint, message_id)
 
 
-class TokenPath(TransactionalPath):
-    """The token strategy: the body is read from the token (claim check, one read with the
-    token check), the token is checked again after the TR load (in the same read when
-    `colocated`), and `finish` consumes it last. `tokens` are the endpoint's own (addressed
-    to it). Construct through `application.assembly.build_processor`."""
+class TokenPath:
+    """The token strategy on the shared steps: the body is read from the token (claim check),
+    the token is checked again after the TR load, and `finish` consumes it last. `tokens`
+    are the endpoint's own (addressed to it); `colocated`: they live in the partition
+    store's database, so the token is read in the TR load's snapshot. Construct through
+    `application.assembly.build_processor`.
 
-    def __init__(self, parts: PathParts, tokens: IncomingTokens,
-                 colocated: bool = False) -> None:
-        super().__init__(parts)
-        self.tokens, self.colocated = tokens, colocated
+    `attempt` returns when the message was processed now and raises `Duplicate`,
+    `MalformedMessage` (no token header: the sender made no token), `Conflict` (the
+    processor retries), `PermanentError` or `TransientError`.
+    """
+
+    def __init__(self, steps: Steps, tokens: IncomingTokens, colocated: bool = False) -> None:
+        self.steps, self.tokens, self.colocated = steps, tokens, colocated
 
     async def attempt(self, envelope: Envelope) -> None:
-        """One attempt at `envelope` (see `TransactionalPath`). With co-located tokens the
-        claim check is read with the TR: the partition is taken from the delivery's body,
-        and the token's message, read in the TR's snapshot, is used only when it is that
-        body (anything else goes the general way, where the token's body decides). One
-        statement fewer per message; the token read still precedes its re-check, which is
-        the same snapshot as the TR load (protocol 3.1, 3.2)."""
-        if not self.colocated:
-            await super().attempt(envelope)
-            return
+        """One attempt at `envelope`. With co-located tokens the claim check is read with the
+        TR: the partition is taken from the delivery's body, and the token's message, read
+        in the TR's snapshot, is used only when it is that body; anything else goes the
+        general way, where the token's body decides (protocol 3.1, 3.2)."""
         if envelope.header(TOKEN_HEADER) is None:
             raise MalformedMessage("no token header: the sender did not create a token")
-        try:
-            message = self.runner.decode(envelope)
-            partition = self.runner.partition_of(message)
-        except Exception:  # noqa: BLE001 - the token's body decides, and fails alone
-            await super().attempt(envelope)
-            return
-        m = envelope.message_id
-        async with self.locks.hold(partition):
-            loaded = await self.store.load(partition, m)
-            await self.hit("after_token_load")
-            stored = loaded.token
-            if stored is None:
-                raise Duplicate
-            if stored.type == envelope.type and stored.body == envelope.body:
-                await self._attempt_held(stored, message, partition, loaded)
-                return
-        await super().attempt(envelope)  # the delivery is not the token's message
+        steps, m = self.steps, envelope.message_id
+        claimed = self._claimed_partition(envelope) if self.colocated else None
+        if claimed is not None:
+            message, partition = claimed
+            async with steps.locks.hold(partition):
+                loaded = await steps.store.load(partition, m)
+                await steps.hit("after_token_load")
+                stored = loaded.token
+                if stored is None:
+                    raise Duplicate
+                if stored.type == envelope.type and stored.body == envelope.body:
+                    await self._held(stored, message, partition, loaded)
+                    return
+        stored = await self.load(m)
+        message = steps.runner.decode(stored)
+        partition = steps.runner.partition_of(message)
+        async with steps.locks.hold(partition):
+            await self._held(stored, message, partition)
 
-    async def load(self, envelope: Envelope) -> Envelope:
-        """The message stored in its token; `MalformedMessage` without the token header (the
-        sender made no token), `Duplicate` when no token addressed to this endpoint exists."""
-        if envelope.header(TOKEN_HEADER) is None:
-            raise MalformedMessage("no token header: the sender did not create a token")
-        stored = await self.tokens.get(envelope.message_id)
-        await self.hit("after_token_load")
+    def _claimed_partition(self, envelope: Envelope) -> tuple[Any, str] | None:
+        """The delivery's message and partition, as its body says; None when it does not
+        decode (the token's body decides, and fails alone)."""
+        try:
+            message = self.steps.runner.decode(envelope)
+            return message, self.steps.runner.partition_of(message)
+        except Exception:  # noqa: BLE001 - the general way reads the token's body
+            return None
+
+    async def load(self, message_id: uuid.UUID) -> Envelope:
+        """The message stored in its token; `Duplicate` when no token addressed to this
+        endpoint exists."""
+        stored = await self.tokens.get(message_id)
+        await self.steps.hit("after_token_load")
         if stored is None:
             raise Duplicate
         return stored
 
-    def token_to_check(self, message_id: uuid.UUID) -> uuid.UUID | None:
-        return message_id if self.colocated else None
+    async def _held(self, stored: Envelope, message: Any, partition: str,
+                    loaded: Loaded | None = None) -> None:
+        """Under `partition`'s lock, from the TR load on (`loaded`: that read, when made
+        already): settle what is committed, re-check the token, run the steps."""
+        m = stored.message_id
+        loaded = await self.steps.settle_committed(partition, m, m if self.colocated else None,
+                                                   loaded)
+        await self.still_pending(m, loaded)
+        await self.steps.hit("after_token_check")
+        await self.steps.run(stored, message, partition, loaded)
 
-    async def still_pending(self, stored: Envelope, loaded: Loaded) -> None:
-        """The token still exists: checked AFTER the TR load (protocol 3.1)."""
+    async def still_pending(self, message_id: uuid.UUID, loaded: Loaded) -> None:
+        """The token still exists: checked AFTER the TR load (protocol 3.1); raises
+        `Duplicate`."""
         exists = loaded.token_exists  # read with the TR when tokens are co-located
         if exists is None:
-            exists = await self.tokens.exists(stored.message_id)
+            exists = await self.tokens.exists(message_id)
         if not exists:
             raise Duplicate

@@ -1,9 +1,13 @@
-"""What the token path and the outbox path share: the partition's transaction (protocol 3.1):
-settle what is committed, run the handler, prepare, commit, finish."""
+"""The steps of an attempt that every transactional path composes (protocol 3.1): settle what
+is committed on the partition, decide (the handler, with the rejection re-check), prepare,
+commit, finish. The single-message paths (token_path.py, outbox_path.py) run them one
+message at a time; the batched token path (token_batch.py) runs the same steps for many
+messages, with one statement per step for all of them."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +29,18 @@ from application.ports import (
 )
 from application.preparation import Preparation, Prepared
 from application.records import ProcessedMessage
-from domain.context import Context
+from domain.context import Context, HttpResponse
+from domain.decisions import Decision
+
+#: What a commit stores beyond the state: the processed-message row of the outbox path
+#: (positive proof), made from the message and its prepared outputs; None on the token path.
+ProcessedRow = Callable[[Envelope, str, Prepared], ProcessedMessage]
 
 
 @dataclass(frozen=True)
 class PathParts:
-    """The collaborators a transactional path is made of (application/assembly.py builds
-    them, each with only the ports it uses)."""
+    """The collaborators the steps are made of (application/assembly.py builds them, each
+    with only the ports it uses)."""
 
     endpoint: str
     runner: HandlerRunner
@@ -45,15 +54,23 @@ class PathParts:
     failpoints: Failpoints | None = None
 
 
-class TransactionalPath:
-    """One attempt at a delivery on a strategy that commits through the transaction record
-    (protocol 3.1). A subclass says how the message is loaded (`load`), how a duplicate is
-    recognised after the TR load (`still_pending`), which token the TR load checks with it
-    (`token_to_check`) and what the commit stores beyond the state (`processed_row`).
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt at a message, under its partition's lock and after its duplicate check:
+    the message as the strategy trusts it (`stored`, and decoded), its partition, the TR
+    load it was checked against, the attempt's ID and its event fields."""
 
-    `attempt` returns normally when the message was processed now and raises `Duplicate`,
-    `Conflict` (the processor retries), `PermanentError` or `TransientError`.
-    """
+    stored: Envelope
+    message: Any
+    partition: str
+    loaded: Loaded
+    attempt_id: uuid.UUID
+    fields: dict[str, str]
+
+
+class Steps:
+    """The steps of one endpoint's worker (protocol 3.1), shared by its single and batched
+    paths, with the worker's partition locks."""
 
     def __init__(self, parts: PathParts) -> None:
         self.endpoint, self.runner, self.store = parts.endpoint, parts.runner, parts.store
@@ -61,7 +78,7 @@ class TransactionalPath:
                                                         parts.caller)
         self.clock, self.ids, self.events = parts.clock, parts.ids, parts.events
         self._fp = parts.failpoints
-        #: this worker's partition locks (shared with its batched path)
+        #: this worker's partition locks (its single and batched attempts share them)
         self.locks = PartitionLocks()
 
     async def hit(self, name: str) -> None:
@@ -69,46 +86,13 @@ class TransactionalPath:
         if self._fp:
             await self._fp.hit(name)
 
-    async def load(self, envelope: Envelope) -> Envelope:
-        """The delivery's message as this strategy trusts it; raises `Duplicate` when it is
-        known to be one already."""
-        raise NotImplementedError
-
-    def token_to_check(self, message_id: uuid.UUID) -> uuid.UUID | None:
-        """The token the TR load checks in the same read (co-located fast path), or None."""
-        return None
-
-    async def still_pending(self, stored: Envelope, loaded: Loaded) -> None:
-        """The duplicate check after the TR load; raises `Duplicate`."""
-        raise NotImplementedError
-
-    def processed_row(self, stored: Envelope, partition: str,
-                      prepared: Prepared) -> ProcessedMessage | None:
-        """The processed-message row the commit writes (positive-proof path), or None."""
-        return None
-
-    async def attempt(self, envelope: Envelope) -> None:
-        """One attempt at `envelope`; see the class docstring."""
-        stored = await self.load(envelope)
-        message = self.runner.decode(stored)
-        partition = self.runner.partition_of(message)
-        async with self.locks.hold(partition):
-            await self._attempt_held(stored, message, partition)
-
-    async def _attempt_held(self, stored: Envelope, message: Any, partition: str,
-                            loaded: Loaded | None = None) -> None:
-        """The attempt under `partition`'s lock, from the TR load on (`loaded`: that read,
-        when the caller made it already): settle what is committed, re-check, run."""
-        loaded = await self._settle_committed(partition, stored.message_id, loaded)
-        await self.still_pending(stored, loaded)
-        await self.hit("after_token_check")
-        await self._run(stored, message, partition, loaded)
-
-    async def _settle_committed(self, partition: str, m: uuid.UUID,
-                                loaded: Loaded | None = None) -> Loaded:
-        """Load the TR (with the state, and the token when co-located), unless `loaded` is
-        that read already, and finish whatever transaction is committed on it (3.1)."""
-        check = self.token_to_check(m)
+    async def settle_committed(self, partition: str, m: uuid.UUID,
+                               check: uuid.UUID | None = None,
+                               loaded: Loaded | None = None) -> Loaded:
+        """Load the TR of `partition` with its state (and token `check`, read in the same
+        snapshot, when tokens are co-located), unless `loaded` is that read already, and
+        finish whatever transaction is committed on it (3.1). Raises `Duplicate` when that
+        transaction was message `m`'s: committed earlier, finished now."""
         if loaded is None:
             loaded = await self.store.load(partition, check)
         await self.hit("after_tr_load")
@@ -119,28 +103,58 @@ class TransactionalPath:
             loaded = await self.store.load(partition, check)
         return loaded
 
-    async def _run(self, stored: Envelope, message: Any, partition: str, loaded: Loaded
-                   ) -> None:
-        name, m, tr = self.endpoint, stored.message_id, loaded.tr
-        attempt = self.ids()
-        response = await self.caller.follow_up_response(stored, partition)
-        context = Context(message_id=m, attempt_id=attempt, now=self.clock.now(),
-                          http_response=response)
-        fields = attempt_fields(name, m, attempt, partition)
-        self.events.emit(HANDLER_INVOKED, **fields)
+    def begin(self, stored: Envelope, message: Any, partition: str, loaded: Loaded) -> Attempt:
+        """A new attempt at `stored` (a new attempt ID), checked against `loaded`."""
+        attempt_id = self.ids()
+        return Attempt(stored, message, partition, loaded, attempt_id,
+                       attempt_fields(self.endpoint, stored.message_id, attempt_id, partition))
+
+    async def decide(self, a: Attempt, response: HttpResponse | None = None,
+                     recheck: bool = True) -> Decision[Any]:
+        """The handler's decision for attempt `a` (`response`: an HTTP follow-up's). Raises
+        what `HandlerRunner.handle` raises; with `recheck`, the rejection re-check
+        (`HandlerRunner.decide`) first turns a failure on a state the partition has moved
+        past into `Conflict`. The batched path does without: a failure sends the message
+        to the single path, which re-checks."""
+        context = Context(message_id=a.stored.message_id, attempt_id=a.attempt_id,
+                          now=self.clock.now(), http_response=response)
+        self.events.emit(HANDLER_INVOKED, **a.fields)
+        if not recheck:
+            return self.runner.handle(a.loaded.state, a.message, context)
+        version = a.loaded.tr.version
 
         async def changed() -> bool:
-            return (await self.store.load_tr(partition)).version != tr.version
+            return (await self.store.load_tr(a.partition)).version != version
 
-        decision = await self.runner.decide(loaded.state, message, context, partition, changed)
+        return await self.runner.decide(a.loaded.state, a.message, context, a.partition,
+                                        changed)
+
+    async def prepare(self, a: Attempt, decision: Decision[Any],
+                      processed_row: ProcessedRow | None = None) -> CommitRequest:
+        """Register and create the decision's side effects (`Preparation`; raises
+        `Conflict`) and return the commit that makes them the partition's."""
+        prepared = await self.preparation.run(a.partition, a.loaded.tr.version, a.stored,
+                                              a.attempt_id, decision)
+        row = processed_row(a.stored, a.partition, prepared) if processed_row else None
+        return CommitRequest(a.partition, prepared.version, decision.state,
+                             a.stored.message_id, a.attempt_id, prepared.records,
+                             decision.reply, row, prepared.tokens)
+
+    async def run(self, stored: Envelope, message: Any, partition: str, loaded: Loaded,
+                  processed_row: ProcessedRow | None = None) -> None:
+        """One attempt at a message checked against `loaded`, from the handler to the
+        finish: decide, prepare, commit, finish. Raises `Conflict` when another attempt
+        moved the partition first, `PermanentError` or `TransientError`."""
+        a = self.begin(stored, message, partition, loaded)
+        response = await self.caller.follow_up_response(stored, partition)
+        decision = await self.decide(a, response)
         await self.hit("after_handler")
-        prepared = await self.preparation.run(partition, tr.version, stored, attempt, decision)
+        request = await self.prepare(a, decision, processed_row)
         await self.hit("before_commit")
-        committed = await self.store.commit(CommitRequest(
-            partition, prepared.version, decision.state, m, attempt, prepared.records,
-            decision.reply, self.processed_row(stored, partition, prepared), prepared.tokens))
-        self.events.emit(TRANSACTION_COMMITTED, **fields)
+        committed = await self.store.commit(request)
+        self.events.emit(TRANSACTION_COMMITTED, **a.fields)
         await self.hit("after_commit")
         # the commit returned what finish would read: nothing can add records while the TR
         # is committed, so the committer skips that read (a stale copy is fenced as usual)
-        await self.finisher.finish(partition, m, attempt, committed, fields)
+        await self.finisher.finish(partition, stored.message_id, a.attempt_id, committed,
+                                   a.fields)

@@ -33,7 +33,6 @@ from typing import Any
 
 from adapters.memory.broker import MemoryBroker
 from application.codec import to_jsonable
-from application.consumer import Consumer, Settlement
 from application.envelope import (
     REASON_HEADER,
     TOKEN_HEADER,
@@ -44,8 +43,10 @@ from application.envelope import (
     known_headers,
 )
 from application.errors import MalformedMessage
+from application.outcome import Outcome
 from application.ports import Clock
 from application.registry import Role
+from application.settlement import Consumer
 from application.strategy import Strategy
 from entrypoints.embedded import EmbeddedContainer
 from entrypoints.settings import Service, Settings
@@ -213,11 +214,11 @@ async def run_embedded(settings: Settings, service: Service, lines: Iterable[str
 async def _fill(report: EmbeddedReport, system: System, broker: MemoryBroker,
                 recording: _Recording, consumers: dict[str, Consumer],
                 refused: Counter[str]) -> None:
-    names = {str(s): 0 for s in Settlement}
+    names = {str(s): 0 for s in Outcome}
     for name, consumer in consumers.items():
         report.settled[name] = {**names, **{str(k): v for k, v in consumer.counts.items()}}
         # one vocabulary: what the source refuses before processing is dead-lettered too
-        report.settled[name][str(Settlement.DEAD_LETTERED)] += refused[name]
+        report.settled[name][str(Outcome.DEAD_LETTERED)] += refused[name]
     for name in system.registry.names():
         store: Any = system.stores[name]
         report.states[name] = {p: to_jsonable(s) for p, s in sorted(store.states().items())}

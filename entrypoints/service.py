@@ -20,8 +20,8 @@ from adapters.rabbitmq.connection import (
 )
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
-from application.consumer import Settlement
 from application.dead_letters import DeadLetters
+from application.outcome import Outcome
 from application.ports import DeadLetterStore
 from application.records import DeadLetterStatus
 from application.registry import Role
@@ -189,9 +189,9 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         except BrokerUnavailable as exc:
             lost = exc
             log.error("consumer.broker_unavailable", endpoint=endpoint, reason=str(exc))
-        settled = {str(s): consumer.counts[s] for s in Settlement}
+        settled = {str(s): consumer.counts[s] for s in Outcome}
         # one vocabulary: what the source dead-lettered before processing is dead-lettered
-        settled[str(Settlement.DEAD_LETTERED)] += source.dead_lettered
+        settled[str(Outcome.DEAD_LETTERED)] += source.dead_lettered
         log.info("consumer.stopped", endpoint=endpoint, **settled, restarts=source.restarts)
         for task in background:
             task.cancel()

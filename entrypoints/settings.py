@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from application.consumer import PREFETCH_IN_BATCHES
 from application.failpoints import parse
 from application.registry import Registry, RegistryError, Role
+from application.settlement import PREFETCH_IN_BATCHES
 from application.strategy import Strategy
 
 Profile = Literal["embedded", "local", "production"]

@@ -10,7 +10,6 @@ from datetime import timedelta
 
 from adapters.memory.http import InProcessHttp
 from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
-from application.consumer import Consumer
 from application.dead_letters import DeadLetters, EndpointAccess
 from application.failpoints import Failpoints
 from application.handler_runner import HandlerRunner
@@ -35,6 +34,7 @@ from application.ports import (
 )
 from application.processor import Processor
 from application.registry import Registration, Role
+from application.settlement import Consumer
 from application.side_effects import SideEffects
 from application.state_path import StateRetention
 from application.strategy import Strategy

@@ -185,18 +185,9 @@ class MemoryTransactionalStore(TransactionalStore):
         return Committed(p.tr.version,
                          tuple(p.records) + tuple(x for x in r.records if x.in_token))
 
-    async def clear(
-        self,
-        partition: str,
-        expected_version: int,
-        records: Sequence[SideEffectRecord],
-        aborted: Sequence[SideEffectRecord],
-        cleanup_due: datetime,
-        consume: uuid.UUID | None = None,
-    ) -> bool:
+    async def clear(self, clear: Clear) -> bool:
         await asyncio.sleep(0)
-        return self._clear(Clear(partition, expected_version, records, aborted, cleanup_due,
-                                 consume))
+        return self._clear(clear)
 
     async def clear_many(self, clears: Sequence[Clear]) -> list[bool]:
         await asyncio.sleep(0)

@@ -271,27 +271,21 @@ class PostgresTransactionalStore(TransactionalStore):
         cleared = {row["partition_key"] for row in rows}
         return [c.partition in cleared for c in clears]
 
-    async def clear(
-        self,
-        partition: str,
-        expected_version: int,
-        records: Sequence[SideEffectRecord],
-        aborted: Sequence[SideEffectRecord],
-        cleanup_due: datetime,
-        consume: uuid.UUID | None = None,
-    ) -> bool:
+    async def clear(self, clear: Clear) -> bool:
+        consume = clear.consume
         if consume is not None and not self.holds_tokens:
             raise ValueError("consume passed to clear, but the token store is not co-located")
-        records = _rows(records)
+        records, aborted = _rows(clear.records), clear.aborted
         async with translated():
             if consume is not None and not records and not aborted:  # the plain co-located case
                 return bool(await self.pool.fetchval(sql.CLEAR_CONSUMING, self.endpoint,
-                                                     partition, expected_version, consume))
+                                                     clear.partition, clear.expected_version,
+                                                     consume))
             cleared = await self.pool.fetchval(
-                sql.CLEAR, self.endpoint, partition, expected_version,
+                sql.CLEAR, self.endpoint, clear.partition, clear.expected_version,
                 [str(r.kind) for r in records], [r.key for r in records],
                 [str(r.kind) for r in aborted], [r.key for r in aborted],
-                [dict(r.payload) for r in aborted], cleanup_due, consume)
+                [dict(r.payload) for r in aborted], clear.cleanup_due, consume)
         return bool(cleared)
 
     async def processed(self, message_id: uuid.UUID, producer: str = ""

@@ -200,11 +200,12 @@ class TransactionalStoreContract:
         await store.commit(CommitRequest("p", v, Tally(), M, A, []))
         tr, records = await store.load_tr_with_records("p")
         due = clock.now() + timedelta(minutes=30)
-        assert not await store.clear("p", tr.version - 1, records, [loser], due)
-        assert await store.clear("p", tr.version, records, [loser], due)
+        assert not await store.clear(Clear("p", tr.version - 1, records, [loser], due))
+        assert await store.clear(Clear("p", tr.version, records, [loser], due))
         tr2, left = await store.load_tr_with_records("p")
         assert (tr2.message_id, tr2.version, left) == (None, tr.version + 1, ())
-        assert not await store.clear("p", tr.version, records, [loser], due)  # a stale finisher
+        # a stale finisher
+        assert not await store.clear(Clear("p", tr.version, records, [loser], due))
         assert await store.cleanup_count() == 1
         assert await store.due_cleanups(clock.now()) == []
         due_now = await store.due_cleanups(due)
@@ -244,7 +245,7 @@ class TransactionalStoreContract:
         assert [dict(o) for o in got.outgoing] == [{"message_id": str(B), "type": "T"}]
         assert got.body_sha256 == "ab" * 32  # a known ID with another body is told apart
         tr = await store.load_tr("p")
-        await store.clear("p", tr.version, [], [], clock.now())
+        await store.clear(Clear("p", tr.version, [], [], clock.now()))
         with pytest.raises(Conflict):  # positive proof: a message ID is processed once
             await store.commit(CommitRequest("p", tr.version + 1, Tally(), M, B, [], processed=row))
         clock.advance(timedelta(days=8))
@@ -314,11 +315,11 @@ class TransactionalStoreContract:
             tokens=[("audit", out)]))
         assert await tokens.exists("audit", out.message_id)  # addressed to its destination
         assert not await tokens.exists(me, out.message_id)
-        assert not await store.clear("p", committed.version - 1, committed.records, [],
-                                     clock.now(), consume=incoming.message_id)
+        assert not await store.clear(Clear("p", committed.version - 1, committed.records, [],
+                                     clock.now(), consume=incoming.message_id))
         assert await tokens.exists(me, incoming.message_id)  # a fenced-out clear consumes nothing
-        assert await store.clear("p", committed.version, committed.records, [], clock.now(),
-                                 consume=incoming.message_id)
+        assert await store.clear(Clear("p", committed.version, committed.records, [], clock.now(),
+                                 consume=incoming.message_id))
         assert not await tokens.exists(me, incoming.message_id)
         assert (await store.load("p", incoming.message_id)).token_exists is False
         await tokens.delete("audit", out.message_id)
@@ -334,8 +335,8 @@ class TransactionalStoreContract:
         assert loaded.token_exists is False
         committed = await store.commit(CommitRequest("p", loaded.tr.version, Tally(),
                                                      theirs.message_id, A))
-        assert await store.clear("p", committed.version, committed.records, [], clock.now(),
-                                 consume=theirs.message_id)
+        assert await store.clear(Clear("p", committed.version, committed.records, [], clock.now(),
+                                 consume=theirs.message_id))
         assert await tokens.exists("someone-else", theirs.message_id)
         await tokens.delete("someone-else", theirs.message_id)
 
@@ -455,7 +456,7 @@ class TransactionalStoreContract:
         assert seen((await store.load_tr_with_records("a"))[1]) == seen(
             [plain, held("a", 2, outs[1])])
         due = clock.now() + timedelta(minutes=30)
-        assert await store.clear("a", committed.version, committed.records, [], due)
+        assert await store.clear(Clear("a", committed.version, committed.records, [], due))
         assert (await store.load_tr_with_records("a"))[1] == ()
         assert await _record_rows(store) == 0
         assert await tokens.exists("audit", outs[1].message_id)  # the receiver's now

@@ -26,7 +26,7 @@ from application.codec import to_jsonable
 from application.envelope import REQUEST_URL_HEADER
 from application.errors import PermanentError, RequestDeleted, TransientError
 from application.http_caller import collect_response
-from application.processor import Outcome
+from application.outcome import Outcome
 from domain.context import HttpResponse
 from tests.support.callee import ACCOUNT, LIMIT, TOKEN, serve, withdrawal
 from tests.support.counters.endpoints import Account, Spend, Tally

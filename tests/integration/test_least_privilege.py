@@ -42,7 +42,7 @@ from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.rabbitmq.topology import declare
 from adapters.system.clock import ManualClock
 from application.envelope import Envelope
-from application.ports import CommitRequest
+from application.ports import Clear, CommitRequest
 from tests.support.counters.endpoints import Tally
 from tests.support.services import discover
 
@@ -238,8 +238,8 @@ async def test_migrations_run_as_the_owner_and_the_service_has_no_ddl(roles: Rol
         assert loaded.token_exists
         committed = await store.commit(CommitRequest("c1", loaded.tr.version, Tally(total=1),
                                                      incoming.message_id, uuid.uuid4()))
-        assert await store.clear("c1", committed.version, committed.records, [],
-                                 ManualClock().now(), consume=incoming.message_id)
+        assert await store.clear(Clear("c1", committed.version, committed.records, [],
+                                 ManualClock().now(), consume=incoming.message_id))
         assert await tokens.count() == 0
         for ddl in ("CREATE TABLE eo_intruder (i int)", "DROP TABLE eo_token",
                     "TRUNCATE eo_transaction_record", "ALTER TABLE eo_token ADD COLUMN x int",

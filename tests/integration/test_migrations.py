@@ -22,7 +22,7 @@ from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock
 from application.envelope import TOKEN_HEADER, Envelope
-from application.ports import CommitRequest
+from application.ports import Clear, CommitRequest
 from application.records import Kind, SideEffectRecord
 from application.side_effects import envelope_of, message_payload
 from tests.support.counter import Tally
@@ -88,7 +88,7 @@ async def _heap_only_updates(dsn: str, endpoint: str, messages: int,
             tr = await store.load_tr("p")
             committed = await store.commit(CommitRequest("p", tr.version, Tally(), uuid.uuid4(),
                                                          uuid.uuid4()))
-            assert await store.clear("p", committed.version, (), (), datetime.now(UTC))
+            assert await store.clear(Clear("p", committed.version, (), (), datetime.now(UTC)))
         after = await _update_counts(pool)
     finally:
         await pool.close()
@@ -236,8 +236,8 @@ async def test_0008_an_older_worker_cannot_clear_what_tokens_stand_for() -> None
                                     incoming.message_id)
             assert (await store.load_tr("p")).message_id == incoming.message_id
             assert await tokens.exists("ledger", incoming.message_id)  # nothing consumed
-            assert await store.clear("p", committed.version, committed.records, [],
-                                     clock.now(), incoming.message_id)
+            assert await store.clear(Clear("p", committed.version, committed.records, [],
+                                     clock.now(), incoming.message_id))
             assert not await tokens.exists("ledger", incoming.message_id)
             # without records in tokens the older clear is as it always was
             await tokens.create("ledger", [incoming])

@@ -38,8 +38,9 @@ from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Crash, MessageIdReused, TransientError
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, CountingSink
+from application.outcome import Outcome
 from application.ports import Ports
-from application.processor import Outcome, Processor
+from application.processor import Processor
 from application.strategy import Strategy
 from application.sweeper import Sweeper
 from domain.context import Context

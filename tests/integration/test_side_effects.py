@@ -30,12 +30,12 @@ from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import ManualClock, SeededIds
 from application.assembly import build_processor
 from application.codec import decode
-from application.consumer import Settlement
 from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, RequestDeleted
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT, CountingSink
-from application.processor import Outcome, Processor
+from application.outcome import Outcome
+from application.processor import Processor
 from application.strategy import Strategy
 from entrypoints.callee_app import create_callee_app
 from entrypoints.settings import load_settings, resolve_service
@@ -240,7 +240,7 @@ async def test_crash_after_put_leaves_a_request_the_next_winner_deletes(
         assert await w.blobs.keys() == list(w.tally().receipts) != [orphan]
 
         follow_up = await take(w.broker, "counter")
-        assert await w.system.consumer("counter").settle(follow_up) is Settlement.PROCESSED
+        assert await w.system.consumer("counter").settle(follow_up) is Outcome.PROCESSED
         assert w.balance() == 500 - AMOUNT
         await _assert_settled(w, debited=True)
 
@@ -257,12 +257,12 @@ async def test_a_reply_lost_after_the_callee_commit_is_the_same_on_retry(
         assert await w.system.processor("counter").process(spend) is Outcome.PROCESSED
         consumer = w.system.consumer("counter")
         lost = await take(w.broker, "counter")
-        assert await consumer.settle(lost) is Settlement.RETRIED  # 503: delayed redelivery
+        assert await consumer.settle(lost) is Outcome.RETRIED  # 503: delayed redelivery
         assert (w.runs(), w.balance()) == (1, 500 - AMOUNT)  # committed before the loss
         assert w.tally().spent == ()
         retry = await take(w.broker, "counter")
         assert retry.envelope.message_id == lost.envelope.message_id
-        assert await consumer.settle(retry) is Settlement.PROCESSED
+        assert await consumer.settle(retry) is Outcome.PROCESSED
         assert (w.runs(), w.balance()) == (1, 500 - AMOUNT)
         await _assert_settled(w, debited=True)
 
@@ -328,7 +328,7 @@ async def test_crash_after_the_follow_up_commit_still_deletes_the_request(
         assert broker.drop_consumer("worker-1") == 1
         redelivered = await take(broker, "counter", "worker-2")
         assert redelivered.envelope == delivery.envelope
-        assert await w.system.consumer("counter").settle(redelivered) is Settlement.DUPLICATE
+        assert await w.system.consumer("counter").settle(redelivered) is Outcome.DUPLICATE
         assert w.runs("counter") == counter_runs  # finished, not handled again
         assert request_id not in w.requests.requests  # DELETE sent over HTTP
         assert request_id in w.requests.tombstones

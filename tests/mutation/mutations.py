@@ -241,12 +241,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="token-consumed-before-publication",
         guard="3.1: the incoming token is deleted after every side effect is published",
         file="application/finisher.py",
-        before="""        await self._publish(winners, fields)
-""",
-        after="""        if self._tokens is not None and not self._colocated:
-            await self._tokens.delete(message_id)
-        await self._publish(winners, fields)
-""",
+        before="""        fp, ev = self._fp, self._events
+        if not batched:""",
+        after="""        fp, ev = self._fp, self._events
+        if self._tokens is not None and not self._colocated:
+            await self._tokens.delete(plans[0].message_id)
+        if not batched:""",
         killers=(f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
                  "a_second_handler_run",),
         invariants=("I6",)),
@@ -255,7 +255,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1: finish consumes the incoming token (deduplication state bounded by the "
               "messages in flight)",
         file="application/finisher.py",
-        before="""                await self._tokens.delete(message_id)  # consume: the last publication step""",
+        before="""                await self._tokens.delete(plan.message_id)  # consume: the last publication step""",
         after="""                pass""",
         killers=(f"{_FAILURE_TABLE}::test_crash_before_anything_durable_leaves_nothing",),
         invariants=("I9",)),
@@ -402,7 +402,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="transient-failure-acked",
         guard="7: a transient failure is retried, then dead-lettered with a reason, never "
               "dropped",
-        file="application/consumer.py",
+        file="application/settlement.py",
         before="""                await delivery.retry(delay, reason)
             except TransientError as exc:  # the broker redelivers it: a retry all the same""",
         after="""                await delivery.ack()
@@ -457,10 +457,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1 (batched): every output of the batch is published and confirmed before "
               "its tokens are consumed",
         file="application/finisher.py",
-        before="""        outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),""",
-        after="""        await self._store.clear_many([
-            Clear(p, c.version, c.records, [], self._clock.now(), m) for p, m, _, c in done])
-        outcomes = await asyncio.gather(*(self._publish(w, f) for f, w, _ in plans),""",
+        before="""            outcomes = await asyncio.gather(*(self._publish(p.winners, p.fields) for p in plans),""",
+        after="""            await self._store.clear_many([Clear(p.clear.partition, p.clear.expected_version,
+                                                p.clear.records, [], self._clock.now(),
+                                                p.message_id) for p in plans])
+            outcomes = await asyncio.gather(*(self._publish(p.winners, p.fields) for p in plans),""",
         killers=(f"{_BATCH}::test_a_batch_costs_one_statement_per_step_for_all_its_messages",),
         invariants=("I6",), rows=("token-delete",)),
     Mutation(
@@ -478,10 +479,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1 (co-located): no token means duplicate (at the read with the TR and at "
               "the re-check)",
         file="application/token_path.py",
-        before="""            stored = loaded.token
-            if stored is None:""",
-        after="""            stored = loaded.token or envelope
-            if stored is None:""",
+        before="""                stored = loaded.token
+                if stored is None:""",
+        after="""                stored = loaded.token or envelope
+                if stored is None:""",
         also=(("application/token_path.py", """        if not exists:
             raise Duplicate""", """        if False:
             raise Duplicate"""),),

@@ -11,8 +11,8 @@ import asyncpg
 import typer
 from rich.console import Console
 
-from application.consumer import PREFETCH_IN_BATCHES
 from application.errors import TransientError
+from application.settlement import PREFETCH_IN_BATCHES
 from entrypoints.settings import SINGLE_PREFETCH, SettingsError, load_settings
 from tools.guard import refuse_production
 

@@ -132,7 +132,7 @@ async def run_minimal(amqp_url: str, pool: Any, work: str, sink: str,
         queue = await consuming.declare_queue(work, passive=True)
         waiting: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         await queue.consume(waiting.put)
-        # the template's rule (application.consumer.batches_in_flight): one batch's worth
+        # the template's rule (application.settlement.batches_in_flight): one batch's worth
         # of the prefetch waits, so that a batch starting when another ends is full
         slots = asyncio.Semaphore(max(1, in_flight // batch_size - 1))
         tasks: set[asyncio.Task[None]] = set()

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from application.consumer import PREFETCH_IN_BATCHES
+from application.settlement import PREFETCH_IN_BATCHES
 from entrypoints.settings import SINGLE_PREFETCH
 
 #: The references every path is compared with (tools/bench/references.py).

@@ -108,8 +108,8 @@ async def _token(pool: Any, meter: _Meter, accounts: list[str], batch_size: int)
             [account], [m] = batch, incoming
             loaded = await meter.step("load", store.load(account, m))
             done = await meter.step("commit", store.commit(_request(loaded, m, account, now)))
-            await meter.step("clear", store.clear(account, done.version, done.records, (), due,
-                                                  m))
+            await meter.step("clear", store.clear(Clear(account, done.version, done.records,
+                                                        (), due, m)))
             continue
         loads = await meter.step("load", store.load_many(batch, incoming))
         requests = [_request(x, m, a, now) for x, m, a in zip(loads, incoming, batch,

@@ -30,9 +30,9 @@ from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.system.clock import SystemClock
 from application.assembly import build_processor
-from application.consumer import Consumer
 from application.observability import CountingSink
 from application.ports import Ports
+from application.settlement import Consumer
 from application.strategy import Strategy
 from tools.bench import endpoint as bench
 from tools.bench import references

@@ -15,10 +15,10 @@ from typing import Any
 
 from adapters.memory.broker import MemoryBroker
 from application.codec import encode
-from application.consumer import Consumer
 from application.envelope import Envelope
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
 from application.ports import Clock
+from application.settlement import Consumer
 from domain.sample.payments import open_account
 from entrypoints.system import System
 from tools.tpch.data import TpchSample

@@ -59,7 +59,7 @@ from application.envelope import (
     Envelope,
 )
 from application.errors import PermanentError
-from application.processor import Outcome
+from application.outcome import Outcome
 from domain.context import Context
 from domain.sample import ledger as ledger_domain
 from domain.sample import orders as orders_domain

@@ -18,12 +18,12 @@ from adapters.memory.token_store import MemoryTokenStore
 from adapters.system.clock import ManualClock, SeededIds
 from application.assembly import build_processor
 from application.codec import encode
-from application.consumer import Consumer
 from application.envelope import TOKEN_HEADER, Envelope
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
 from application.observability import HANDLER_INVOKED, CountingSink
 from application.processor import Processor
+from application.settlement import Consumer
 from application.sweeper import Sweeper
 from entrypoints.embedded import EmbeddedContainer
 from entrypoints.settings import load_settings, resolve_service

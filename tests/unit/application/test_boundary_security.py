@@ -24,7 +24,7 @@ import pytest
 from application.codec import decode, encode
 from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
 from application.errors import MessageIdReused, StateTooLarge
-from application.processor import Outcome
+from application.outcome import Outcome
 from tests.support.counters.endpoints import Add, AuditLog, Reported, Spend, Tally
 from tests.support.counters.harness import counters, outside_envelope, take, token_envelope
 

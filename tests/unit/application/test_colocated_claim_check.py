@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 from application.codec import encode
 from application.envelope import Envelope
-from application.processor import Outcome
+from application.outcome import Outcome
 from tests.support.counter import PLAIN_COUNTER, Add
 from tests.support.invariants import check, install_probes
 from tests.support.world import World

@@ -1,4 +1,4 @@
-"""Settlement of deliveries (protocol 7) on the memory broker: ack, retry, dead-letter."""
+"""Outcome of deliveries (protocol 7) on the memory broker: ack, retry, dead-letter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.codec import encode
-from application.consumer import Consumer, Settlement, batches_in_flight
 from application.envelope import (
     ATTEMPTS_HEADER,
     ENDPOINT_HEADER,
@@ -23,7 +22,8 @@ from application.envelope import (
 )
 from application.errors import PermanentError, TransientError
 from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, CountingSink
-from application.processor import Outcome
+from application.outcome import Outcome
+from application.settlement import Consumer, batches_in_flight
 from domain.errors import Rejected
 from tests.support.counter import COUNTER, PLAIN_COUNTER, Add
 from tests.support.invariants import check
@@ -51,13 +51,13 @@ def _consumer(world: World, failpoints: str | None = None, max_attempts: int = 5
     return Consumer(world.processor(failpoints), max_attempts=max_attempts, retry_delays=FAST)
 
 
-async def _settle_until_done(consumer: Consumer, broker: MemoryBroker) -> list[Settlement]:
+async def _settle_until_done(consumer: Consumer, broker: MemoryBroker) -> list[Outcome]:
     """Take and settle deliveries until one is not retried (what a live consumer does)."""
     settlements = []
     while True:
         settlement = await consumer.settle(await _take(broker))
         settlements.append(settlement)
-        if settlement is not Settlement.RETRIED:
+        if settlement is not Outcome.RETRIED:
             return settlements
 
 
@@ -66,11 +66,11 @@ async def test_processed_delivery_is_acked() -> None:
     await _deliver(broker, await world.send(Add("p", 1), M1))
     consumer = _consumer(world)
     assert not broker.idle()
-    assert await consumer.settle(await _take(broker)) is Settlement.PROCESSED
+    assert await consumer.settle(await _take(broker)) is Outcome.PROCESSED
     assert broker.idle()
     assert broker.depth(QUEUE) == 0
     assert not broker.dead_letters[QUEUE]
-    assert consumer.counts == {Settlement.PROCESSED: 1}
+    assert consumer.counts == {Outcome.PROCESSED: 1}
 
 
 async def test_duplicate_delivery_is_acked() -> None:
@@ -79,10 +79,10 @@ async def test_duplicate_delivery_is_acked() -> None:
     await _deliver(broker, envelope)
     await _deliver(broker, envelope)
     consumer = _consumer(world)
-    assert await consumer.settle(await _take(broker)) is Settlement.PROCESSED
-    assert await consumer.settle(await _take(broker)) is Settlement.DUPLICATE
+    assert await consumer.settle(await _take(broker)) is Outcome.PROCESSED
+    assert await consumer.settle(await _take(broker)) is Outcome.DUPLICATE
     assert broker.idle()
-    assert consumer.counts == {Settlement.PROCESSED: 1, Settlement.DUPLICATE: 1}
+    assert consumer.counts == {Outcome.PROCESSED: 1, Outcome.DUPLICATE: 1}
     assert check(world, {M1}) == []
 
 
@@ -115,7 +115,7 @@ async def test_permanent_errors_are_dead_lettered_with_reason_endpoint_and_attem
     await world.tokens.create(world.endpoint.name, [envelope])
     await _deliver(broker, envelope)
     consumer = _consumer(world)
-    assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    assert await consumer.settle(await _take(broker)) is Outcome.DEAD_LETTERED
     (dead,) = broker.dead_letters[QUEUE]
     assert dead.message_id == envelope.message_id
     assert dead.body == envelope.body
@@ -125,7 +125,7 @@ async def test_permanent_errors_are_dead_lettered_with_reason_endpoint_and_attem
     # the token stays: a replay is processed normally
     assert await world.tokens.exists(world.endpoint.name, M1)
     assert broker.idle()
-    assert consumer.counts == {Settlement.DEAD_LETTERED: 1}
+    assert consumer.counts == {Outcome.DEAD_LETTERED: 1}
     assert world.events.total(MESSAGE_DEAD_LETTERED) == 1
 
 
@@ -135,11 +135,11 @@ async def test_a_replayed_dead_letter_is_processed_normally() -> None:
     await _deliver(broker, envelope)
     assert (
         await _consumer(world, "after_handler=raise", max_attempts=1).settle(await _take(broker))
-        is Settlement.DEAD_LETTERED
+        is Outcome.DEAD_LETTERED
     )
     (dead,) = broker.dead_letters[QUEUE]
     await _deliver(broker, dead)  # replay from the dead-letter queue
-    assert await _consumer(world).settle(await _take(broker)) is Settlement.PROCESSED
+    assert await _consumer(world).settle(await _take(broker)) is Outcome.PROCESSED
     assert world.store.partitions["p"].state.total == 1
 
 
@@ -166,7 +166,7 @@ async def test_a_handler_rejection_or_failure_is_dead_lettered_at_once(
     envelope = await world.send(Add("p", 1), M1)
     await _deliver(broker, envelope)
     consumer = _consumer(world)
-    assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    assert await consumer.settle(await _take(broker)) is Outcome.DEAD_LETTERED
     (dead,) = broker.dead_letters[QUEUE]
     assert dead.headers[REASON_HEADER] == reason
     assert dead.headers[ATTEMPTS_HEADER] == "1"
@@ -180,7 +180,7 @@ async def test_transient_error_is_retried_later_then_processed() -> None:
     consumer = _consumer(world, "before_commit=raise@1")
     first = await _take(broker)
     assert first.attempt == 1
-    assert await consumer.settle(first) is Settlement.RETRIED
+    assert await consumer.settle(first) is Outcome.RETRIED
     assert broker.depth(QUEUE) == 0  # not at once: through the delayed-retry queue
     assert not broker.idle()  # a delayed retry is pending
     second = await _take(broker)
@@ -188,9 +188,9 @@ async def test_transient_error_is_retried_later_then_processed() -> None:
     assert [getattr(second.envelope, f) for f in same] == [getattr(first.envelope, f) for f in same]
     assert second.attempt == 2
     assert second.envelope.header("eo-retry-reason") == "TransientError: failpoint before_commit"
-    assert await consumer.settle(second) is Settlement.PROCESSED
+    assert await consumer.settle(second) is Outcome.PROCESSED
     assert broker.idle()
-    assert consumer.counts == {Settlement.RETRIED: 1, Settlement.PROCESSED: 1}
+    assert consumer.counts == {Outcome.RETRIED: 1, Outcome.PROCESSED: 1}
     assert world.events.total(MESSAGE_RETRIED) == 1
     await world.quiesce()
     assert check(world, {M1}) == []
@@ -212,7 +212,7 @@ async def test_retry_delays_follow_the_attempt_and_the_last_one_repeats() -> Non
     await _deliver(broker, await world.send(Add("p", 1), M1))
     consumer = Consumer(world.processor("before_commit=raise"), 4, retry_delays=(0.001, 0.002))
     settlements = await _settle_until_done(consumer, broker)
-    assert settlements[-1] is Settlement.DEAD_LETTERED
+    assert settlements[-1] is Outcome.DEAD_LETTERED
     retried = [fields for event, fields in recorder.events if event == MESSAGE_RETRIED]
     assert [(f["attempt"], f["delay_s"]) for f in retried] == [(1, 0.001), (2, 0.002), (3, 0.002)]
     assert all(str(f["reason"]).startswith("TransientError") for f in retried)
@@ -226,7 +226,7 @@ async def test_transient_on_every_attempt_is_dead_lettered_after_max_attempts(
     await _deliver(broker, await world.send(Add("p", 1), M1))
     consumer = _consumer(world, "before_commit=raise", max_attempts=max_attempts)
     settlements = await _settle_until_done(consumer, broker)
-    assert settlements == [Settlement.RETRIED] * (max_attempts - 1) + [Settlement.DEAD_LETTERED]
+    assert settlements == [Outcome.RETRIED] * (max_attempts - 1) + [Outcome.DEAD_LETTERED]
     (dead,) = broker.dead_letters[QUEUE]
     assert dead.headers[REASON_HEADER].startswith("retries exhausted")
     assert "TransientError: failpoint before_commit" in dead.headers[REASON_HEADER]
@@ -253,8 +253,8 @@ async def test_an_unexpected_adapter_error_is_retried_not_lost() -> None:
 
     world.tokens.get = flaky_get  # type: ignore[method-assign]
     assert await _settle_until_done(consumer, broker) == [
-        Settlement.RETRIED,
-        Settlement.PROCESSED,
+        Outcome.RETRIED,
+        Outcome.PROCESSED,
     ]
 
 
@@ -273,10 +273,10 @@ async def test_counts_add_up_to_the_deliveries() -> None:
     assert settled == len(deliveries) + 1  # one retry
     assert sum(consumer.counts.values()) == settled
     assert consumer.counts == {
-        Settlement.PROCESSED: 4,
-        Settlement.DUPLICATE: 2,
-        Settlement.RETRIED: 1,
-        Settlement.DEAD_LETTERED: 1,
+        Outcome.PROCESSED: 4,
+        Outcome.DUPLICATE: 2,
+        Outcome.RETRIED: 1,
+        Outcome.DEAD_LETTERED: 1,
     }
 
 
@@ -315,7 +315,7 @@ async def test_serve_with_prefetch_settles_everything_and_bounds_concurrency() -
     stream = _first(len(deliveries), broker.consume(QUEUE, "server"))
     await asyncio.wait_for(consumer.serve(stream, prefetch=3), 5.0)
     assert broker.idle()  # serve waited for the deliveries in flight before returning
-    assert consumer.counts == {Settlement.PROCESSED: 12, Settlement.DUPLICATE: 4}
+    assert consumer.counts == {Outcome.PROCESSED: 12, Outcome.DUPLICATE: 4}
     assert 1 < peak <= 3
     await world.quiesce()
     assert check(world, {e.message_id for e in envelopes}) == []
@@ -346,7 +346,7 @@ async def test_serve_raises_the_source_error_after_the_deliveries_in_flight_sett
 
     with pytest.raises(Gone):
         await asyncio.wait_for(consumer.serve(failing(), prefetch=3), 5.0)
-    assert consumer.counts == {Settlement.PROCESSED: 3}
+    assert consumer.counts == {Outcome.PROCESSED: 3}
     assert broker.idle()
 
 
@@ -438,8 +438,8 @@ async def test_serve_in_batches_settles_each_delivery_by_its_own_outcome() -> No
     stream = _first(len(deliveries), broker.consume(QUEUE, "server"))
     await asyncio.wait_for(consumer.serve(stream, prefetch=10), 5.0)
     assert broker.idle()
-    assert consumer.counts == {Settlement.PROCESSED: 12, Settlement.DUPLICATE: 4,
-                               Settlement.DEAD_LETTERED: 1}
+    assert consumer.counts == {Outcome.PROCESSED: 12, Outcome.DUPLICATE: 4,
+                               Outcome.DEAD_LETTERED: 1}
     assert max(sizes) == 5
     assert sum(sizes) == len(deliveries)
     assert [e.message_id for e in broker.dead_letters[QUEUE]] == [bad.message_id]
@@ -464,7 +464,7 @@ async def test_a_batch_takes_what_arrives_within_the_batch_wait(
 
     await asyncio.wait_for(consumer.serve(trickle(), prefetch=8), 5.0)
     assert sizes == expected
-    assert consumer.counts == {Settlement.PROCESSED: 2}
+    assert consumer.counts == {Outcome.PROCESSED: 2}
 
 
 async def test_a_batchs_worth_of_the_prefetch_waits_so_the_batches_stay_full() -> None:
@@ -493,7 +493,7 @@ async def test_a_batchs_worth_of_the_prefetch_waits_so_the_batches_stay_full() -
     await asyncio.wait_for(consumer.serve(stream, prefetch=6), 5.0)
     assert (most, batches_in_flight(6, 2)) == (2, 2)
     assert sizes == [2] * 6
-    assert consumer.counts == {Settlement.PROCESSED: 12}
+    assert consumer.counts == {Outcome.PROCESSED: 12}
     assert [batches_in_flight(p, 50) for p in (1, 50, 100, 149, 150, 200)] == [1, 1, 1, 1, 2, 3]
 
 
@@ -507,7 +507,7 @@ async def test_an_endpoint_without_a_batched_path_serves_one_by_one() -> None:
     assert not consumer.batches  # so its default prefetch is 8 (Settings.prefetch_for)
     await asyncio.wait_for(consumer.serve(_first(3, broker.consume(QUEUE, "server")), 8), 5.0)
     assert sizes == []
-    assert consumer.counts == {Settlement.PROCESSED: 3}
+    assert consumer.counts == {Outcome.PROCESSED: 3}
 
 
 def test_a_batch_size_below_one_is_refused() -> None:
@@ -575,4 +575,4 @@ async def test_a_failed_settlement_names_what_failed(result: Outcome | Exception
                          if r[0] == "message.settlement_failed"]
     assert fields["settlement"] == settlement
     assert fields["message_id"] == str(M1)
-    assert consumer.counts == {Settlement.UNSETTLED: 1}
+    assert consumer.counts == {Outcome.UNSETTLED: 1}

@@ -14,10 +14,10 @@ from datetime import timedelta
 import pytest
 
 from adapters.memory.dead_letter_store import MemoryDeadLetterStore, collect
-from application.consumer import Settlement
 from application.dead_letters import DeadLetters
 from application.errors import Crash
 from application.observability import DEAD_LETTER_DISCARDED, DEAD_LETTER_REPLAYED
+from application.outcome import Outcome
 from application.ports import DeadLetterQuery
 from application.records import DeadLetter, DeadLetterStatus
 from tests.support.counters.endpoints import Add, Spend, Tally
@@ -55,7 +55,7 @@ class Desk:
         consumer.processor = self.c.worker(endpoint, failpoints)
         consumer.max_attempts = 1
         assert await consumer.settle(await take(self.c.broker, endpoint)) is (
-            Settlement.DEAD_LETTERED)
+            Outcome.DEAD_LETTERED)
         await self.kept()
         return envelope.message_id
 
@@ -68,7 +68,7 @@ class Desk:
         (letter,) = await self.store.find(DeadLetterQuery(status=None))
         return letter
 
-    async def deliver(self, endpoint: str = "counter") -> Settlement:
+    async def deliver(self, endpoint: str = "counter") -> Outcome:
         """One delivery of `endpoint`'s queue to a healthy consumer (the cause fixed)."""
         return await self.c.consumer(endpoint).settle(await take(self.c.broker, endpoint))
 
@@ -84,7 +84,7 @@ async def test_a_replay_after_the_fix_is_processed_once_then_refused() -> None:
     assert await desk.ops.token_exists(letter)  # a dead letter keeps its token
     result = await desk.ops.replay(letter.dead_letter_id, "alice")
     assert result.done, result.detail
-    assert await desk.deliver() is Settlement.PROCESSED  # the cause is fixed: processed once
+    assert await desk.deliver() is Outcome.PROCESSED  # the cause is fixed: processed once
     assert desk.c.state("counter", "c1").total == 4
     assert not await desk.c.tokens.exists("counter", m)
     again = await desk.ops.replay(letter.dead_letter_id, "bob")
@@ -99,11 +99,11 @@ async def test_a_replay_of_a_message_processed_meanwhile_is_dropped_as_a_duplica
     m = await desk.dead_letter(Add("c1", 4))
     copy = token_envelope(Add("c1", 4), m)  # another copy of it, delivered after the fix
     desk.c.broker.publish("counter", copy)
-    assert await desk.deliver() is Settlement.PROCESSED
+    assert await desk.deliver() is Outcome.PROCESSED
     result = await desk.ops.replay((await desk.only()).dead_letter_id, "alice")
     assert result.done
     assert "its token is gone" in result.detail
-    assert await desk.deliver() is Settlement.DUPLICATE
+    assert await desk.deliver() is Outcome.DUPLICATE
     assert desk.c.state("counter", "c1").total == 4  # once
 
 
@@ -168,7 +168,7 @@ async def test_a_message_dead_lettered_again_keeps_one_entry_with_its_history() 
     consumer.processor = desk.c.worker("counter", FAILING)  # not fixed after all
     consumer.max_attempts = 1
     assert await consumer.settle(await take(desk.c.broker, "counter")) is (
-        Settlement.DEAD_LETTERED)
+        Outcome.DEAD_LETTERED)
     await desk.kept()
     again = await desk.only()
     assert (again.dead_letter_id, again.message_id, again.status) == (
@@ -197,7 +197,7 @@ async def test_a_clipped_dead_letter_cannot_be_replayed_but_can_be_discarded() -
     envelope = replace(token_envelope(Add("c1", 1), uuid.uuid4()), body=b"not json")
     await desk.c.tokens.create("counter", [envelope])  # its sender's bug: the token holds it
     desk.c.broker.publish("counter", envelope)
-    assert await desk.deliver() is Settlement.DEAD_LETTERED  # malformed: clipped body
+    assert await desk.deliver() is Outcome.DEAD_LETTERED  # malformed: clipped body
     await desk.kept()
     letter = await desk.only()
     assert not letter.replayable
@@ -218,13 +218,13 @@ async def test_a_discarded_follow_up_deletes_its_request_stored_on_the_callee() 
     spend = token_envelope(Spend("c1", 100), uuid.uuid4())
     await desk.c.tokens.create("counter", [spend])
     desk.c.broker.publish("counter", spend)
-    assert await desk.deliver() is Settlement.PROCESSED  # the request is on the bank now
+    assert await desk.deliver() is Outcome.PROCESSED  # the request is on the bank now
     assert desk.c.requests.requests
     consumer = desk.c.consumer("counter")
     consumer.processor = desk.c.worker("counter", FAILING)  # the follow-up fails
     consumer.max_attempts = 1
     assert await consumer.settle(await take(desk.c.broker, "counter")) is (
-        Settlement.DEAD_LETTERED)
+        Outcome.DEAD_LETTERED)
     await desk.kept()
     letter = await desk.only()
     assert letter.type == "Spent"

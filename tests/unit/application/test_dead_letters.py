@@ -13,7 +13,6 @@ import pytest
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.codec import encode
-from application.consumer import Consumer, Settlement
 from application.envelope import (
     BODY_BYTES_HEADER,
     BODY_SHA256_HEADER,
@@ -25,6 +24,8 @@ from application.envelope import (
     admitted,
 )
 from application.observability import MESSAGE_DEAD_LETTERED
+from application.outcome import Outcome
+from application.settlement import Consumer
 from tests.support.counter import COUNTER
 from tests.support.counters import endpoints as counters
 from tests.support.world import World
@@ -57,7 +58,7 @@ async def test_a_malformed_bodys_dead_letter_is_clipped_with_its_size_and_digest
     world, broker = World(COUNTER), MemoryBroker()
     body = b'{"partition": "p", "amount": "' + b"9" * 10_000 + b'x"}'
     await _sent(world, broker, "Add", body)
-    assert await _consumer(world).settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    assert await _consumer(world).settle(await _take(broker)) is Outcome.DEAD_LETTERED
     (dead,) = broker.dead_letters[QUEUE]
     assert dead.body == body[:LIMIT]
     assert dead.headers[BODY_BYTES_HEADER] == str(len(body))
@@ -70,7 +71,7 @@ async def test_a_rejected_message_keeps_its_whole_body_for_a_replay() -> None:
     world, broker = World(counters.COUNTER), MemoryBroker()
     body = encode(counters.Add("c" * 500, -1))  # valid, refused by the handler
     await _sent(world, broker, "Add", body)
-    assert await _consumer(world).settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    assert await _consumer(world).settle(await _take(broker)) is Outcome.DEAD_LETTERED
     (dead,) = broker.dead_letters[QUEUE]
     assert dead.body == body
     assert BODY_BYTES_HEADER not in dead.headers
@@ -84,7 +85,7 @@ async def test_a_full_dead_letter_queue_holds_the_dead_letter_until_there_is_roo
     await _sent(world, broker, "Add", b'{"also": "not an Add", "pad": "' + b"x" * 40 + b'"}')
     third = await _sent(world, broker, "Add", b"neither")
     consumer = _consumer(world)
-    assert await consumer.settle(await _take(broker)) is Settlement.DEAD_LETTERED
+    assert await consumer.settle(await _take(broker)) is Outcome.DEAD_LETTERED
     waiting = asyncio.create_task(consumer.settle(await _take(broker)))  # refused: full
     await asyncio.sleep(0.05)
     assert not waiting.done()
@@ -93,12 +94,12 @@ async def test_a_full_dead_letter_queue_holds_the_dead_letter_until_there_is_roo
         await asyncio.wait_for(anext(broker.consume(QUEUE, "c2")), 0.1)
     assert len(broker.dead_letters[QUEUE]) == 1
     broker.dead_letters[QUEUE].clear()  # an operator drained the dead-letter queue
-    assert await asyncio.wait_for(waiting, 2.0) is Settlement.DEAD_LETTERED
+    assert await asyncio.wait_for(waiting, 2.0) is Outcome.DEAD_LETTERED
     assert not broker.blocked(QUEUE)
     later = await _take(broker)
     assert later.envelope.message_id == third.message_id
     broker.dead_letters[QUEUE].clear()  # (the second's copy fills the queue again)
-    assert await consumer.settle(later) is Settlement.DEAD_LETTERED
+    assert await consumer.settle(later) is Outcome.DEAD_LETTERED
     assert world.events.total(MESSAGE_DEAD_LETTERED) == 3
     assert broker.idle()
 

@@ -10,7 +10,7 @@ import pytest
 
 from application.errors import Crash, TransientError
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
-from application.processor import Outcome
+from application.outcome import Outcome
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
 from tests.support.world import World

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from application.consumer import Consumer, Settlement
-from application.processor import Outcome, Processor
+from application.outcome import Outcome
+from application.processor import Processor
+from application.settlement import Consumer
 from tests.unit.application.test_http_protocol import (
     _open,
     _spend,
@@ -50,7 +51,7 @@ async def test_a_follow_up_copy_that_meets_the_deleted_request_is_a_duplicate() 
     settling = asyncio.create_task(second.settle(copy))
     await asyncio.sleep(0.02)
     first = asyncio.create_task(worker("after_delete=sleep:300").process(follow_up))
-    assert await settling is Settlement.DUPLICATE, copy.settled
+    assert await settling is Outcome.DUPLICATE, copy.settled
     assert await first is Outcome.PROCESSED
     assert _tally(system).spent == (100,)
     assert await system.requests.count() == 0

@@ -12,12 +12,13 @@ import pytest
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.assembly import build_callee
 from application.codec import decode, encode
-from application.consumer import Consumer, Settlement
 from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, PermanentError, TransientError
 from application.http_caller import collect_response
+from application.outcome import Outcome
 from application.ports import HttpResult
-from application.processor import Outcome, Processor
+from application.processor import Processor
+from application.settlement import Consumer
 from domain.context import HttpResponse
 from tests.support.counters.endpoints import BANK, Reported, Spend, Tally, Withdraw
 from tests.support.counters.harness import Counters, counters, take, token_envelope
@@ -462,7 +463,7 @@ async def test_crash_after_the_follow_up_commit_still_deletes_the_request_on_red
     redelivered = await _take(system.broker, "counter", "worker-2")
     assert redelivered.envelope == delivery.envelope
     survivor = system.consumer("counter")
-    assert await survivor.settle(redelivered) is Settlement.DUPLICATE
+    assert await survivor.settle(redelivered) is Outcome.DUPLICATE
     assert not system.requests.requests
     assert request_id in system.requests.tombstones
     assert len(await _audit(system)) == 1

@@ -3,13 +3,14 @@ schedule with bounded preemptions and crashes, I1-I9 checked on each (protocol 3
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from application.errors import PermanentError, TransientError
 from application.finisher import Finisher
-from application.ports import Committed
+from application.ports import Clear, Committed
 from application.processor import Processor
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
@@ -121,7 +122,7 @@ class UnfencedFinisher(Finisher):
         if self._tokens is not None:
             await self._tokens.delete(message_id)
         current = await store.load_tr(partition)
-        await store.clear(partition, current.version, records, aborted, self._clock.now())
+        await store.clear(Clear(partition, current.version, records, aborted, self._clock.now()))
         return True
 
 
@@ -152,9 +153,9 @@ class HalfFencedFinisher(Finisher):
 class ClearWithoutCompare(MemoryTransactionalStore):
     """The other half removed: the clear ignores the version its caller read."""
 
-    async def clear(self, partition, expected_version, *args, **kwargs):  # type: ignore[no-untyped-def]
-        current = self._partition(partition).tr.version
-        return await super().clear(partition, current, *args, **kwargs)
+    async def clear(self, clear: Clear) -> bool:
+        current = self._partition(clear.partition).tr.version
+        return await super().clear(dataclasses.replace(clear, expected_version=current))
 
 
 #: Three workers (two copies and the partition's next message) scheduled at the partition

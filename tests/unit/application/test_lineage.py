@@ -15,7 +15,7 @@ from application.envelope import (
     ORIGIN_PRODUCER_HEADER,
     Envelope,
 )
-from application.processor import Outcome
+from application.outcome import Outcome
 from tests.support.counters.endpoints import Add, Spend
 from tests.support.counters.harness import counters, outside_envelope, take
 

@@ -11,7 +11,7 @@ import pytest
 from application.codec import decode
 from application.errors import Crash, TransientError
 from application.observability import HANDLER_INVOKED
-from application.processor import Outcome
+from application.outcome import Outcome
 from application.strategy import Strategy
 from domain.gateway import Relayed
 from tests.support.counter import COUNTER, Add, Added

@@ -21,8 +21,8 @@ from typing import Any
 from application.envelope import Envelope
 from application.errors import PermanentError
 from application.observability import TRANSACTION_CONFLICT, CountingSink
+from application.outcome import Outcome
 from application.ports import Loaded
-from application.processor import Outcome
 from domain.context import Context
 from domain.decisions import Decision, Endpoint
 from domain.errors import Rejected

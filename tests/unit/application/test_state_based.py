@@ -16,7 +16,7 @@ from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import MessageIdReused, OutsideRetention, PermanentError, TransientError
 from application.observability import HANDLER_INVOKED
-from application.processor import Outcome
+from application.outcome import Outcome
 from application.registry import Registration, Registry, RegistryError
 from application.state_path import StateRetention, outgoing_id
 from application.strategy import Strategy

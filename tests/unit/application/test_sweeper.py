@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from application.errors import Crash
-from application.processor import Outcome
+from application.outcome import Outcome
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
 from tests.support.world import World

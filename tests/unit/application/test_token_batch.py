@@ -22,7 +22,8 @@ from application.errors import (
     UnknownMessageType,
 )
 from application.observability import ATTEMPT_ABANDONED, HANDLER_INVOKED, TRANSACTION_CONFLICT
-from application.processor import Outcome, Processor
+from application.outcome import Outcome
+from application.processor import Processor
 from domain.context import Context
 from domain.decisions import CreateBlob, Decision, Endpoint, Outgoing
 from domain.errors import Rejected

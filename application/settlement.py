@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Final
@@ -15,8 +14,9 @@ from application.observability import (
     MESSAGE_RETRIED,
     SETTLEMENT_FAILED,
 )
+from application.outcome import Outcome
 from application.ports import Delivery
-from application.processor import Outcome, Processor
+from application.processor import Processor
 
 
 class _Unsettled(TransientError):
@@ -43,18 +43,6 @@ def batches_in_flight(prefetch: int, batch_size: int) -> int:
     (measured on the bench: 50 / 47 / 3, 28 deliveries a batch on average, against 48
     with a batch's worth waiting; docs/batching.md)."""
     return max(1, prefetch // batch_size - 1)
-
-
-class Settlement(enum.StrEnum):
-    """How a delivery was settled; every delivery ends as exactly one of these (an
-    `UNSETTLED` one comes back as a new delivery)."""
-
-    PROCESSED = "processed"
-    DUPLICATE = "duplicate"
-    RETRIED = "retried"
-    DEAD_LETTERED = "dead_lettered"
-    #: settling itself failed (connection lost): the broker redelivers the message
-    UNSETTLED = "unsettled"
 
 
 class Consumer:
@@ -92,7 +80,7 @@ class Consumer:
         self.max_attempts = max_attempts
         self.retry_delays = tuple(retry_delays)
         self.batch_size, self.batch_wait_s = batch_size, batch_wait_s
-        self.counts: Counter[Settlement] = Counter()
+        self.counts: Counter[Outcome] = Counter()
         self._fp = failpoints
 
     @property
@@ -101,7 +89,7 @@ class Consumer:
         processor that batches (`Processor.batches`)."""
         return self.batch_size > 1 and self.processor.batches
 
-    async def settle(self, delivery: Delivery) -> Settlement:
+    async def settle(self, delivery: Delivery) -> Outcome:
         """Process one delivery and settle it; returns the settlement."""
         result: Outcome | BaseException
         try:
@@ -111,7 +99,7 @@ class Consumer:
         return await self._settle(delivery, result)
 
     async def _settle(self, delivery: Delivery, result: Outcome | BaseException
-                      ) -> Settlement:
+                      ) -> Outcome:
         """Settle `delivery` by the outcome or error of its processing."""
         if isinstance(result, PermanentError):
             return await self._dead_letter(delivery, result.reason, result.replayable)
@@ -132,18 +120,18 @@ class Consumer:
                 MESSAGE_RETRIED, endpoint=self.processor.endpoint,
                 message_id=str(delivery.envelope.message_id), attempt=delivery.attempt,
                 delay_s=delay, reason=reason)
-            self.counts[Settlement.RETRIED] += 1
-            return Settlement.RETRIED
+            self.counts[Outcome.RETRIED] += 1
+            return Outcome.RETRIED
         if self._fp:
             await self._fp.hit("before_ack")
         await delivery.ack()
-        settlement = (Settlement.PROCESSED if result is Outcome.PROCESSED
-                      else Settlement.DUPLICATE)
+        settlement = (Outcome.PROCESSED if result is Outcome.PROCESSED
+                      else Outcome.DUPLICATE)
         self.counts[settlement] += 1
         return settlement
 
     async def _dead_letter(self, delivery: Delivery, reason: str,
-                           replayable: bool = True) -> Settlement:
+                           replayable: bool = True) -> Outcome:
         name = self.processor.endpoint
         try:  # waits while the dead-letter queue is full (the adapter holds the delivery)
             await delivery.dead_letter(reason, name,
@@ -153,8 +141,8 @@ class Consumer:
         self.processor.events.emit(
             MESSAGE_DEAD_LETTERED, endpoint=name, message_id=str(delivery.envelope.message_id),
             attempt=delivery.attempt, reason=reason)
-        self.counts[Settlement.DEAD_LETTERED] += 1
-        return Settlement.DEAD_LETTERED
+        self.counts[Outcome.DEAD_LETTERED] += 1
+        return Outcome.DEAD_LETTERED
 
     async def serve(self, deliveries: AsyncIterator[Delivery], prefetch: int = 8) -> None:
         """Settle deliveries as they come, at most `prefetch` at a time, until the iterator
@@ -257,7 +245,7 @@ class Consumer:
         await asyncio.gather(*(self._guarded(d, self._settle(d, r), slots)
                                for d, r in zip(batch, results, strict=True)))
 
-    async def _guarded(self, delivery: Delivery, settling: Awaitable[Settlement],
+    async def _guarded(self, delivery: Delivery, settling: Awaitable[Outcome],
                        slots: asyncio.Semaphore) -> None:
         """Await `settling`; a failure to settle (the connection went away) leaves the
         delivery to the broker, which redelivers it, and the protocol makes the second
@@ -269,6 +257,6 @@ class Consumer:
                 SETTLEMENT_FAILED, endpoint=self.processor.endpoint,
                 message_id=str(delivery.envelope.message_id), reason=str(exc),
                 settlement=exc.settlement if isinstance(exc, _Unsettled) else "ack")
-            self.counts[Settlement.UNSETTLED] += 1
+            self.counts[Outcome.UNSETTLED] += 1
         finally:
             slots.release()
