@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from application import defaults
 from application.failpoints import Failpoints
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
@@ -26,9 +27,6 @@ from application.token_path import AddressedTokens, TokenPath
 from application.transactional_path import PathParts, Steps
 from domain.decisions import Endpoint
 
-#: The grace period of deferred clean-ups when none is given (protocol 8).
-DEFAULT_GRACE = timedelta(minutes=30)
-
 
 def incoming_tokens(name: str, ports: Ports) -> IncomingTokens:
     """The tokens endpoint `name` consumes: `ports.incoming` (a callee's stored requests), or
@@ -37,7 +35,7 @@ def incoming_tokens(name: str, ports: Ports) -> IncomingTokens:
 
 
 def build_finisher(name: str, ports: Ports, failpoints: Failpoints | None = None,
-                   cleanup_grace: timedelta = DEFAULT_GRACE,
+                   cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
                    strategy: Strategy = Strategy.TOKEN) -> Finisher:
     """The `finish` of endpoint `name` (protocol 3.1) with its side-effect kinds; on the
     outbox strategy it consumes no token (its messages come with none)."""
@@ -52,8 +50,8 @@ def build_processor(
     ports: Ports,
     strategy: Strategy = Strategy.TOKEN,
     failpoints: Failpoints | None = None,
-    conflict_retries: int = 3,
-    cleanup_grace: timedelta = DEFAULT_GRACE,
+    conflict_retries: int = defaults.CONFLICT_RETRIES,
+    cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
     max_state_bytes: int | None = None,
 ) -> Processor:
     """A new worker of `endpoint` on `ports` with `strategy`: its own partition locks, as a
@@ -91,7 +89,8 @@ def build_processor(
 
 def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,
                  request_type: str, failpoints: Failpoints | None = None,
-                 conflict_retries: int = 3, cleanup_grace: timedelta = DEFAULT_GRACE,
+                 conflict_retries: int = defaults.CONFLICT_RETRIES,
+                 cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
                  max_state_bytes: int | None = None) -> HttpCallee:
     """The HTTP callee of `endpoint` (protocol 6): its stored requests are its tokens, so its
     processor runs the token path on `requests` (never a co-located token table); the tokens
@@ -104,8 +103,9 @@ def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,
 
 
 def build_sweeper(name: str, ports: Ports, finisher: Finisher,
-                  stale_after: timedelta = timedelta(seconds=30),
-                  grace: timedelta = DEFAULT_GRACE, retention: timedelta = timedelta(days=7),
+                  stale_after: timedelta = defaults.STALE_AFTER,
+                  grace: timedelta = defaults.CLEANUP_GRACE,
+                  retention: timedelta = defaults.RETENTION,
                   requests: RequestStore | None = None, inbox: Inbox | None = None) -> Sweeper:
     """The sweeper of endpoint `name` (protocol 8), finishing through `finisher`."""
     return Sweeper(name, ports.store, finisher, ports.clock, ports.events, stale_after, grace,

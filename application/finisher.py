@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from application import defaults
 from application.failpoints import Failpoints
 from application.observability import (
     SIDE_EFFECT_CLEANED,
@@ -58,7 +59,7 @@ class Finisher:
         clock: Clock,
         events: EventSink,
         failpoints: Failpoints | None = None,
-        cleanup_grace: timedelta = timedelta(minutes=30),
+        cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
         colocated_tokens: bool = False,
     ) -> None:
         """`tokens`: the endpoint's own, consumed last (None on the outbox path, which

@@ -8,6 +8,7 @@ import asyncio
 from datetime import datetime
 from types import MappingProxyType
 
+from application import defaults
 from application.envelope import (
     PRODUCER_HEADER,
     TYPE_HEADER,
@@ -72,7 +73,8 @@ class InboxRelay:
     def __init__(self, endpoint: str, inbox: Inbox, dispatcher: MessageDispatcher,
                  events: EventSink, batch_size: int = 200,
                  dead_letters: DeadLetterPublisher | None = None, clock: Clock | None = None,
-                 max_body_bytes: int = 1_048_576, dead_letter_body_bytes: int = 4096) -> None:
+                 max_body_bytes: int = defaults.MAX_BODY_BYTES,
+                 dead_letter_body_bytes: int = defaults.DEAD_LETTER_BODY_BYTES) -> None:
         """`dead_letters` and `clock` (which stamps the dead letters) are needed to
         dead-letter a row: without them such a row stays pending (ValueError when only one
         is given)."""

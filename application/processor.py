@@ -8,6 +8,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from application import defaults
 from application.envelope import Envelope
 from application.errors import Conflict, Duplicate, TransientError
 from application.finisher import Finisher
@@ -38,7 +39,7 @@ class Processor:
     """
 
     def __init__(self, endpoint: str, path: Path, runner: HandlerRunner,
-                 events: EventSink, conflict_retries: int = 3,
+                 events: EventSink, conflict_retries: int = defaults.CONFLICT_RETRIES,
                  finisher: Finisher | None = None, batch: TokenBatch | None = None) -> None:
         """`finisher`: the path's (None for the state strategy), for the sweeper and tests;
         `batch`: the batched token path (co-located tokens only), used by `process_batch`."""

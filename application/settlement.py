@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import Final
 
+from application import defaults
 from application.errors import PermanentError, TransientError
 from application.failpoints import Failpoints
 from application.observability import (
@@ -27,11 +27,6 @@ class _Unsettled(TransientError):
     def __init__(self, settlement: str, cause: TransientError) -> None:
         super().__init__(str(cause))
         self.settlement = settlement
-
-
-#: the default prefetch of a batching consumer, in batches: two in process, one waiting
-#: (`batches_in_flight`)
-PREFETCH_IN_BATCHES: Final = 3
 
 
 def batches_in_flight(prefetch: int, batch_size: int) -> int:
@@ -62,10 +57,10 @@ class Consumer:
     def __init__(
         self,
         processor: Processor,
-        max_attempts: int = 5,
-        retry_delays: Sequence[float] = (0.05, 0.2, 1.0, 5.0),
+        max_attempts: int = defaults.MAX_ATTEMPTS,
+        retry_delays: Sequence[float] = defaults.RETRY_DELAYS_S,
         failpoints: Failpoints | None = None,
-        dead_letter_body_bytes: int = 4096,
+        dead_letter_body_bytes: int = defaults.DEAD_LETTER_BODY_BYTES,
         batch_size: int = 1,
         batch_wait_s: float = 0.0,
     ) -> None:
@@ -144,7 +139,8 @@ class Consumer:
         self.counts[Outcome.DEAD_LETTERED] += 1
         return Outcome.DEAD_LETTERED
 
-    async def serve(self, deliveries: AsyncIterator[Delivery], prefetch: int = 8) -> None:
+    async def serve(self, deliveries: AsyncIterator[Delivery],
+                    prefetch: int = defaults.SINGLE_PREFETCH) -> None:
         """Settle deliveries as they come, at most `prefetch` at a time, until the iterator
         ends; then wait for those in flight (graceful shutdown). An error of the iterator
         (the broker is gone for good) is raised after those in flight have finished. With

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from application import defaults
 from application.finisher import Finisher
 from application.observability import SIDE_EFFECT_CLEANED
 from application.ports import Clock, EventSink, Inbox, RequestStore, SweeperQueries
@@ -42,9 +43,9 @@ class Sweeper:
         finisher: Finisher,
         clock: Clock,
         events: EventSink,
-        stale_after: timedelta = timedelta(seconds=30),
-        grace: timedelta = timedelta(minutes=30),
-        retention: timedelta = timedelta(days=7),
+        stale_after: timedelta = defaults.STALE_AFTER,
+        grace: timedelta = defaults.CLEANUP_GRACE,
+        retention: timedelta = defaults.RETENTION,
         requests: RequestStore | None = None,
         inbox: Inbox | None = None,
     ) -> None:

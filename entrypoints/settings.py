@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from application import defaults
 from application.failpoints import parse
 from application.registry import Registry, RegistryError, Role
-from application.settlement import PREFETCH_IN_BATCHES
 from application.strategy import Strategy
 
 Profile = Literal["embedded", "local", "production"]
@@ -27,9 +27,6 @@ LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 LOCAL_BUCKET = "eo-invoices"
 #: Where the service's registry is, unless `EO_SERVICE` says otherwise.
 DEFAULT_SERVICE = "service.registry:REGISTRY"
-#: The prefetch of a consumer that processes one delivery at a time, unless `EO_PREFETCH`
-#: says otherwise (`Settings.prefetch_for`).
-SINGLE_PREFETCH = 8
 #: The first status port tried when `EO_METRICS_PORT` is unset (then the next free one).
 FIRST_STATUS_PORT = 9464
 #: RabbitMQ's default account, user and password; aio-pika sends it for a user or a password
@@ -87,9 +84,11 @@ class Settings(BaseSettings):
     failpoints: str = Field("", description="protocol 10 rules, e.g. after_commit=crash@3")
     strategies: dict[str, Strategy] = Field(
         default_factory=dict, description="per endpoint, over the registry's defaults")
-    conflict_retries: int = Field(3, ge=0, description="immediate retries after a conflict")
-    max_attempts: int = Field(5, ge=1, description="deliveries before dead-lettering")
-    retry_delays_s: tuple[float, ...] = (0.05, 0.2, 1.0, 5.0)
+    conflict_retries: int = Field(defaults.CONFLICT_RETRIES, ge=0,
+                                  description="immediate retries after a conflict")
+    max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1,
+                              description="deliveries before dead-lettering")
+    retry_delays_s: tuple[float, ...] = defaults.RETRY_DELAYS_S
     prefetch: int | None = Field(
         None, ge=1, description="deliveries in flight per consumer; unset: three times "
         "EO_BATCH_SIZE for an endpoint that batches, 8 for one that does not "
@@ -101,9 +100,11 @@ class Settings(BaseSettings):
     batch_wait_ms: float = Field(
         0.0, ge=0, le=10_000,
         description="how long a batch waits for more deliveries after its first")
-    cleanup_grace_s: float = Field(1800.0, gt=0, description="longer than any attempt lives")
-    stale_after_s: float = Field(30.0, gt=0, description="finish committed TRs older than this")
-    retention_days: float = Field(7.0, gt=0,
+    cleanup_grace_s: float = Field(defaults.CLEANUP_GRACE.total_seconds(), gt=0,
+                                   description="longer than any attempt lives")
+    stale_after_s: float = Field(defaults.STALE_AFTER.total_seconds(), gt=0,
+                                 description="finish committed TRs older than this")
+    retention_days: float = Field(defaults.RETENTION.days, gt=0,
                                   description="processed-message rows and HTTP tombstones")
     sweep_interval_s: float = Field(10.0, gt=0)
     blob_dir: Path = Path("var/blobs")
@@ -124,12 +125,14 @@ class Settings(BaseSettings):
     consumer_watchdog_s: float = Field(
         30.0, gt=0, description="re-create the consumer when its queue has ready messages, "
         "the consumer free slots, and no delivery came for this long")
-    max_body_bytes: int = Field(1_048_576, ge=1, description="larger bodies are dead-lettered")
+    max_body_bytes: int = Field(defaults.MAX_BODY_BYTES, ge=1,
+                                description="larger bodies are dead-lettered")
     max_state_bytes: int = Field(
         1_048_576, ge=0, description="the most a partition's state may take as JSON: a "
         "message whose handler would make it larger is dead-lettered; 0: unbounded")
     dead_letter_body_bytes: int = Field(
-        4096, ge=0, description="the most of a malformed or oversize body a dead letter keeps "
+        defaults.DEAD_LETTER_BODY_BYTES, ge=0,
+        description="the most of a malformed or oversize body a dead letter keeps "
         "(with the body's size and SHA-256)")
     dead_letter_max_bytes: int = Field(
         268_435_456, ge=0, description="byte bound of a new dead-letter queue (reject-publish: "
@@ -204,7 +207,8 @@ class Settings(BaseSettings):
         if self.prefetch is None:  # chosen per endpoint (`prefetch_for`)
             return self
         if "batch_size" not in self.model_fields_set:  # a prefetch of its own: 3 batches fit
-            self.batch_size = max(1, min(self.batch_size, self.prefetch // PREFETCH_IN_BATCHES))
+            self.batch_size = max(1, min(self.batch_size,
+                                         self.prefetch // defaults.PREFETCH_IN_BATCHES))
         if self.batch_size > self.prefetch:
             raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
                              f"{self.prefetch}, the deliveries in flight a batch is made of")
@@ -259,14 +263,16 @@ class Settings(BaseSettings):
     def prefetch_for(self, batches: bool) -> int:
         """The deliveries in flight of one consumer (RabbitMQ's `prefetch_count`):
         `EO_PREFETCH` when set; otherwise, for a consumer that batches (`Consumer.batches`),
-        `PREFETCH_IN_BATCHES` (3) times `EO_BATCH_SIZE`: two batches in process and the
+        `defaults.PREFETCH_IN_BATCHES` (3) times `EO_BATCH_SIZE`: two batches in process and the
         next one's deliveries waiting (docs/batching.md); for one that does not,
-        `SINGLE_PREFETCH` (8): a consumer that processes one delivery at a time is
+        `defaults.SINGLE_PREFETCH` (8): a consumer that processes one delivery at a time is
         CPU-bound here well below that (issue 14: 8 -> 64 in flight, 317 -> 299 msg/s),
         and what it holds unacked waits for nothing but adds to a redelivery burst."""
         if self.prefetch is not None:
             return self.prefetch
-        return PREFETCH_IN_BATCHES * self.batch_size if batches else SINGLE_PREFETCH
+        if batches:
+            return defaults.PREFETCH_IN_BATCHES * self.batch_size
+        return defaults.SINGLE_PREFETCH
 
     def database(self) -> str:
         """The endpoint database DSN (the local profile defaults to the local server)."""

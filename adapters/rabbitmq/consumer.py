@@ -35,6 +35,7 @@ from adapters.rabbitmq.dispatcher import (
     text_headers,
 )
 from adapters.rabbitmq.topology import queue_names, retry_index
+from application import defaults
 from application.envelope import (
     ATTEMPTS_HEADER,
     BODY_BYTES_HEADER,
@@ -174,9 +175,10 @@ class RabbitSource:
     """
 
     def __init__(self, connection: RabbitConnection, endpoint: str,
-                 retry_delays_s: Sequence[float], max_body_bytes: int = 1_048_576,
+                 retry_delays_s: Sequence[float], max_body_bytes: int = defaults.MAX_BODY_BYTES,
                  events: EventSink | None = None, watchdog_s: float = 30.0,
-                 watchdog_interval_s: float | None = None, dead_letter_body_bytes: int = 4096,
+                 watchdog_interval_s: float | None = None,
+                 dead_letter_body_bytes: int = defaults.DEAD_LETTER_BODY_BYTES,
                  kept_headers: Collection[str] = (), service_user: str | None = None,
                  require_producer: bool = False, dead_letter_wait_s: float = 5.0) -> None:
         if not retry_delays_s:
@@ -206,7 +208,7 @@ class RabbitSource:
         self._acks: ChannelAcks | None = None  # of the current channel's deliveries
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
-        self._prefetch = 8
+        self._prefetch = defaults.SINGLE_PREFETCH
         self._in_flight = 0
         self._last_delivery = time.monotonic()
         self._lost = asyncio.Event()
@@ -270,7 +272,8 @@ class RabbitSource:
         return (self._tag is not None and channel is not None and not channel.is_closed
                 and not self._lost.is_set())
 
-    async def deliveries(self, prefetch: int = 8) -> AsyncIterator[RabbitDelivery]:
+    async def deliveries(self, prefetch: int = defaults.SINGLE_PREFETCH
+                         ) -> AsyncIterator[RabbitDelivery]:
         """Deliveries, at most `prefetch` unacked at a time (the `start` value when started
         before), until `stop`. Survives lost
         channels, connections and consumers (see the class docstring); deliveries of a lost
@@ -309,7 +312,7 @@ class RabbitSource:
         if self._failure is not None:
             raise self._failure
 
-    async def start(self, prefetch: int = 8) -> None:
+    async def start(self, prefetch: int = defaults.SINGLE_PREFETCH) -> None:
         """Consume the work queue now (`deliveries` does it otherwise), at most `prefetch`
         unacked at a time. Raises `TransientError` when the queue cannot be consumed."""
         self._prefetch = prefetch

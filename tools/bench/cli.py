@@ -11,9 +11,9 @@ import asyncpg
 import typer
 from rich.console import Console
 
+from application.defaults import PREFETCH_IN_BATCHES, SINGLE_PREFETCH
 from application.errors import TransientError
-from application.settlement import PREFETCH_IN_BATCHES
-from entrypoints.settings import SINGLE_PREFETCH, SettingsError, load_settings
+from entrypoints.settings import SettingsError, load_settings
 from tools.guard import refuse_production
 
 console = Console()

@@ -12,8 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from application.settlement import PREFETCH_IN_BATCHES
-from entrypoints.settings import SINGLE_PREFETCH
+from application.defaults import PREFETCH_IN_BATCHES, SINGLE_PREFETCH
 
 #: The references every path is compared with (tools/bench/references.py).
 REFERENCES = ("minimal", "minimal-batched", "faststream")

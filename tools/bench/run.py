@@ -31,8 +31,8 @@ from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import envelope_message
 from application.codec import encode
+from application.defaults import PREFETCH_IN_BATCHES
 from application.envelope import TOKEN_HEADER, Envelope
-from application.settlement import PREFETCH_IN_BATCHES
 from tools.bench import endpoint as bench
 from tools.bench import references
 from tools.bench.report import BenchResult, Params, RunFigures, percentile_ms
