@@ -344,9 +344,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="full-dead-letter-queue-does-not-pause",
         guard="7 (amendment): while a dead letter waits for room the source takes no new "
               "delivery",
-        file="adapters/rabbitmq/consumer.py",
-        before="""                while not self._room.is_set() and not self._stopped:""",
-        after="""                while False:""",
+        file="adapters/rabbitmq/dead_letter_queue.py",
+        before="""        while self.blocked and not stopped():""",
+        after="""        while False:""",
         killers=("tests/integration/test_rabbitmq.py::test_a_full_dead_letter_queue_holds_the_"
                  "dead_letter_and_pauses_the_source",),
         invariants=("I10",)),

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
@@ -106,21 +106,27 @@ def _rabbitmqctl(*args: str) -> str:
                           timeout=30, check=True).stdout
 
 
+#: The virtual hosts this process made (`private_vhost`): the only ones `delete_vhost` deletes.
+_MADE_VHOSTS: set[str] = set()
+
+
 def private_vhost(url: str, vhost: str) -> str:
-    """`url` on the virtual host `vhost` (created, guest given all rights) when the broker is
-    local and `rabbitmqctl` answers; else `url` unchanged (callers delete their queues before
-    each test anyway)."""
+    """`url` on a new virtual host `vhost` (its user given all rights), made with
+    `rabbitmqctl` when the broker is local; else `url` unchanged (callers delete their queues
+    before each test anyway). The virtual host `url` names, a user's own, is never used for
+    tests' queues when a private one can be made, and never deleted."""
     parts = urlsplit(url)
-    if not _local_rabbitmqctl(url) or parts.path not in ("", "/"):
+    if not _local_rabbitmqctl(url):
         return url
     try:
         if vhost not in _rabbitmqctl("list_vhosts").split():
             _rabbitmqctl("add_vhost", vhost)
+        _MADE_VHOSTS.add(vhost)
         _rabbitmqctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*",
                      ".*")
     except (OSError, subprocess.SubprocessError):
         return url
-    return urlunsplit(parts._replace(path=f"/{vhost}"))
+    return urlunsplit(parts._replace(path=f"/{quote(vhost, safe='')}"))
 
 
 @contextlib.contextmanager
@@ -144,12 +150,35 @@ def broker_user(url: str, name: str) -> Iterator[str]:
 
 
 def delete_vhost(url: str) -> None:
-    """Delete the virtual host of `url` (made by `private_vhost`), queues included; nothing
-    when `url` is on the default one or `rabbitmqctl` is not at hand."""
-    vhost = urlsplit(url).path.lstrip("/")
-    if vhost and _local_rabbitmqctl(url):
+    """Delete the virtual host of `url` with its queues when `private_vhost` made it in this
+    process; nothing otherwise (the default one, a user's own, or no `rabbitmqctl`)."""
+    vhost = unquote(urlsplit(url).path.lstrip("/"))
+    if vhost in _MADE_VHOSTS and _local_rabbitmqctl(url):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             _rabbitmqctl("delete_vhost", vhost)
+            _MADE_VHOSTS.discard(vhost)
+
+
+def leftovers(server_dsn: str | None, amqp_url: str | None) -> list[str]:
+    """The databases and virtual hosts named with this run's `RUN_ID` that still exist (a
+    test that did not remove what it made), as `database <name>` / `vhost <name>`; what
+    cannot be listed (a service not running, no `rabbitmqctl`) is not checked."""
+    found: list[str] = []
+    if server_dsn:
+        async def databases() -> list[str]:
+            conn = await asyncpg.connect(server_dsn, timeout=5)
+            try:
+                return [r["datname"] for r in await conn.fetch("SELECT datname FROM pg_database")]
+            finally:
+                await conn.close()
+        with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
+            found += [f"database {d}" for d in asyncio.run(databases()) if RUN_ID in d]
+    if amqp_url and _local_rabbitmqctl(amqp_url):
+        marker = RUN_ID.replace("_", "-")
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            found += [f"vhost {v}" for v in _rabbitmqctl("list_vhosts").split()
+                      if marker in v or RUN_ID in v]
+    return found
 
 
 def eo_command() -> list[str]:

@@ -25,7 +25,7 @@ import asyncpg
 import pytest
 
 from adapters.postgres.admin import drop_database, with_database
-from tests.support.processes import private_vhost
+from tests.support.processes import delete_vhost, private_vhost, this_run
 from tests.support.services import discover
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,11 +153,10 @@ def test_the_new_endpoint_runs_embedded(service: Path, tmp_path: Path) -> None:
 
 def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None:
     services = discover()
-    run_id = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    database = f"eo_template_{run_id}".replace("-", "_")
+    database = this_run("eo_template")
     env = clean_env(EO_PROFILE="local",
                     EO_DATABASE_DSN=with_database(services.postgres_dsn, database),
-                    EO_AMQP_URL=private_vhost(services.amqp_url, f"eo-template-{run_id}"),
+                    EO_AMQP_URL=private_vhost(services.amqp_url, this_run("eo-template", "-")),
                     EO_BLOB_STORE="directory", EO_BLOB_DIR=str(service / "var" / "blobs"),
                     EO_SWEEP_INTERVAL_S="0.5")
     procs: list[subprocess.Popen[bytes]] = []
@@ -199,6 +198,7 @@ def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None
             except subprocess.TimeoutExpired:
                 proc.kill()
         asyncio.run(drop_database(env["EO_DATABASE_DSN"]))
+        delete_vhost(env["EO_AMQP_URL"])
         services.close()
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
 

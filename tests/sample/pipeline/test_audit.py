@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from typer.testing import CliRunner
 
+from adapters.postgres.admin import drop_database
 from adapters.s3.moto_server import MotoServer
 from domain.context import Context
 from domain.sample.orders import CONFIRMED
@@ -88,12 +89,16 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def clean(server_dsn: str, sample: TpchSample, order_keys: list[int], moto: str) -> Scenario:
+def clean(server_dsn: str, sample: TpchSample, order_keys: list[int], moto: str
+          ) -> Iterator[Scenario]:
     world = data.settle(sample, order_keys)
     dsn = asyncio.run(data.fresh_database(server_dsn, this_run("eo_pipeline_audit_clean")))
-    asyncio.run(data.store(dsn, world))
-    data.put_invoices(moto, "eo-pipeline-clean", world)
-    return Scenario(dsn, "eo-pipeline-clean", world, {})
+    try:
+        asyncio.run(data.store(dsn, world))
+        data.put_invoices(moto, "eo-pipeline-clean", world)
+        yield Scenario(dsn, "eo-pipeline-clean", world, {})
+    finally:
+        asyncio.run(drop_database(dsn))
 
 
 async def _inject_rows(dsn: str, injected: dict[str, Any]) -> None:
@@ -123,7 +128,7 @@ async def _inject_rows(dsn: str, injected: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def injected(server_dsn: str, sample: TpchSample, order_keys: list[int], moto: str
-             ) -> Scenario:
+             ) -> Iterator[Scenario]:
     world = data.settle(sample, order_keys)
     confirmed = [k for k in order_keys if world.orders[k].status == CONFIRMED]
     doubled, wrong, twice, stale, lost, short = confirmed[:6]
@@ -145,13 +150,16 @@ def injected(server_dsn: str, sample: TpchSample, order_keys: list[int], moto: s
              "foreign": "reports/2026-01.csv", "foreign_shape": f"invoices/{uuid.uuid4()}"}
     bucket = "eo-pipeline-injected"
     dsn = asyncio.run(data.fresh_database(server_dsn, this_run("eo_pipeline_audit_injected")))
-    asyncio.run(data.store(dsn, world))
-    asyncio.run(_inject_rows(dsn, marks))
-    data.put_invoices(moto, bucket, world)
-    client = data.s3_client(moto)
-    for name in ("orphan", "in_flight", "deferred", "foreign", "foreign_shape"):
-        client.put_object(Bucket=bucket, Key=marks[name], Body=b"x")
-    return Scenario(dsn, bucket, world, marks)
+    try:
+        asyncio.run(data.store(dsn, world))
+        asyncio.run(_inject_rows(dsn, marks))
+        data.put_invoices(moto, bucket, world)
+        client = data.s3_client(moto)
+        for name in ("orphan", "in_flight", "deferred", "foreign", "foreign_shape"):
+            client.put_object(Bucket=bucket, Key=marks[name], Body=b"x")
+        yield Scenario(dsn, bucket, world, marks)
+    finally:
+        asyncio.run(drop_database(dsn))
 
 
 def test_spark_oracle_equals_the_python_oracle(spark: SparkSession, input_dir: Path,

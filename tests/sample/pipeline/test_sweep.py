@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from adapters.postgres.admin import drop_database
 from adapters.s3.moto_server import MotoServer
 from domain.context import Context
 from tests.sample.pipeline.audit_data import fresh_database, s3_client
@@ -29,8 +30,12 @@ BUCKET = "eo-pipeline-sweep"
 @pytest.fixture(scope="module")
 def dsn() -> Iterator[str]:
     services = discover(rabbitmq=False)
-    yield asyncio.run(fresh_database(services.postgres_dsn, this_run("eo_pipeline_sweep_test")))
-    services.close()
+    dsn = asyncio.run(fresh_database(services.postgres_dsn, this_run("eo_pipeline_sweep_test")))
+    try:
+        yield dsn
+    finally:
+        asyncio.run(drop_database(dsn))
+        services.close()
 
 
 @pytest.fixture
