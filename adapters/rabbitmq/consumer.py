@@ -13,7 +13,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from aio_pika.exceptions import ChannelInvalidStateError
 
@@ -21,11 +20,11 @@ from adapters.rabbitmq.acks import ChannelAcks
 from adapters.rabbitmq.connection import (
     DRIVER_ERRORS,
     BrokerUnavailable,
-    PublishRefused,
     RabbitConnection,
     backoff,
     translated,
 )
+from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
 from adapters.rabbitmq.dispatcher import (
     amqp_message,
     attempt_of,
@@ -52,8 +51,6 @@ from application.errors import MalformedMessage, TransientError
 from application.observability import (
     CONSUMER_LOST,
     CONSUMER_RESTARTED,
-    DEAD_LETTER_QUEUE_FULL,
-    DEAD_LETTER_QUEUE_ROOM,
     MESSAGE_DEAD_LETTERED,
 )
 from application.ports import Delivery, EventSink
@@ -111,7 +108,7 @@ class RabbitDelivery(Delivery):
         """Move to `<endpoint>.dlq` with `eo-reason`, `eo-endpoint`, `eo-attempts` and
         `eo-dead-lettered-at` (and, with `body_limit`, a clipped body with its size and
         SHA-256). While the dead-letter queue refuses the copy (full), this waits, holding
-        the delivery, and the source takes no new one (`RabbitSource.dead_letter_copy`);
+        the delivery, and the source takes no new one (`DeadLetterGate.publish`);
         raises `TransientError` when the delivery's channel is lost or the source stops
         meanwhile (the broker redelivers it: nothing is lost)."""
         envelope = self.envelope
@@ -121,8 +118,9 @@ class RabbitDelivery(Delivery):
             envelope = replace(envelope, body=body)
             headers.update(sizes)
         copy = envelope_message(envelope, headers, self._source.service_user)
-        await self._settle(lambda: self._source.dead_letter_copy(
-            copy, lambda: not _channel_lost(self._message)))
+        source = self._source
+        await self._settle(lambda: source.dead_letters.publish(
+            copy, lambda: not _channel_lost(self._message), lambda: source.stopped))
 
     async def _settle(self, publish: Callable[[], Awaitable[None]] | None) -> None:
         """Publish the copy (`publish`, confirmed), then ack the original."""
@@ -198,9 +196,9 @@ class RabbitSource:
         self.watchdog_interval_s = watchdog_interval_s or min(5.0, watchdog_s / 3)
         #: messages dead-lettered by the source itself (never yielded)
         self.dead_lettered = 0
-        self.dead_letter_wait_s = dead_letter_wait_s
-        self._room = asyncio.Event()  # cleared while the dead-letter queue refuses copies
-        self._room.set()
+        #: the dead-letter queue, and what waits while it is full
+        self.dead_letters = DeadLetterGate(connection, endpoint, self.names.dead_letter,
+                                           events, dead_letter_wait_s)
         #: consumers re-created since `deliveries` started
         self.restarts = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
@@ -226,44 +224,12 @@ class RabbitSource:
     def dead_letters_blocked(self) -> bool:
         """Whether a dead letter waits for room in the full dead-letter queue (readiness:
         the endpoint takes no new delivery meanwhile)."""
-        return not self._room.is_set()
+        return self.dead_letters.blocked
 
-    async def dead_letter_copy(self, copy: aio_pika.Message, held: Callable[[], bool]
-                               ) -> None:
-        """Publish `copy` to the dead-letter queue (confirmed). While the queue refuses it
-        (full: its byte bound with `reject-publish`), wait `dead_letter_wait_s` and try
-        again, the source yielding no new delivery meanwhile; the first refusal emits
-        `dead_letter_queue.full` (an ERROR), the first copy taken after it
-        `dead_letter_queue.room`. Raises `TransientError` when the broker fails, or when
-        the original stops being `held()` (its channel lost) or the source stops while
-        waiting: the broker then redelivers the original."""
-        while True:
-            try:
-                await self.connection.publish(self.names.dead_letter, copy)
-            except PublishRefused as exc:
-                if self._room.is_set():
-                    self._room.clear()
-                    if self.events is not None:  # logged at ERROR by the service's sink
-                        self.events.emit(DEAD_LETTER_QUEUE_FULL, endpoint=self.endpoint,
-                                         queue=self.names.dead_letter, reason=str(exc))
-                    else:
-                        log.error("the dead-letter queue of %s is full: %s", self.endpoint,
-                                  exc)
-                if self._stopped or not held():
-                    raise TransientError(f"{self.endpoint}: the dead-letter queue is full and "
-                                         "the delivery is given back: the broker redelivers "
-                                         "it") from exc
-                await asyncio.sleep(self.dead_letter_wait_s)
-                continue
-            if not self._room.is_set():
-                self._room.set()
-                if self.events is not None:
-                    self.events.emit(DEAD_LETTER_QUEUE_ROOM, endpoint=self.endpoint,
-                                     queue=self.names.dead_letter)
-                else:
-                    log.warning("the dead-letter queue of %s takes dead letters again",
-                                self.endpoint)
-            return
+    @property
+    def stopped(self) -> bool:
+        """Whether `stop` was called."""
+        return self._stopped
 
     @property
     def consuming(self) -> bool:
@@ -288,10 +254,8 @@ class RabbitSource:
                  asyncio.create_task(self._watch(), name=f"{self.endpoint} watchdog")]
         try:
             while (message := await self._inbox.get()) is not None:
-                while not self._room.is_set() and not self._stopped:
-                    # a dead letter waits for room: take no new delivery meanwhile
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._room.wait(), self.dead_letter_wait_s)
+                # while a dead letter waits for room, take no new delivery
+                await self.dead_letters.wait_for_room(lambda: self.stopped)
                 if _channel_lost(message):
                     continue  # the broker requeued it when the channel died
                 try:
@@ -492,7 +456,7 @@ class RabbitSource:
     async def _reject(self, message: AbstractIncomingMessage, reason: str) -> None:
         """Dead-letter a message that cannot become an envelope, with a clipped body (it
         cannot be replayed): the copy, then the ack. Waits while the dead-letter queue is
-        full (`dead_letter_copy`); when the copy or the ack fails the message is requeued
+        full (`DeadLetterGate.publish`); when the copy or the ack fails the message is requeued
         (the work queue's delivery limit bounds that loop)."""
         raw = text_headers(message.headers)
         headers = known_headers(raw, self.kept_headers)
@@ -511,7 +475,8 @@ class RabbitSource:
         copy = amqp_message(message.message_id, message.type, body, headers,
                             self.service_user)
         try:
-            await self.dead_letter_copy(copy, lambda: not _channel_lost(message))
+            await self.dead_letters.publish(copy, lambda: not _channel_lost(message),
+                                            lambda: self.stopped)
             with translated("ack of a rejected message"):
                 await message.ack()
             self._settled_singly(message)

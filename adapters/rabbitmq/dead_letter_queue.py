@@ -4,20 +4,91 @@ processing, and what the broker dead-lettered past the work queue's delivery lim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import RabbitConnection, translated
+from adapters.rabbitmq.connection import PublishRefused, RabbitConnection, translated
 from adapters.rabbitmq.dispatcher import producer_of, text_headers
 from adapters.rabbitmq.topology import queue_names
 from application.dead_letters import dead_letter_of
 from application.errors import TransientError
-from application.observability import DEAD_LETTER_STORED
+from application.observability import (
+    DEAD_LETTER_QUEUE_FULL,
+    DEAD_LETTER_QUEUE_ROOM,
+    DEAD_LETTER_STORED,
+)
 from application.ports import DeadLetterStore, EventSink
 from application.records import DeadLetter
+
+log = logging.getLogger(__name__)
+
+
+class DeadLetterGate:
+    """An endpoint's dead-letter queue as its source publishes to it, and the one place that
+    handles it full: a copy the queue refuses (its byte bound, `reject-publish`) waits for
+    room and is tried again every `wait_s` seconds, and while one waits the source takes no
+    new delivery (`wait_for_room`; `blocked` for readiness). The first refusal emits
+    `dead_letter_queue.full` (an ERROR), the first copy taken after it
+    `dead_letter_queue.room` (to `events`, else the module's logger)."""
+
+    def __init__(self, connection: RabbitConnection, endpoint: str, queue: str,
+                 events: EventSink | None = None, wait_s: float = 5.0) -> None:
+        self.connection, self.endpoint, self.queue = connection, endpoint, queue
+        self.events, self.wait_s = events, wait_s
+        self._room = asyncio.Event()  # cleared while the queue refuses copies
+        self._room.set()
+
+    @property
+    def blocked(self) -> bool:
+        """Whether a dead letter waits for room in the full queue."""
+        return not self._room.is_set()
+
+    async def publish(self, copy: aio_pika.Message, held: Callable[[], bool],
+                      stopped: Callable[[], bool]) -> None:
+        """Publish `copy` to the queue (confirmed), waiting while the queue refuses it.
+        Raises `TransientError` when the broker fails, or when the original stops being
+        `held()` (its channel lost) or the source has `stopped()` while waiting: the broker
+        then redelivers the original."""
+        while True:
+            try:
+                await self.connection.publish(self.queue, copy)
+            except PublishRefused as exc:
+                if self._room.is_set():
+                    self._room.clear()
+                    if self.events is not None:  # logged at ERROR by the service's sink
+                        self.events.emit(DEAD_LETTER_QUEUE_FULL, endpoint=self.endpoint,
+                                         queue=self.queue, reason=str(exc))
+                    else:
+                        log.error("the dead-letter queue of %s is full: %s", self.endpoint,
+                                  exc)
+                if stopped() or not held():
+                    raise TransientError(f"{self.endpoint}: the dead-letter queue is full and "
+                                         "the delivery is given back: the broker redelivers "
+                                         "it") from exc
+                await asyncio.sleep(self.wait_s)
+                continue
+            if not self._room.is_set():
+                self._room.set()
+                if self.events is not None:
+                    self.events.emit(DEAD_LETTER_QUEUE_ROOM, endpoint=self.endpoint,
+                                     queue=self.queue)
+                else:
+                    log.warning("the dead-letter queue of %s takes dead letters again",
+                                self.endpoint)
+            return
+
+    async def wait_for_room(self, stopped: Callable[[], bool]) -> None:
+        """Return once no dead letter waits for room, or the source has `stopped()`."""
+        while self.blocked and not stopped():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), self.wait_s)
 
 
 def broker_reason(headers: Mapping[str, Any] | None) -> str | None:
