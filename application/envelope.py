@@ -177,7 +177,7 @@ def known_headers(headers: Mapping[str, str], kept: Collection[str] = ()
                   ) -> dict[str, str]:
     """The protocol's headers of `headers` and those named in `kept`, each value `capped`:
     what a delivery keeps, so its retry and dead-letter copies cannot grow with what a
-    producer adds (the security review measured a 6x growth)."""
+    producer adds (docs/security.md)."""
     return {name: capped(value) for name, value in headers.items()
             if name in PROTOCOL_HEADERS or name in kept}
 

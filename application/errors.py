@@ -77,8 +77,8 @@ class HandlerRejected(PermanentError):
 class StateTooLarge(PermanentError):
     """The handler's new state of a partition is larger than the service allows
     (`EO_MAX_STATE_BYTES`): not committed, the message dead-lettered. A state that grows
-    without bound through one partition slows every later message of it (issue 24: 44 MB
-    after 60 messages, 6 minutes for the next order)."""
+    without bound through one partition slows every later message of it
+    (docs/security.md)."""
 
 
 class OutsideRetention(PermanentError):

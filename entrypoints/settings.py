@@ -266,8 +266,8 @@ class Settings(BaseSettings):
         `defaults.PREFETCH_IN_BATCHES` (3) times `EO_BATCH_SIZE`: two batches in process and the
         next one's deliveries waiting (docs/batching.md); for one that does not,
         `defaults.SINGLE_PREFETCH` (8): a consumer that processes one delivery at a time is
-        CPU-bound here well below that (issue 14: 8 -> 64 in flight, 317 -> 299 msg/s),
-        and what it holds unacked waits for nothing but adds to a redelivery burst."""
+        CPU-bound well below that (docs/bench.md), and what it holds unacked waits for
+        nothing but adds to a redelivery burst."""
         if self.prefetch is not None:
             return self.prefetch
         if batches:

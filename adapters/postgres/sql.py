@@ -138,7 +138,7 @@ SELECT tr.version, {_RECORDS_OF.format(extra="").replace("t.endpoint", "$1")
 # (protocol 4): `_NOT_PROCESSED` sees the rows committed before the statement began, and a
 # concurrent commit of the same ID on another partition (another body) meets the primary key,
 # whose violation (`PROCESSED_KEY`) rolls the whole statement back. `ON CONFLICT DO NOTHING`
-# there would commit both partitions (issue 24: 8 of 50 same-ID pairs).
+# there would commit both partitions (test_postgres_protocol.py's same-ID pairs).
 #: the constraint a second claim of one message ID violates
 PROCESSED_KEY = "eo_processed_message_pkey"
 _NOT_PROCESSED = """

@@ -28,8 +28,7 @@ MAX_LINES = 1000
 #: The longest order priority (TPC-H's O_ORDERPRIORITY is CHAR(15), e.g. "4-NOT SPECIFIED").
 MAX_PRIORITY_CHARS = 15
 #: The most digits of a line's amounts, and of their fraction (TPC-H: DECIMAL(15,2)): an
-#: order's state stays small whatever a producer sends (issue 24: 60 AddItems of 1 MB made
-#: one order's state 44 MB).
+#: order's state stays small whatever a producer sends.
 MAX_DIGITS, MAX_FRACTION_DIGITS = 15, 4
 OrderMessage = PlaceOrder | AddItem | RemoveItem | SubmitOrder | PaymentResult
 _BUILDING = (PlaceOrder, AddItem, RemoveItem, SubmitOrder)
