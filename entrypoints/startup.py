@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 from adapters.postgres.admin import database_name
 from adapters.postgres.migrate import MIGRATIONS, head_revision, upgrade_async
 from adapters.postgres.pool import translated as postgres_translated
-from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, redacted, refusal, retried
+from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, reconnecting, redacted, refusal
 from adapters.rabbitmq.connection import translated as broker_translated
 from application.errors import PermanentError, TransientError
 from entrypoints.local import LocalContainer
@@ -64,7 +64,7 @@ async def waiting_for(what: str, step: Callable[[], Awaitable[T]], deadline: flo
                     gives_up_in_s=round(deadline - now, 1), **fields)
 
     try:
-        return await retried(attempt, deadline, waiting=waiting)
+        return await reconnecting(attempt, deadline, waiting=waiting)
     except TransientError as exc:
         raise GaveUpWaiting(f"{what}: still unreachable after {loop.time() - started:.0f} s "
                             f"(EO_BROKER_GIVE_UP_S): {exc}") from exc

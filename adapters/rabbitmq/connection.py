@@ -112,11 +112,13 @@ def refusal(error: BaseException) -> BaseException | None:
     return None
 
 
-async def retried(step: Callable[[], Awaitable[T]], deadline: float,
-                  delays_s: Sequence[float] = RECONNECT_DELAYS_S,
-                  retry_on: tuple[type[BaseException], ...] = (TransientError,),
-                  waiting: Callable[[BaseException, float], None] | None = None) -> T:
-    """`await step()` until it returns its result. After a failure of `retry_on`, pause
+async def reconnecting(step: Callable[[], Awaitable[T]], deadline: float,
+                       delays_s: Sequence[float] = RECONNECT_DELAYS_S,
+                       transient: tuple[type[BaseException], ...] = (TransientError,),
+                       waiting: Callable[[BaseException, float], None] | None = None) -> T:
+    """`await step()` until it returns its result: the reconnection backoff (not the
+    processor's immediate re-attempts after a conflict, nor a delivery's delayed redelivery
+    through the retry queues). After a failure of `transient`, pause
     `backoff(delays_s, attempt)` seconds (cut short at `deadline`) and try again; once the
     event loop's clock (`loop.time()`, seconds) has reached `deadline`, that failure is
     raised instead. `waiting(failure, pause_s)` is called before each pause (to log it) and
@@ -127,7 +129,7 @@ async def retried(step: Callable[[], Awaitable[T]], deadline: float,
     while True:
         try:
             return await step()
-        except retry_on as failure:
+        except transient as failure:
             left = deadline - loop.time()
             if left <= 0:
                 raise
@@ -233,7 +235,7 @@ class RabbitConnection:
         log.warning("connection to %s (or its publishing channel) lost: recovering",
                     redacted(self._url))
         try:
-            await retried(self._reopen, started + self.give_up_after_s,
+            await reconnecting(self._reopen, started + self.give_up_after_s,
                           self.reconnect_delays_s, DRIVER_ERRORS)
         except DRIVER_ERRORS as exc:
             self.failure = (f"the broker at {redacted(self._url)} stayed unreachable "

@@ -1,5 +1,5 @@
 """The reconnection backoff a running broker connection and a process's start-up share
-(`retried`), and the broker refusals that no wait fixes (`refusal`)."""
+(`reconnecting`), and the broker refusals that no wait fixes (`refusal`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from aio_pika.exceptions import (
 )
 from aiormq.exceptions import ChannelAccessRefused
 
-from adapters.rabbitmq.connection import refusal, retried
+from adapters.rabbitmq.connection import reconnecting, refusal
 from application.errors import PermanentError, TransientError
 
 
@@ -34,7 +34,7 @@ class Flaky:
 async def test_the_step_is_tried_again_after_each_backoff_pause_until_it_succeeds() -> None:
     step, pauses = Flaky(3), []
     deadline = asyncio.get_running_loop().time() + 60
-    result = await retried(step, deadline, delays_s=(0.01, 0.02),
+    result = await reconnecting(step, deadline, delays_s=(0.01, 0.02),
                            waiting=lambda error, pause: pauses.append((str(error), pause)))
     assert result == "up"
     # the last delay repeats
@@ -46,7 +46,7 @@ async def test_at_the_deadline_the_last_failure_is_raised() -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(TransientError) as raised:
-        await retried(step, started + 0.2, delays_s=(0.03,),
+        await reconnecting(step, started + 0.2, delays_s=(0.03,),
                       waiting=lambda _, pause: pauses.append(pause))
     took = loop.time() - started
     assert str(raised.value) == f"down {step.calls}"
@@ -60,7 +60,7 @@ async def test_at_the_deadline_the_last_failure_is_raised() -> None:
 async def test_a_deadline_already_passed_means_one_try() -> None:
     step = Flaky(1)
     with pytest.raises(TransientError):
-        await retried(step, asyncio.get_running_loop().time())
+        await reconnecting(step, asyncio.get_running_loop().time())
     assert step.calls == 1
 
 
@@ -73,7 +73,7 @@ async def test_other_errors_end_the_retries_at_once() -> None:
         raise PermanentError("no schema")
 
     with pytest.raises(PermanentError):
-        await retried(refused, asyncio.get_running_loop().time() + 60)
+        await reconnecting(refused, asyncio.get_running_loop().time() + 60)
     assert calls == 1
 
 
@@ -84,7 +84,7 @@ async def test_the_waiting_hook_may_end_the_retries() -> None:
         raise PermanentError(f"gave up on {error}")
 
     with pytest.raises(PermanentError, match="gave up on down 1"):
-        await retried(step, asyncio.get_running_loop().time() + 60, waiting=waiting)
+        await reconnecting(step, asyncio.get_running_loop().time() + 60, waiting=waiting)
     assert step.calls == 1
 
 
@@ -98,8 +98,8 @@ async def test_driver_errors_are_retried_when_named() -> None:
             raise ConnectionRefusedError(111, "Connect call failed")
         return calls
 
-    assert await retried(reconnect, asyncio.get_running_loop().time() + 60, (0.001,),
-                         retry_on=(OSError,)) == 2
+    assert await reconnecting(reconnect, asyncio.get_running_loop().time() + 60, (0.001,),
+                         transient=(OSError,)) == 2
 
 
 def _raised_from(cause: BaseException) -> TransientError:
