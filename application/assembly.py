@@ -9,6 +9,12 @@ from datetime import timedelta
 from typing import Any
 
 from application import defaults
+from application.consumption import (
+    ConsumedByTheClear,
+    Consumption,
+    DeletedBeforeTheClear,
+    NothingToConsume,
+)
 from application.failpoints import Failpoints
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
@@ -40,9 +46,18 @@ def build_finisher(name: str, ports: Ports, failpoints: Failpoints | None = None
     """The `finish` of endpoint `name` (protocol 3.1) with its side-effect kinds; on the
     outbox strategy it consumes no token (its messages come with none)."""
     effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, failpoints)
-    tokens = incoming_tokens(name, ports) if strategy is Strategy.TOKEN else None
-    return Finisher(name, ports.store, tokens, effects, ports.clock, ports.events,
-                    failpoints, cleanup_grace, ports.colocated_tokens)
+    return Finisher(name, ports.store, consumption(name, ports, strategy), effects,
+                    ports.clock, ports.events, failpoints, cleanup_grace)
+
+
+def consumption(name: str, ports: Ports, strategy: Strategy = Strategy.TOKEN) -> Consumption:
+    """How endpoint `name`'s `finish` consumes its incoming token: the one place where
+    whether the tokens share the partition store's database decides it (protocol 3.2)."""
+    if strategy is not Strategy.TOKEN:
+        return NothingToConsume()
+    if ports.colocated_tokens and ports.incoming is None:
+        return ConsumedByTheClear()
+    return DeletedBeforeTheClear(incoming_tokens(name, ports))
 
 
 def build_processor(

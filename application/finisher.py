@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from application import defaults
+from application.consumption import Consumption
 from application.failpoints import Failpoints
 from application.observability import (
     SIDE_EFFECT_CLEANED,
@@ -21,7 +22,6 @@ from application.ports import (
     Clock,
     Committed,
     EventSink,
-    IncomingTokens,
     PartitionStore,
 )
 from application.records import Kind, SideEffectRecord
@@ -54,24 +54,26 @@ class Finisher:
         self,
         endpoint: str,
         store: PartitionStore,
-        tokens: IncomingTokens | None,
+        consumption: Consumption,
         effects: SideEffects,
         clock: Clock,
         events: EventSink,
         failpoints: Failpoints | None = None,
         cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
-        colocated_tokens: bool = False,
     ) -> None:
-        """`tokens`: the endpoint's own, consumed last (None on the outbox path, which
-        consumes no token: its messages come with none); `colocated_tokens`: they are
-        `store`'s token table, so consuming the token and clearing the TR are one statement
-        (protocol 3.2's fast path)."""
+        """`consumption`: how the endpoint's incoming token is consumed with the clear
+        (application/consumption.py: by the clear itself, by a delete before it, or none on
+        the outbox path), chosen by `application.assembly` from where the tokens live."""
         self._endpoint = endpoint
-        self._store, self._tokens, self._clock, self._events = store, tokens, clock, events
+        self._store, self._consumption = store, consumption
+        self._clock, self._events = clock, events
         self.effects = effects
         self._fp = failpoints
         self._grace = cleanup_grace
-        self._colocated = colocated_tokens and tokens is not None
+
+    async def _hit(self, name: str) -> None:
+        if self._fp:
+            await self._fp.hit(name)
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
                      committed: Committed | None = None,
@@ -102,7 +104,7 @@ class Finisher:
         every TR (`clear_many`). The failure table holds for each. Returns whether each
         cleared. `event_fields`: each transaction's event fields when the caller has them
         already. Raises ValueError unless tokens are co-located."""
-        if not self._colocated:
+        if not self._consumption.batches:
             raise ValueError("finish_many needs co-located tokens")
         return await self._finish([
             self._plan(partition, message_id, attempt_id, committed,
@@ -119,7 +121,7 @@ class Finisher:
         winners, aborted = _split(committed.records, attempt_id)
         clear = Clear(partition, committed.version, committed.records, aborted,
                       self._clock.now() + self._grace,
-                      message_id if self._colocated else None)
+                      self._consumption.consumed_by_clear(message_id))
         return _Plan(message_id, fields, winners, clear)
 
     async def _finish(self, plans: Sequence[_Plan], batched: bool) -> list[bool]:
@@ -142,23 +144,9 @@ class Finisher:
             await self._clean_up(plan.clear.aborted, plan.fields)
         if fp:
             await fp.hit("after_cleanup_aborted")
-        if self._colocated:  # consume and clear in one transaction (3.2 fast path)
-            if batched:
-                cleared = await self._store.clear_many([p.clear for p in plans])
-            else:
-                cleared = [await self._store.clear(plans[0].clear)]
-            for plan in plans:
-                ev.emit(TOKEN_CONSUMED, **plan.fields)
-            if fp:
-                await fp.hit("after_consume_token")
-        else:
-            [plan] = plans
-            if self._tokens is not None:
-                await self._tokens.delete(plan.message_id)  # consume: the last publication step
-                ev.emit(TOKEN_CONSUMED, **plan.fields)
-            if fp:
-                await fp.hit("after_consume_token")
-            cleared = [await self._store.clear(plan.clear)]
+        cleared = await self._consumption.consume_and_clear(
+            self._store, [p.clear for p in plans], [p.message_id for p in plans],
+            lambda i: ev.emit(TOKEN_CONSUMED, **plans[i].fields), self._hit, batched)
         if fp:
             await fp.hit("after_tr_clear")
         return cleared

@@ -244,8 +244,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         before="""        fp, ev = self._fp, self._events
         if not batched:""",
         after="""        fp, ev = self._fp, self._events
-        if self._tokens is not None and not self._colocated:
-            await self._tokens.delete(plans[0].message_id)
+        tokens = getattr(self._consumption, "tokens", None)
+        if tokens is not None:
+            await tokens.delete(plans[0].message_id)
         if not batched:""",
         killers=(f"{_FAILURE_TABLE}::test_crash_after_commit_is_finished_by_redelivery_without_"
                  "a_second_handler_run",),
@@ -254,9 +255,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="token-never-consumed",
         guard="3.1: finish consumes the incoming token (deduplication state bounded by the "
               "messages in flight)",
-        file="application/finisher.py",
-        before="""                await self._tokens.delete(plan.message_id)  # consume: the last publication step""",
-        after="""                pass""",
+        file="application/consumption.py",
+        before="""        await self.tokens.delete(m)  # consume: the last publication step""",
+        after="""        pass""",
         killers=(f"{_FAILURE_TABLE}::test_crash_before_anything_durable_leaves_nothing",),
         invariants=("I9",)),
     Mutation(

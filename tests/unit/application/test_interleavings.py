@@ -119,10 +119,10 @@ class UnfencedFinisher(Finisher):
             await self.effects.publish(rec.kind, rec.key, rec.payload)
         for rec in aborted:
             await self.effects.clean_up(rec.kind, rec.key, rec.payload)
-        if self._tokens is not None:
-            await self._tokens.delete(message_id)
         current = await store.load_tr(partition)
-        await store.clear(Clear(partition, current.version, records, aborted, self._clock.now()))
+        await self._consumption.consume_and_clear(
+            store, [Clear(partition, current.version, records, aborted, self._clock.now())],
+            [message_id], lambda _: None, self._hit)
         return True
 
 
