@@ -13,7 +13,6 @@ from application.consumption import (
     ConsumedByTheClear,
     Consumption,
     DeletedBeforeTheClear,
-    NothingToConsume,
 )
 from application.failpoints import Failpoints
 from application.finisher import Finisher
@@ -54,7 +53,7 @@ def consumption(name: str, ports: Ports, strategy: Strategy = Strategy.TOKEN) ->
     """How endpoint `name`'s `finish` consumes its incoming token: the one place where
     whether the tokens share the partition store's database decides it (protocol 3.2)."""
     if strategy is not Strategy.TOKEN:
-        return NothingToConsume()
+        return DeletedBeforeTheClear(None)  # the outbox path: its messages have no token
     if ports.colocated_tokens and ports.incoming is None:
         return ConsumedByTheClear()
     return DeletedBeforeTheClear(incoming_tokens(name, ports))

@@ -1,7 +1,7 @@
 """How `finish` consumes the incoming token and clears the transaction record (protocol 3.1's
 last steps), chosen once when the system is built (`application.assembly`): by the clear
 itself when the tokens share the partition store's database (protocol 3.2's fast path), by a
-delete just before the clear when they live apart, or not at all on the outbox path (its
+delete just before the clear when they live apart (not at all on the outbox path: its
 messages come with no token)."""
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ class ConsumedByTheClear:
 @dataclass(frozen=True)
 class DeletedBeforeTheClear:
     """Tokens in a database of their own: the token is deleted (the last publication step),
-    then the TR cleared; one transaction at a time."""
+    then the TR cleared; one transaction at a time. `tokens` None: the outbox path, whose
+    messages come with no token, only clears."""
 
-    tokens: IncomingTokens
+    tokens: IncomingTokens | None
     batches: bool = False
 
     def consumed_by_clear(self, message_id: uuid.UUID) -> uuid.UUID | None:
@@ -77,25 +78,8 @@ class DeletedBeforeTheClear:
                                 message_ids: Sequence[uuid.UUID], consumed: Consumed,
                                 hit: Hit, batched: bool = False) -> list[bool]:
         [clear], [m] = clears, message_ids
-        await self.tokens.delete(m)  # consume: the last publication step
-        consumed(0)
+        if self.tokens is not None:
+            await self.tokens.delete(m)  # consume: the last publication step
+            consumed(0)
         await hit("after_consume_token")
         return [await store.clear(clear)]
-
-
-@dataclass(frozen=True)
-class NothingToConsume:
-    """The outbox path: its messages come with no token; the TR is cleared."""
-
-    batches: bool = False
-
-    def consumed_by_clear(self, message_id: uuid.UUID) -> uuid.UUID | None:
-        return None
-
-    async def consume_and_clear(self, store: PartitionStore, clears: Sequence[Clear],
-                                message_ids: Sequence[uuid.UUID], consumed: Consumed,
-                                hit: Hit, batched: bool = False) -> list[bool]:
-        [clear] = clears
-        await hit("after_consume_token")
-        return [await store.clear(clear)]
-

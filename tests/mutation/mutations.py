@@ -256,8 +256,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1: finish consumes the incoming token (deduplication state bounded by the "
               "messages in flight)",
         file="application/consumption.py",
-        before="""        await self.tokens.delete(m)  # consume: the last publication step""",
-        after="""        pass""",
+        before="""            await self.tokens.delete(m)  # consume: the last publication step""",
+        after="""            pass""",
         killers=(f"{_FAILURE_TABLE}::test_crash_before_anything_durable_leaves_nothing",),
         invariants=("I9",)),
     Mutation(

@@ -121,7 +121,9 @@ def private_vhost(url: str, vhost: str) -> str:
     try:
         if vhost not in _rabbitmqctl("list_vhosts").split():
             _rabbitmqctl("add_vhost", vhost)
-        _MADE_VHOSTS.add(vhost)
+            _MADE_VHOSTS.add(vhost)
+        elif RUN_ID.replace("_", "-") in vhost:  # this run's, made before by another caller
+            _MADE_VHOSTS.add(vhost)
         _rabbitmqctl("set_permissions", "-p", vhost, parts.username or "guest", ".*", ".*",
                      ".*")
     except (OSError, subprocess.SubprocessError):
