@@ -23,6 +23,10 @@ MAX_ATTEMPTS: Final = 5
 RETRY_DELAYS_S: Final = (0.05, 0.2, 1.0, 5.0)
 #: Deliveries in flight of a consumer that processes one at a time (`EO_PREFETCH`).
 SINGLE_PREFETCH: Final = 8
+#: PostgreSQL connections per pool (`EO_POOL_SIZE`): an attempt holds one from its load to
+#: its clear (`PartitionStore.session`), so the unbatched prefetch, plus room for the
+#: sweeper, the dead-letter collector and the readiness check.
+POOL_SIZE: Final = SINGLE_PREFETCH + 4
 #: The prefetch of a batching consumer, in batches: two in process, one waiting
 #: (`application.settlement.batches_in_flight`).
 PREFETCH_IN_BATCHES: Final = 3

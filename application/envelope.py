@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+from typing import overload
 
 from application.errors import MalformedMessage
 
@@ -58,6 +59,24 @@ MAX_HEADER_CHARS = 1024
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+class _IdText:
+    """`Envelope.id_text`: formatted on first use and kept in the instance (a non-data
+    descriptor without `functools.cached_property`'s lock, which costs more than the
+    formatting it saves)."""
+
+    @overload
+    def __get__(self, envelope: None, owner: type) -> _IdText: ...
+
+    @overload
+    def __get__(self, envelope: Envelope, owner: type) -> str: ...
+
+    def __get__(self, envelope: Envelope | None, owner: type) -> _IdText | str:
+        if envelope is None:
+            return self
+        text = envelope.__dict__["id_text"] = str(envelope.message_id)
+        return text
+
+
 @dataclass(frozen=True)
 class Envelope:
     """One message as it travels and as a token stores it (claim check).
@@ -78,6 +97,10 @@ class Envelope:
     body: bytes
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     producer: str = ""
+
+    #: `str(message_id)`, formatted once per envelope (an attempt's events, its lineage
+    #: headers and the AMQP properties all need it); not a field
+    id_text = _IdText()
 
     def without(self, *names: str) -> Envelope:
         """This envelope without the headers `names` (itself when it has none of them)."""
@@ -153,8 +176,8 @@ def lineage(incoming: Envelope) -> dict[str, str]:
     dead-letter matching read them; no decision of the protocol does."""
     origin = incoming.header(ORIGIN_ID_HEADER)
     producer = incoming.header(ORIGIN_PRODUCER_HEADER) if origin else incoming.producer
-    headers = {ORIGIN_ID_HEADER: origin or str(incoming.message_id),
-               CAUSATION_ID_HEADER: str(incoming.message_id)}
+    headers = {ORIGIN_ID_HEADER: origin or incoming.id_text,
+               CAUSATION_ID_HEADER: incoming.id_text}
     if producer:
         headers[ORIGIN_PRODUCER_HEADER] = producer
     return headers

@@ -30,15 +30,9 @@ class PartitionLocks:
         else:
             self._locks[partition] = (lock, users - 1)
 
-    @asynccontextmanager
-    async def hold(self, partition: str) -> AsyncIterator[None]:
-        """Hold the lock of `partition` for the duration of the block."""
-        lock = self._enter(partition)
-        try:
-            async with lock:
-                yield
-        finally:
-            self._leave(partition)
+    def hold(self, partition: str) -> _Held:
+        """Hold the lock of `partition` for the duration of the (async) block."""
+        return _Held(self, partition)
 
     @asynccontextmanager
     async def hold_many(self, partitions: Iterable[str]) -> AsyncIterator[None]:
@@ -61,3 +55,24 @@ class PartitionLocks:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+
+class _Held:
+    """The block of `PartitionLocks.hold` (a class, not a generator: one per attempt)."""
+
+    __slots__ = ("_lock", "_locks", "_partition")
+
+    def __init__(self, locks: PartitionLocks, partition: str) -> None:
+        self._locks, self._partition = locks, partition
+
+    async def __aenter__(self) -> None:
+        self._lock = lock = self._locks._enter(self._partition)
+        try:
+            await lock.acquire()
+        except BaseException:  # cancelled while waiting: not held, no longer waiting
+            self._locks._leave(self._partition)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._locks._leave(self._partition)

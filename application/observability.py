@@ -54,12 +54,13 @@ EVENTS: Final = (
 )
 
 
-def attempt_fields(endpoint: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
+def attempt_fields(endpoint: str, message_id: uuid.UUID | str, attempt_id: uuid.UUID,
                    partition: str) -> dict[str, str]:
     """The fields that name an attempt in its events (`handler.invoked`,
-    `transaction.committed`, `side_effect.*`, `token.consumed`): endpoint, message ID,
-    attempt ID and partition, as text. Built once per attempt and handed along, as the UUIDs'
-    text costs a formatting each time."""
+    `transaction.committed`, `side_effect.*`, `token.consumed`): endpoint, message ID (a
+    UUID, or its text when formatted already: `Envelope.id_text`), attempt ID and partition,
+    as text. Built once per attempt and handed along, as the UUIDs' text costs a formatting
+    each time."""
     return {"endpoint": endpoint, "message_id": str(message_id),
             "attempt_id": str(attempt_id), "partition": partition}
 

@@ -126,7 +126,7 @@ class CommitRequest:
 
     def __post_init__(self) -> None:
         held = [x.key for x in self.records if x.in_token]
-        if held and not set(held) <= {str(e.message_id) for _, e in self.tokens}:
+        if held and not set(held) <= {e.id_text for _, e in self.tokens}:
             raise ValueError(f"partition {self.partition}: in-token records without their "
                              "token in the commit")
 
@@ -155,6 +155,12 @@ class PartitionStore(Protocol):
     #: then `load` can check a token, `commit` can insert tokens and `clear` can consume one,
     #: each inside the same statement.
     holds_tokens: bool
+
+    def session(self) -> AbstractAsyncContextManager[None]:
+        """A block whose calls from the entering task share one connection of the store (an
+        attempt's load, commit and clear: one pool round trip instead of three); a store
+        without connections returns a block that does nothing. Calls from other tasks,
+        including those the block creates, do not share it."""
 
     async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
         """The transaction record (created idle when missing) and the business state, in one

@@ -23,7 +23,7 @@ from application.ports import (
     TokenStore,
 )
 from application.records import Kind, SideEffectRecord
-from application.side_effects import message_payload
+from application.side_effects import MessagePayload, message_payload
 from domain.decisions import CallHttp, CreateBlob, Decision, Outgoing
 
 if TYPE_CHECKING:
@@ -37,10 +37,18 @@ class Prepared:
 
     version: int
     records: tuple[SideEffectRecord, ...]
-    outgoing: tuple[Mapping[str, str], ...]
+    #: the outgoing messages' record payloads, by message ID (text)
+    messages: tuple[tuple[str, Mapping[str, str]], ...]
     #: tokens the commit inserts itself (co-located fast path), else empty: (destination
     #: endpoint, envelope), each addressed to its destination
     tokens: tuple[tuple[str, Envelope], ...] = ()
+
+    @property
+    def outgoing(self) -> tuple[Mapping[str, str], ...]:
+        """The outgoing messages as a processed-message row keeps them: each record
+        payload with its `message_id`."""
+        return tuple(MappingProxyType({**payload, "message_id": key})
+                     for key, payload in self.messages)
 
 
 class Preparation:
@@ -95,9 +103,10 @@ class Preparation:
             kind: Kind, key: str, payload: Mapping[str, str] | None = None,
             in_token: bool = False,
         ) -> SideEffectRecord:
+            kept = payload if isinstance(payload, MessagePayload) else MappingProxyType(
+                dict(payload or {}))
             return SideEffectRecord(partition, kind, key, incoming.message_id, attempt,
-                                    next(seq), MappingProxyType(dict(payload or {})), now,
-                                    in_token)
+                                    next(seq), kept, now, in_token)
 
         blobs = self._blobs
         for blob in decision.blobs:
@@ -114,7 +123,7 @@ class Preparation:
             url, version = await self._http_request(record, version, decision.http_call)
             outgoing.append(Outgoing(self._endpoint, decision.http_call.follow_up))
             follow_up_headers[REQUEST_URL_HEADER] = url
-        payloads: list[Mapping[str, str]] = []
+        payloads: list[tuple[str, Mapping[str, str]]] = []
         extra: list[SideEffectRecord] = []
         tokens: list[tuple[str, Envelope]] = []
         chain = lineage(incoming)
@@ -126,8 +135,8 @@ class Preparation:
                 headers.update(follow_up_headers)
             envelope = Envelope(self._ids(), type(out.message).__name__, encode(out.message),
                                 MappingProxyType(headers))
-            payload, key = message_payload(destination, envelope), str(envelope.message_id)
-            payloads.append(MappingProxyType({**payload, "message_id": key}))
+            payload, key = message_payload(destination, envelope), envelope.id_text
+            payloads.append((key, payload))
             if self._colocated and tokened:
                 # the token exists exactly when the commit does (3.2), and stands for the
                 # record: the commit inserts the token only (`SideEffectRecord.in_token`)

@@ -83,14 +83,14 @@ class Processor:
     def _received(self, envelope: Envelope) -> str:
         """Emit `message.received`; returns the message ID as text."""
         # the body's digest lets an audit of the logs check I2 (every copy identical)
-        m = str(envelope.message_id)
+        m = envelope.id_text
         self.events.emit(MESSAGE_RECEIVED, endpoint=self.endpoint, message_id=m,
                          type=envelope.type,
                          body_sha256=hashlib.sha256(envelope.body).hexdigest()[:16])
         return m
 
     async def _attempts(self, envelope: Envelope, m: str | None = None) -> Outcome:
-        ev, name, m = self.events, self.endpoint, m or str(envelope.message_id)
+        ev, name, m = self.events, self.endpoint, m or envelope.id_text
         for _ in range(self.conflict_retries + 1):
             try:
                 await self.path.attempt(envelope)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -15,20 +15,54 @@ from application.ports import BlobStore, HttpRequests, MessageDispatcher, TokenS
 from application.records import Kind
 
 
+class MessagePayload(Mapping[str, str]):
+    """The side-effect record payload of an outgoing message (`message_payload`): its
+    `destination`, and its `type`, `body` (UTF-8 text) and `headers` (JSON text), formatted
+    only when read (a record that its token stands for is never stored as a row), while
+    `envelope_of` takes the envelope back without parsing them."""
+
+    __slots__ = ("_text", "destination", "envelope")
+
+    def __init__(self, destination: str, envelope: Envelope) -> None:
+        self.destination, self.envelope = destination, envelope
+        self._text: dict[str, str] | None = None
+
+    def _items(self) -> dict[str, str]:
+        text = self._text
+        if text is None:
+            envelope = self.envelope
+            text = self._text = {
+                "destination": self.destination,
+                "type": envelope.type,
+                "body": envelope.body.decode(),
+                "headers": to_json(dict(sorted(envelope.headers.items()))).decode(),
+            }
+        return text
+
+    def __getitem__(self, name: str) -> str:
+        return self.destination if name == "destination" else self._items()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return 4
+
+    def __repr__(self) -> str:
+        return f"MessagePayload({self._items()!r})"
+
+
 def message_payload(destination: str, envelope: Envelope) -> Mapping[str, str]:
-    """The side-effect record payload of an outgoing message: all that dispatch needs."""
-    return MappingProxyType(
-        {
-            "destination": destination,
-            "type": envelope.type,
-            "body": envelope.body.decode(),
-            "headers": to_json(dict(sorted(envelope.headers.items()))).decode(),
-        }
-    )
+    """The side-effect record payload of an outgoing message: all that dispatch needs
+    (`MessagePayload`)."""
+    return MessagePayload(destination, envelope)
 
 
 def envelope_of(key: str, payload: Mapping[str, str]) -> tuple[str, Envelope]:
-    """Inverse of `message_payload`: (destination, envelope) of a message record."""
+    """Inverse of `message_payload`: (destination, envelope) of a message record whose
+    payload is `payload` (a `MessagePayload`, or the mapping a store read back)."""
+    if isinstance(payload, MessagePayload):
+        return payload.destination, payload.envelope
     return payload["destination"], Envelope(
         message_id=uuid.UUID(key),
         type=payload["type"],

@@ -56,7 +56,7 @@ class TokenPath:
         claimed = self._claimed_partition(envelope) if self.colocated else None
         if claimed is not None:
             message, partition = claimed
-            async with steps.locks.hold(partition):
+            async with steps.locks.hold(partition), steps.store.session():
                 loaded = await steps.store.load(partition, m)
                 await steps.hit("after_token_load")
                 stored = loaded.token
@@ -68,7 +68,7 @@ class TokenPath:
         stored = await self.load(m)
         message = steps.runner.decode(stored)
         partition = steps.runner.partition_of(message)
-        async with steps.locks.hold(partition):
+        async with steps.locks.hold(partition), steps.store.session():
             await self._held(stored, message, partition)
 
     def _claimed_partition(self, envelope: Envelope) -> tuple[Any, str] | None:

@@ -107,7 +107,7 @@ class Steps:
         """A new attempt at `stored` (a new attempt ID), checked against `loaded`."""
         attempt_id = self.ids()
         return Attempt(stored, message, partition, loaded, attempt_id,
-                       attempt_fields(self.endpoint, stored.message_id, attempt_id, partition))
+                       attempt_fields(self.endpoint, stored.id_text, attempt_id, partition))
 
     async def decide(self, a: Attempt, response: HttpResponse | None = None,
                      recheck: bool = True) -> Decision[Any]:

@@ -112,7 +112,8 @@ class Settings(BaseSettings):
     database_dsn: SecretStr | None = Field(None, description="the endpoint's PostgreSQL")
     token_dsn: SecretStr | None = Field(None, description="token store; default: database")
     amqp_url: SecretStr | None = Field(None, description="RabbitMQ")
-    pool_size: int = Field(8, ge=1, description="PostgreSQL connections per pool")
+    pool_size: int = Field(defaults.POOL_SIZE, ge=1, description="PostgreSQL connections per "
+                           "pool; each attempt in flight holds one")
     migrate_on_start: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(

@@ -6,8 +6,10 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from adapters.memory.token_store import MemoryTokenStore
@@ -42,6 +44,12 @@ class _Partition:
     in_tokens: tuple[tuple[uuid.UUID, int], ...] = ()
 
 
+def _as_stored(record: SideEffectRecord) -> SideEffectRecord:
+    """`record` as a row keeps it: its payload a plain mapping of strings (a message's is
+    read back, and parsed, as PostgreSQL's would be)."""
+    return replace(record, payload=MappingProxyType(dict(record.payload)))
+
+
 def _same(a: SideEffectRecord, b: SideEffectRecord) -> bool:
     return (a.kind, a.key, a.attempt_id) == (b.kind, b.key, b.attempt_id)
 
@@ -66,6 +74,9 @@ class MemoryTransactionalStore(TransactionalStore):
         self.replies: dict[uuid.UUID, Reply] = {}
         self.cleanups: dict[int, DeferredCleanup] = {}
         self._cleanup_ids = itertools.count(1)
+
+    def session(self) -> AbstractAsyncContextManager[None]:
+        return nullcontext()  # no connections: every call is its own transaction
 
     def _partition(self, partition: str) -> _Partition:
         p = self.partitions.get(partition)
@@ -134,7 +145,7 @@ class MemoryTransactionalStore(TransactionalStore):
         if p.tr.is_committed or p.tr.version != expected_version:
             raise Conflict(f"partition {record.partition}: register at v{expected_version}, "
                            f"TR at v{p.tr.version}")
-        p.records.append(record)
+        p.records.append(_as_stored(record))
         self._bump(p)
         return p.tr.version
 
@@ -171,7 +182,7 @@ class MemoryTransactionalStore(TransactionalStore):
         if r.tokens and self.tokens is None:
             raise ValueError("tokens passed to commit, but no token store is co-located")
         p.state = r.state
-        p.records.extend(x for x in r.records if not x.in_token)
+        p.records.extend(_as_stored(x) for x in r.records if not x.in_token)
         p.in_tokens = tuple((uuid.UUID(x.key), x.seq) for x in r.records if x.in_token)
         self._bump(p, message_id=r.message_id, attempt_id=r.attempt_id,
                    committed_at=self.clock.now())

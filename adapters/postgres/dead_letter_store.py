@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from adapters.postgres.pool import translated
+from adapters.postgres.pool import acquired, db, translated
 from application.ports import Clock, DeadLetterQuery, DeadLetterStore, HeldDeadLetter
 from application.records import DeadLetter, DeadLetterReason, DeadLetterStatus
 
@@ -102,7 +102,7 @@ class PostgresDeadLetterStore(DeadLetterStore):
         reasons = [{"at": r.at.isoformat(), "reason": r.reason, "attempt": r.attempt}
                    for r in letter.reasons]
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 _ADD, letter.endpoint, letter.message_id, letter.raw_message_id,
                 letter.producer, letter.type, letter.body, dict(letter.headers),
                 letter.digest, letter.replayable, letter.origin_id, letter.origin_producer,
@@ -112,7 +112,7 @@ class PostgresDeadLetterStore(DeadLetterStore):
         if query.limit < 1:
             raise ValueError("limit must be at least 1")
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 _FIND, list(query.endpoints), list(query.ids),
                 None if query.status is None else str(query.status), query.reason,
                 query.before, query.after, query.limit)
@@ -120,7 +120,7 @@ class PostgresDeadLetterStore(DeadLetterStore):
 
     @asynccontextmanager
     async def hold(self, dead_letter_id: int) -> AsyncIterator[HeldDeadLetter | None]:
-        async with translated(), self.pool.acquire() as conn, conn.transaction():
+        async with translated(), acquired(self.pool) as conn, conn.transaction():
             row = await conn.fetchrow(
                 f"SELECT {_COLUMNS} FROM eo_dead_letter WHERE dead_letter_id = $1 "
                 "FOR UPDATE SKIP LOCKED", dead_letter_id)
@@ -128,14 +128,14 @@ class PostgresDeadLetterStore(DeadLetterStore):
 
     async def waiting(self) -> list[tuple[str, uuid.UUID]]:
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 "SELECT endpoint, message_id FROM eo_dead_letter "
                 "WHERE status = 'dead' AND message_id IS NOT NULL")
         return [(r["endpoint"], r["message_id"]) for r in rows]
 
     async def counts(self) -> dict[str, dict[str, int]]:
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 "SELECT endpoint, status, count(*) AS n FROM eo_dead_letter "
                 "GROUP BY endpoint, status")
         counts: defaultdict[str, dict[str, int]] = defaultdict(dict)
@@ -145,7 +145,7 @@ class PostgresDeadLetterStore(DeadLetterStore):
 
     async def purge(self, before: datetime) -> int:
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 "WITH gone AS (DELETE FROM eo_dead_letter WHERE status <> 'dead' "
                 "AND coalesce(acted_at, last_at) < $1 RETURNING 1) SELECT count(*) FROM gone",
                 before))

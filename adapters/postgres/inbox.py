@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from adapters.postgres.pool import translated
+from adapters.postgres.pool import acquired, db, translated
 from application.envelope import Envelope
 from application.ports import Clock, Inbox, InboxClaim
 
@@ -60,7 +60,7 @@ class PostgresInbox(Inbox):
         if not envelopes:
             return 0
         async with translated():
-            status = await self.pool.execute(
+            status = await db(self.pool).execute(
                 """INSERT INTO eo_inbox (endpoint, message_id, type, body, received_at)
                    SELECT $1, m, t, b, $5
                    FROM unnest($2::uuid[], $3::text[], $4::bytea[]) AS u(m, t, b)
@@ -73,7 +73,7 @@ class PostgresInbox(Inbox):
     async def claim(self, limit: int) -> AsyncIterator[InboxClaim]:
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        async with translated(), self.pool.acquire() as conn, conn.transaction():
+        async with translated(), acquired(self.pool) as conn, conn.transaction():
             rows = await conn.fetch(
                 """SELECT message_id, type, body, producer FROM eo_inbox
                    WHERE endpoint = $1 AND relayed_at IS NULL
@@ -85,14 +85,14 @@ class PostgresInbox(Inbox):
 
     async def purge_relayed(self, before: datetime) -> int:
         async with translated():
-            status = await self.pool.execute(
+            status = await db(self.pool).execute(
                 "DELETE FROM eo_inbox WHERE endpoint = $1 AND relayed_at < $2",
                 self.endpoint, before)
         return _count(status)
 
     async def count_pending(self) -> int:
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 "SELECT count(*) FROM eo_inbox WHERE endpoint = $1 AND relayed_at IS NULL",
                 self.endpoint))
 

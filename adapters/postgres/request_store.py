@@ -8,7 +8,7 @@ from datetime import datetime
 
 import asyncpg
 
-from adapters.postgres.pool import translated
+from adapters.postgres.pool import acquired, db, translated
 from adapters.postgres.token_store import envelope_of_row
 from application.envelope import Envelope
 from application.ports import PutResult, RequestStore
@@ -26,7 +26,7 @@ class PostgresRequestStore(RequestStore):
         self.pool, self.endpoint = pool, endpoint
 
     async def put(self, request_id: uuid.UUID, envelope: Envelope) -> PutResult:
-        async with translated(), self.pool.acquire() as conn, conn.transaction():
+        async with translated(), acquired(self.pool) as conn, conn.transaction():
             await conn.execute(_LOCK, self.endpoint, str(request_id))
             if await conn.fetchval("SELECT 1 FROM eo_http_tombstone WHERE endpoint = $1 AND "
                                    "request_id = $2", self.endpoint, request_id):
@@ -44,12 +44,12 @@ class PostgresRequestStore(RequestStore):
 
     async def known(self, request_id: uuid.UUID) -> bool:
         async with translated():
-            return bool(await self.pool.fetchval(
+            return bool(await db(self.pool).fetchval(
                 "SELECT EXISTS (SELECT 1 FROM eo_http_request WHERE endpoint = $1 AND "
                 "request_id = $2)", self.endpoint, request_id))
 
     async def remove(self, request_id: uuid.UUID, now: datetime) -> None:
-        async with translated(), self.pool.acquire() as conn, conn.transaction():
+        async with translated(), acquired(self.pool) as conn, conn.transaction():
             await conn.execute(_LOCK, self.endpoint, str(request_id))
             await conn.execute(
                 "INSERT INTO eo_http_tombstone (endpoint, request_id, deleted_at) "
@@ -59,13 +59,13 @@ class PostgresRequestStore(RequestStore):
 
     async def purge_tombstones(self, before: datetime) -> int:
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 "WITH gone AS (DELETE FROM eo_http_tombstone WHERE endpoint = $1 AND "
                 "deleted_at < $2 RETURNING 1) SELECT count(*) FROM gone", self.endpoint, before))
 
     async def get(self, message_id: uuid.UUID) -> Envelope | None:
         async with translated():
-            row = await self.pool.fetchrow(
+            row = await db(self.pool).fetchrow(
                 "SELECT type, body, headers FROM eo_http_request WHERE endpoint = $1 AND "
                 "request_id = $2 AND NOT answered", self.endpoint, message_id)
         return envelope_of_row(message_id, row)
@@ -76,11 +76,11 @@ class PostgresRequestStore(RequestStore):
     async def delete(self, message_id: uuid.UUID) -> None:
         """Mark the request answered (the callee's consume step)."""
         async with translated():
-            await self.pool.execute(
+            await db(self.pool).execute(
                 "UPDATE eo_http_request SET answered = true WHERE endpoint = $1 AND "
                 "request_id = $2", self.endpoint, message_id)
 
     async def count(self) -> int:
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 "SELECT count(*) FROM eo_http_request WHERE endpoint = $1", self.endpoint))

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from adapters.postgres.pool import translated
+from adapters.postgres.pool import db, translated
 from application.codec import from_jsonable, to_jsonable
 from application.errors import Conflict, MessageIdReused, OutsideRetention
 from application.ports import Clock, StateStream
@@ -78,7 +78,7 @@ class PostgresStateStream(StateStream):
         self, partition: str, message_id: uuid.UUID
     ) -> tuple[Any, int, StateEntry | None]:
         async with translated():
-            rows = await self.pool.fetch(LOAD, self.endpoint, partition, message_id)
+            rows = await db(self.pool).fetch(LOAD, self.endpoint, partition, message_id)
         by_version = {int(r["version"]): r for r in rows}
         hit = next((r for r in rows if r["message_id"] == message_id), None)
         if hit is not None:
@@ -106,11 +106,11 @@ class PostgresStateStream(StateStream):
     ) -> int:
         async with translated():
             try:
-                version = await self.pool.fetchval(
+                version = await db(self.pool).fetchval(
                     APPEND, self.endpoint, partition, expected_version, message_id,
                     to_jsonable(state), dict(recorded), self.clock.now())
             except asyncpg.UniqueViolationError:
-                holder = await self.pool.fetchval(CLAIMED_BY, self.endpoint, message_id)
+                holder = await db(self.pool).fetchval(CLAIMED_BY, self.endpoint, message_id)
                 if holder is not None and holder != partition:
                     raise MessageIdReused(message_id) from None
                 version = None  # this partition's own entry: a concurrent copy appended it
@@ -121,12 +121,12 @@ class PostgresStateStream(StateStream):
 
     async def truncate(self, before: datetime) -> int:
         async with translated():
-            return int(await self.pool.fetchval(TRUNCATE, self.endpoint, before))
+            return int(await db(self.pool).fetchval(TRUNCATE, self.endpoint, before))
 
     async def states(self) -> dict[str, Any]:
         """The newest state of every partition (oracles, audits)."""
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 """SELECT DISTINCT ON (partition_key) partition_key, state FROM eo_state_entry
                     WHERE endpoint = $1 ORDER BY partition_key, version DESC""", self.endpoint)
         return {r["partition_key"]: from_jsonable(self.state_type, r["state"]) for r in rows}
@@ -134,5 +134,5 @@ class PostgresStateStream(StateStream):
     async def entry_count(self) -> int:
         """Entries kept for this endpoint."""
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 "SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", self.endpoint))

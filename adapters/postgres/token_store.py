@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from adapters.postgres.pool import translated
+from adapters.postgres.pool import db, translated
 from application.envelope import Envelope
 from application.ports import TokenStore
 
@@ -43,7 +43,7 @@ class PostgresTokenStore(TokenStore):
         if not envelopes:
             return
         async with translated():
-            await self.pool.execute(
+            await db(self.pool).execute(
                 """INSERT INTO eo_token (endpoint, message_id, type, body, headers)
                    SELECT $1, m, t, b, h
                      FROM unnest($2::uuid[], $3::text[], $4::bytea[], $5::jsonb[])
@@ -54,33 +54,33 @@ class PostgresTokenStore(TokenStore):
 
     async def get(self, endpoint: str, message_id: uuid.UUID) -> Envelope | None:
         async with translated():
-            row = await self.pool.fetchrow(
+            row = await db(self.pool).fetchrow(
                 f"SELECT type, body, headers FROM eo_token WHERE message_id = $2 AND {ADDRESSED}",
                 endpoint, message_id)
         return envelope_of_row(message_id, row)
 
     async def exists(self, endpoint: str, message_id: uuid.UUID) -> bool:
         async with translated():
-            return bool(await self.pool.fetchval(
+            return bool(await db(self.pool).fetchval(
                 f"SELECT EXISTS (SELECT 1 FROM eo_token WHERE message_id = $2 AND {ADDRESSED})",
                 endpoint, message_id))
 
     async def delete(self, endpoint: str, message_id: uuid.UUID) -> None:
         async with translated():
-            await self.pool.execute(
+            await db(self.pool).execute(
                 f"DELETE FROM eo_token WHERE message_id = $2 AND {ADDRESSED}",
                 endpoint, message_id)
 
     async def count(self) -> int:
         async with translated():
-            return int(await self.pool.fetchval("SELECT count(*) FROM eo_token"))
+            return int(await db(self.pool).fetchval("SELECT count(*) FROM eo_token"))
 
     async def count_of(self, addresses: Sequence[tuple[str, uuid.UUID]]) -> int:
         if not addresses:
             return 0
         pairs = sorted(set(addresses))
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 """SELECT count(*) FROM eo_token k
                      JOIN unnest($1::text[], $2::uuid[]) AS a(endpoint, message_id)
                        ON k.message_id = a.message_id

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 
 from adapters.postgres import sql
-from adapters.postgres.pool import translated
+from adapters.postgres.pool import Session, db, translated
 from adapters.postgres.token_store import envelope_of_row
 from application.codec import from_jsonable, to_jsonable
 from application.envelope import Envelope
@@ -92,16 +92,19 @@ class PostgresTransactionalStore(TransactionalStore):
         self.pool, self.endpoint, self.state_type, self.clock = pool, endpoint, state_type, clock
         self.holds_tokens = holds_tokens
 
+    def session(self) -> Session:
+        return Session(self.pool)
+
     async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
         token = token if self.holds_tokens else None
         async with translated():
-            row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
+            row = await db(self.pool).fetchrow(sql.LOAD, self.endpoint, partition, token)
             if not row["tr_exists"] and row["token_exists"] is False:  # a duplicate: no TR
                 return Loaded(TransactionRecord(partition, None, None, 0), None, False)
             if not row["tr_exists"]:  # first message of the partition
-                row = await self.pool.fetchrow(sql.INSERT_LOAD, self.endpoint, partition, token)
+                row = await db(self.pool).fetchrow(sql.INSERT_LOAD, self.endpoint, partition, token)
             if row is None:  # a concurrent first insert won: visible to a new statement
-                row = await self.pool.fetchrow(sql.LOAD, self.endpoint, partition, token)
+                row = await db(self.pool).fetchrow(sql.LOAD, self.endpoint, partition, token)
         if row is None or row.get("tr_exists") is False:
             raise TransientError(f"partition {partition}: transaction record not found")
         return self._loaded(partition, token, row)
@@ -128,7 +131,7 @@ class PostgresTransactionalStore(TransactionalStore):
                            if p not in rows and p not in duplicates]
                 if not missing:
                     break
-                for r in await self.pool.fetch(statement, self.endpoint,
+                for r in await db(self.pool).fetch(statement, self.endpoint,
                                                [p for p, _ in missing], [t for _, t in missing]):
                     if r["tr_exists"]:
                         rows[r["partition_key"]] = r
@@ -143,11 +146,11 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         async with translated():
-            row = await self.pool.fetchrow(sql.SELECT_TR, self.endpoint, partition)
+            row = await db(self.pool).fetchrow(sql.SELECT_TR, self.endpoint, partition)
             if row is None:  # first message of the partition
-                row = await self.pool.fetchrow(sql.INSERT_TR, self.endpoint, partition)
+                row = await db(self.pool).fetchrow(sql.INSERT_TR, self.endpoint, partition)
             if row is None:  # a concurrent first insert won: visible to a new statement
-                row = await self.pool.fetchrow(sql.SELECT_TR, self.endpoint, partition)
+                row = await db(self.pool).fetchrow(sql.SELECT_TR, self.endpoint, partition)
         if row is None:
             raise TransientError(f"partition {partition}: transaction record not found")
         return _tr(partition, row)
@@ -156,7 +159,7 @@ class PostgresTransactionalStore(TransactionalStore):
         self, partition: str
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
         async with translated():
-            row = await self.pool.fetchrow(sql.SELECT_TR_WITH_RECORDS, self.endpoint, partition)
+            row = await db(self.pool).fetchrow(sql.SELECT_TR_WITH_RECORDS, self.endpoint, partition)
         if row is None:
             return TransactionRecord(partition, None, None, 0), ()
         tr = _tr(partition, row)
@@ -165,7 +168,7 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         async with translated():
-            version = await self.pool.fetchval(
+            version = await db(self.pool).fetchval(
                 sql.REGISTER, self.endpoint, record.partition, expected_version,
                 str(record.kind), record.key, record.incoming_id, record.attempt_id, record.seq,
                 dict(record.payload), record.registered_at or self.clock.now())
@@ -175,7 +178,7 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def registration_valid(self, record: SideEffectRecord) -> bool:
         async with translated():
-            return bool(await self.pool.fetchval(
+            return bool(await db(self.pool).fetchval(
                 sql.REGISTRATION_VALID, self.endpoint, record.partition, str(record.kind),
                 record.key, record.attempt_id))
 
@@ -194,11 +197,11 @@ class PostgresTransactionalStore(TransactionalStore):
                          [dict(e.headers) for _, e in tokens])
         async with translated():
             if tokens and not rows and reply is None and processed is None:
-                row = await self.pool.fetchrow(  # the plain co-located case
+                row = await db(self.pool).fetchrow(  # the plain co-located case
                     sql.COMMIT_TOKENS, *head, *token_columns, in_ids or None, in_seqs or None)
             else:
                 try:
-                    row = await self.pool.fetchrow(
+                    row = await db(self.pool).fetchrow(
                         sql.COMMIT, *head, processed is not None,
                         *sql.record_arrays(rows, now),
                         reply.status if reply else None, dict(reply.body) if reply else None,
@@ -233,7 +236,7 @@ class PostgresTransactionalStore(TransactionalStore):
         tokens = [(r.partition, d, e) for r in requests for d, e in r.tokens]
         held = [_in_token_arrays(r.records) for r in requests]
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 sql.COMMIT_MANY, self.endpoint, [r.partition for r in requests],
                 [r.expected_version for r in requests], [to_jsonable(r.state) for r in requests],
                 [r.message_id for r in requests], [r.attempt_id for r in requests], now,
@@ -260,7 +263,7 @@ class PostgresTransactionalStore(TransactionalStore):
         records = [(c.partition, x) for c in clears for x in _rows(c.records)]
         aborted = [(c.partition, c.cleanup_due, x) for c in clears for x in c.aborted]
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 sql.CLEAR_MANY, self.endpoint, [c.partition for c in clears],
                 [c.expected_version for c in clears], [c.consume for c in clears],
                 [p for p, _ in records], [str(x.kind) for _, x in records],
@@ -278,10 +281,10 @@ class PostgresTransactionalStore(TransactionalStore):
         records, aborted = _rows(clear.records), clear.aborted
         async with translated():
             if consume is not None and not records and not aborted:  # the plain co-located case
-                return bool(await self.pool.fetchval(sql.CLEAR_CONSUMING, self.endpoint,
+                return bool(await db(self.pool).fetchval(sql.CLEAR_CONSUMING, self.endpoint,
                                                      clear.partition, clear.expected_version,
                                                      consume))
-            cleared = await self.pool.fetchval(
+            cleared = await db(self.pool).fetchval(
                 sql.CLEAR, self.endpoint, clear.partition, clear.expected_version,
                 [str(r.kind) for r in records], [r.key for r in records],
                 [str(r.kind) for r in aborted], [r.key for r in aborted],
@@ -291,7 +294,7 @@ class PostgresTransactionalStore(TransactionalStore):
     async def processed(self, message_id: uuid.UUID, producer: str = ""
                         ) -> ProcessedMessage | None:
         async with translated():
-            row = await self.pool.fetchrow(sql.SELECT_PROCESSED, self.endpoint, message_id,
+            row = await db(self.pool).fetchrow(sql.SELECT_PROCESSED, self.endpoint, message_id,
                                            producer)
         if row is None:
             return None
@@ -301,31 +304,31 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
         async with translated():
-            row = await self.pool.fetchrow(sql.SELECT_REPLY, self.endpoint, message_id)
+            row = await db(self.pool).fetchrow(sql.SELECT_REPLY, self.endpoint, message_id)
         return None if row is None else Reply(row["status"], row["body"])
 
     async def delete_reply(self, message_id: uuid.UUID) -> None:
         async with translated():
-            await self.pool.execute(sql.DELETE_REPLY, self.endpoint, message_id)
+            await db(self.pool).execute(sql.DELETE_REPLY, self.endpoint, message_id)
 
     async def committed_before(self, cutoff: datetime) -> Sequence[TransactionRecord]:
         async with translated():
-            rows = await self.pool.fetch(sql.COMMITTED_BEFORE, self.endpoint, cutoff)
+            rows = await db(self.pool).fetch(sql.COMMITTED_BEFORE, self.endpoint, cutoff)
         return [_tr(r["partition_key"], r) for r in rows]
 
     async def due_cleanups(self, now: datetime) -> Sequence[DeferredCleanup]:
         async with translated():
-            rows = await self.pool.fetch(sql.DUE_CLEANUPS, self.endpoint, now)
+            rows = await db(self.pool).fetch(sql.DUE_CLEANUPS, self.endpoint, now)
         return [DeferredCleanup(r["cleanup_id"], Kind(r["kind"]), r["key"], r["payload"],
                                 r["due"]) for r in rows]
 
     async def drop_cleanups(self, cleanup_ids: Sequence[int]) -> None:
         async with translated():
-            await self.pool.execute(sql.DROP_CLEANUPS, self.endpoint, list(cleanup_ids))
+            await db(self.pool).execute(sql.DROP_CLEANUPS, self.endpoint, list(cleanup_ids))
 
     async def abandoned(self, cutoff: datetime) -> Sequence[Abandoned]:
         async with translated():
-            rows = await self.pool.fetch(sql.ABANDONED, self.endpoint, cutoff)
+            rows = await db(self.pool).fetch(sql.ABANDONED, self.endpoint, cutoff)
         return [Abandoned(r["partition_key"], r["version"],
                           tuple(_record(r["partition_key"], x) for x in r["records"]))
                 for r in rows]
@@ -333,7 +336,7 @@ class PostgresTransactionalStore(TransactionalStore):
     async def take_over(self, abandoned: Abandoned, cleanup_due: datetime) -> bool:
         recs = abandoned.records
         async with translated():
-            taken = await self.pool.fetchval(
+            taken = await db(self.pool).fetchval(
                 sql.TAKE_OVER, self.endpoint, abandoned.partition, abandoned.version,
                 [str(r.kind) for r in recs], [r.key for r in recs],
                 [dict(r.payload) for r in recs], cleanup_due)
@@ -341,20 +344,20 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def purge_processed(self, before: datetime) -> int:
         async with translated():
-            return int(await self.pool.fetchval(sql.PURGE_PROCESSED, self.endpoint, before))
+            return int(await db(self.pool).fetchval(sql.PURGE_PROCESSED, self.endpoint, before))
 
     async def unfinished_count(self) -> int:
         async with translated():
-            return int(await self.pool.fetchval(sql.UNFINISHED, self.endpoint))
+            return int(await db(self.pool).fetchval(sql.UNFINISHED, self.endpoint))
 
     async def cleanup_count(self) -> int:
         async with translated():
-            return int(await self.pool.fetchval(sql.CLEANUP_COUNT, self.endpoint))
+            return int(await db(self.pool).fetchval(sql.CLEANUP_COUNT, self.endpoint))
 
     async def states(self) -> dict[str, Any]:
         """Every partition's business state (oracles, audits, the demo's report)."""
         async with translated():
-            rows = await self.pool.fetch(
+            rows = await db(self.pool).fetch(
                 "SELECT partition_key, state FROM eo_transaction_record "
                 "WHERE endpoint = $1 AND state IS NOT NULL", self.endpoint)
         return {r["partition_key"]: from_jsonable(self.state_type, r["state"]) for r in rows}
@@ -362,7 +365,7 @@ class PostgresTransactionalStore(TransactionalStore):
     async def seed_states(self, states: dict[str, Any]) -> None:
         """Write initial business states of idle partitions (opening accounts, fixtures)."""
         async with translated():
-            await self.pool.execute(
+            await db(self.pool).execute(
                 """INSERT INTO eo_transaction_record (endpoint, partition_key, state)
                    SELECT $1, p, s FROM unnest($2::text[], $3::jsonb[]) AS x(p, s)
                    ON CONFLICT (endpoint, partition_key) DO UPDATE SET state = excluded.state,
@@ -373,5 +376,5 @@ class PostgresTransactionalStore(TransactionalStore):
     async def record_count(self) -> int:
         """Side-effect records still stored for this endpoint."""
         async with translated():
-            return int(await self.pool.fetchval(
+            return int(await db(self.pool).fetchval(
                 "SELECT count(*) FROM eo_side_effect_record WHERE endpoint = $1", self.endpoint))

@@ -46,8 +46,7 @@ def envelope_message(envelope: Envelope, extra_headers: Mapping[str, str] | None
     headers.pop(PRODUCER_HEADER, None)  # only the envelope's own producer travels
     if envelope.producer:
         headers[PRODUCER_HEADER] = envelope.producer
-    return amqp_message(str(envelope.message_id), envelope.type, envelope.body, headers,
-                        user_id)
+    return amqp_message(envelope.id_text, envelope.type, envelope.body, headers, user_id)
 
 
 def text_headers(raw: Mapping[str, Any] | None) -> dict[str, str]:

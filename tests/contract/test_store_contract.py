@@ -20,6 +20,7 @@ import pytest
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.postgres import sql
+from adapters.postgres.request_store import PostgresRequestStore
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock
@@ -548,6 +549,60 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
             store = PostgresTransactionalStore(pool, f"contract-{uuid.uuid4()}", Tally, clock,
                                                holds_tokens=True)
             yield store, PostgresTokenStore(pool)
+
+    async def test_a_session_holds_one_connection_for_its_task_only(self) -> None:
+        """On a pool of two connections, one of them taken: the task in `session()` makes
+        its load, commit and clear on the other, which it holds, and so do the other stores
+        of that pool (a token store, a request store: without the session sharing it, its
+        own second call would wait for the pool for ever), while a task it creates does not
+        share it (two statements at once on one connection fail) and waits until the session
+        ends."""
+        clock = ManualClock()
+        async with postgres_pool(max_size=2) as pool, pool.acquire():
+            store = PostgresTransactionalStore(pool, f"contract-{uuid.uuid4()}", Tally, clock)
+            async with asyncio.timeout(10):
+                async with store.session():
+                    loaded = await store.load("p")
+                    assert not await PostgresTokenStore(pool).exists(store.endpoint, M)
+                    assert not await PostgresRequestStore(pool, store.endpoint).known(M)
+                    other = asyncio.ensure_future(store.load_tr("q"))
+                    committed = await store.commit(CommitRequest(
+                        "p", loaded.tr.version, Tally(("m",)), uuid.uuid4(), uuid.uuid4()))
+                    await asyncio.sleep(0.2)
+                    assert not other.done()  # the only free connection is this task's
+                    assert await store.clear(Clear("p", committed.version, (), (),
+                                                   clock.now()))
+                assert (await other).version == 0
+                assert (await store.load_tr("p")).version == committed.version + 1
+
+    async def test_sessions_leave_one_connection_to_the_others(self) -> None:
+        """Of a pool of three connections, sessions hold two at most: a third session's
+        statements take turns on the pool, so they go on while the two holders wait (on
+        S3, say), and so do those of a task in no session."""
+        clock = ManualClock()
+        async with postgres_pool(max_size=3) as pool:
+            store = PostgresTransactionalStore(pool, f"contract-{uuid.uuid4()}", Tally, clock)
+            holding, done = asyncio.Event(), asyncio.Event()
+
+            async def holder() -> None:
+                async with store.session():
+                    await store.load_tr("h")
+                    holding.set()
+                    await done.wait()
+
+            holders = [asyncio.ensure_future(holder()) for _ in range(2)]
+            try:
+                async with asyncio.timeout(10):
+                    await holding.wait()
+                    await asyncio.sleep(0.1)
+                    async with store.session():  # holds nothing: the last one is shared
+                        async with asyncio.TaskGroup() as group:
+                            for p in "abc":
+                                group.create_task(store.load_tr(p))
+                        assert (await store.load("p")).tr.version == 0
+            finally:
+                done.set()
+                await asyncio.gather(*holders)
 
     async def test_batches_lock_in_partition_order_so_they_cannot_deadlock(self) -> None:
         """A batch listing its partitions in descending order waits first for p7 (held

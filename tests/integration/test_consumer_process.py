@@ -292,7 +292,7 @@ async def test_sigterm_stops_gracefully_and_loses_nothing(
     code = await fleet.exit_code(counter, 10)
     took = time.monotonic() - stopping
     assert code == 0, f"exit {code} after {took:.1f} s\n{counter.tail()}"
-    assert took < 5, f"graceful shutdown took {took:.1f} s"
+    assert took < 5, f"graceful shutdown took {took:.1f} s\n{counter.tail()}"
 
     left = {row["message_id"] for row in await pool.fetch("SELECT message_id FROM eo_token")}
     assert left, "everything was processed before SIGTERM: nothing was in flight"

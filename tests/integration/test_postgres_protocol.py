@@ -49,6 +49,7 @@ from tests.support.counter import COUNTER, Add, Added, Tally
 from tests.support.processes import private_database, this_run
 from tests.support.services import discover
 from tests.support.world import RecordingDispatcher, crash
+from tools.bench.counting import CountingPool
 
 PATHS = ["general", "colocated"]
 
@@ -86,37 +87,6 @@ class RecordingIds:
         new = self._ids()
         self.issued.append(new)
         return new
-
-
-class CountingPool:
-    """The pool, counting the calls the stores make on it (one call = one round trip)."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
-        self.calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    def _count(self, method: str, query: str) -> None:
-        first = next((line.strip() for line in query.splitlines() if line.strip()), "")
-        self.calls.append(f"{method}: {first[:60]}")
-
-    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        self._count("fetch", query)
-        return await self._pool.fetch(query, *args, **kwargs)
-
-    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        self._count("fetchrow", query)
-        return await self._pool.fetchrow(query, *args, **kwargs)
-
-    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        self._count("fetchval", query)
-        return await self._pool.fetchval(query, *args, **kwargs)
-
-    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
-        self._count("execute", query)
-        return await self._pool.execute(query, *args, **kwargs)
 
 
 @dataclass
@@ -431,15 +401,15 @@ async def test_crash_after_the_token_delete_is_repaired_without_a_second_handler
 async def test_round_trips_per_message(
     make_world: Callable[..., PgWorld], pool: asyncpg.Pool
 ) -> None:
-    counting = CountingPool(pool)
+    counting = CountingPool(pool)  # counts the statements on connections held too
     world = make_world(PURE, counting)
     warm_up = await world.send(Add("p", 1))  # the partition's first load also inserts its TR
     assert await world.processor().process(warm_up) is Outcome.PROCESSED
     envelope = await world.send(Add("p", 2))
     processor = world.processor()
-    counting.calls.clear()
+    counting.counts.reset()
     assert await processor.process(envelope) is Outcome.PROCESSED
-    calls = list(counting.calls)
+    calls = list(counting.counts.by_statement.elements())
     if world.colocated:  # token read, TR + state + token read, commit, clear
         assert len(calls) <= 4, calls
     else:  # + token check, register, re-check, token delete

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import cache
 from typing import Any
 
@@ -90,6 +88,31 @@ class CountingConnection:
         return getattr(self._inner, name)
 
 
+class _Acquire:
+    """`CountingPool.acquire()`: awaited, a `CountingConnection` to `release`; or an async
+    context manager that releases it (as asyncpg's own)."""
+
+    def __init__(self, pool: CountingPool, kwargs: dict[str, Any]) -> None:
+        self._pool, self._kwargs = pool, kwargs
+        self._conn: CountingConnection | None = None
+
+    def __await__(self) -> Any:
+        return self._acquired().__await__()
+
+    async def _acquired(self) -> CountingConnection:
+        inner = await self._pool._inner.acquire(**self._kwargs)
+        return CountingConnection(inner, self._pool.counts)
+
+    async def __aenter__(self) -> CountingConnection:
+        self._conn = conn = await self._acquired()
+        return conn
+
+    async def __aexit__(self, *exc: Any) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._pool.release(conn)
+
+
 class CountingPool:
     """Stands in for an `asyncpg.Pool` given to the stores: each pool-level call is one
     counted round trip, `acquire()` yields a `CountingConnection`."""
@@ -114,10 +137,11 @@ class CountingPool:
     async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
         return await self._call("fetchval", query, *args, **kwargs)
 
-    @asynccontextmanager
-    async def acquire(self, **kwargs: Any) -> AsyncIterator[CountingConnection]:
-        async with self._inner.acquire(**kwargs) as conn:
-            yield CountingConnection(conn, self.counts)
+    def acquire(self, **kwargs: Any) -> _Acquire:
+        return _Acquire(self, kwargs)
+
+    async def release(self, connection: CountingConnection, **kwargs: Any) -> None:
+        await self._inner.release(connection._inner, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

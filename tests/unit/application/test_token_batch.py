@@ -55,7 +55,7 @@ class Counting:
                 await hook()
             return await value(*args, **kwargs)
 
-        return counted if attr not in ("holds", "insert", "discard", "seed_state",
+        return counted if attr not in ("holds", "insert", "discard", "seed_state", "session",
                                        "states", "record_count") else value
 
 
