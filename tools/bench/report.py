@@ -70,6 +70,10 @@ class RunFigures:
     dedup_rows_at_rest: int
     at_rest: dict[str, int]
     sink_duplicates: int
+    #: the sender's token insert of each latency message, p50 / p99 in ms (token paths;
+    #: 0.0 elsewhere): part of the latency, the protocol's cost rather than the consumer's
+    sender_p50_ms: float = 0.0
+    sender_p99_ms: float = 0.0
 
 
 @dataclass
@@ -84,6 +88,8 @@ class Summary:
     round_trips_per_message: float
     dedup_rows_at_rest: int
     ratios: dict[str, float] = field(default_factory=dict)
+    sender_p50_ms: float = 0.0
+    sender_p99_ms: float = 0.0
 
 
 @dataclass
@@ -108,7 +114,9 @@ class BenchResult:
                 statistics.median(r.p50_ms for r in runs),
                 statistics.median(r.p99_ms for r in runs),
                 statistics.median(r.round_trips_per_message for r in runs),
-                max(r.dedup_rows_at_rest for r in runs)))
+                max(r.dedup_rows_at_rest for r in runs), {},
+                statistics.median(r.sender_p50_ms for r in runs),
+                statistics.median(r.sender_p99_ms for r in runs)))
         medians = {s.label: s.messages_per_s[1] for s in out}
         for s in out:
             processes = next(r.processes for r in self.runs if r.label == s.label)
@@ -184,3 +192,7 @@ def print_table(result: BenchResult, console: Console) -> None:
                   f"{p.load_ratio:.0%} of each run's throughput")
     console.print("dedup rows: " + "; ".join(f"{k}: {v}" for k, v in DEDUP_ROWS.items()))
     console.print(f"latency: {LATENCY}")
+    senders = [f"{s.label} {s.sender_p50_ms:.1f} / {s.sender_p99_ms:.1f}"
+               for s in result.summaries() if s.sender_p99_ms]
+    if senders:
+        console.print("of which the sender's token insert, p50 / p99 ms: " + ", ".join(senders))
