@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from application import defaults
+from application.claim_check import ClaimCheck, ReadApart, ReadWithTheRecord
 from application.consumption import (
     ConsumedByTheClear,
     Consumption,
@@ -59,6 +60,12 @@ def consumption(name: str, ports: Ports, strategy: Strategy = Strategy.TOKEN) ->
     return DeletedBeforeTheClear(incoming_tokens(name, ports))
 
 
+def claim_check(ports: Ports) -> ClaimCheck:
+    """Where the token path reads its tokens: with the transaction record when they share
+    the partition store's database (protocol 3.2), else apart."""
+    return ReadWithTheRecord() if ports.colocated_tokens else ReadApart()
+
+
 def build_processor(
     endpoint: Endpoint[Any],
     ports: Ports,
@@ -93,7 +100,7 @@ def build_processor(
         steps = Steps(PathParts(name, runner, ports.store, preparation, finisher, caller,
                                 ports.clock, ports.ids, ports.events, failpoints))
         if strategy is Strategy.TOKEN:
-            path = TokenPath(steps, own, ports.colocated_tokens)
+            path = TokenPath(steps, own, claim_check(ports))
             if ports.colocated_tokens and ports.incoming is None:  # batches need both
                 batch = TokenBatch(steps)
         else:

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from application.claim_check import ClaimCheck, ReadApart
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Duplicate, MalformedMessage
 from application.ports import IncomingTokens, Loaded, TokenStore
@@ -33,8 +34,8 @@ class AddressedTokens(IncomingTokens):
 class TokenPath:
     """The token strategy on the shared steps: the body is read from the token (claim check),
     the token is checked again after the TR load, and `finish` consumes it last. `tokens`
-    are the endpoint's own (addressed to it); `colocated`: they live in the partition
-    store's database, so the token is read in the TR load's snapshot. Construct through
+    are the endpoint's own (addressed to it); `claim_check` says where the token is read
+    (application/claim_check.py: with the TR, or apart). Construct through
     `application.assembly.build_processor`.
 
     `attempt` returns when the message was processed now and raises `Duplicate`,
@@ -42,43 +43,25 @@ class TokenPath:
     processor retries), `PermanentError` or `TransientError`.
     """
 
-    def __init__(self, steps: Steps, tokens: IncomingTokens, colocated: bool = False) -> None:
-        self.steps, self.tokens, self.colocated = steps, tokens, colocated
+    def __init__(self, steps: Steps, tokens: IncomingTokens,
+                 claim_check: ClaimCheck | None = None) -> None:
+        self.steps, self.tokens = steps, tokens
+        self.claim_check: ClaimCheck = claim_check or ReadApart()
 
     async def attempt(self, envelope: Envelope) -> None:
-        """One attempt at `envelope`. With co-located tokens the claim check is read with the
-        TR: the partition is taken from the delivery's body, and the token's message, read
-        in the TR's snapshot, is used only when it is that body; anything else goes the
-        general way, where the token's body decides (protocol 3.1, 3.2)."""
+        """One attempt at `envelope`: with its token read with the TR when the claim check
+        can (`ClaimCheck.with_the_record`), else the general way: the token read first, its
+        body decoding the message and naming the partition."""
         if envelope.header(TOKEN_HEADER) is None:
             raise MalformedMessage("no token header: the sender did not create a token")
-        steps, m = self.steps, envelope.message_id
-        claimed = self._claimed_partition(envelope) if self.colocated else None
-        if claimed is not None:
-            message, partition = claimed
-            async with steps.locks.hold(partition), steps.store.session():
-                loaded = await steps.store.load(partition, m)
-                await steps.hit("after_token_load")
-                stored = loaded.token
-                if stored is None:
-                    raise Duplicate
-                if stored.type == envelope.type and stored.body == envelope.body:
-                    await self._held(stored, message, partition, loaded)
-                    return
-        stored = await self.load(m)
+        steps = self.steps
+        if await self.claim_check.with_the_record(steps, envelope, self._held):
+            return
+        stored = await self.load(envelope.message_id)
         message = steps.runner.decode(stored)
         partition = steps.runner.partition_of(message)
         async with steps.locks.hold(partition), steps.store.session():
             await self._held(stored, message, partition)
-
-    def _claimed_partition(self, envelope: Envelope) -> tuple[Any, str] | None:
-        """The delivery's message and partition, as its body says; None when it does not
-        decode (the token's body decides, and fails alone)."""
-        try:
-            message = self.steps.runner.decode(envelope)
-            return message, self.steps.runner.partition_of(message)
-        except Exception:  # noqa: BLE001 - the general way reads the token's body
-            return None
 
     async def load(self, message_id: uuid.UUID) -> Envelope:
         """The message stored in its token; `Duplicate` when no token addressed to this
@@ -94,8 +77,8 @@ class TokenPath:
         """Under `partition`'s lock, from the TR load on (`loaded`: that read, when made
         already): settle what is committed, re-check the token, run the steps."""
         m = stored.message_id
-        loaded = await self.steps.settle_committed(partition, m, m if self.colocated else None,
-                                                   loaded)
+        loaded = await self.steps.settle_committed(
+            partition, m, self.claim_check.token_to_check(m), loaded)
         await self.still_pending(m, loaded)
         await self.steps.hit("after_token_check")
         await self.steps.run(stored, message, partition, loaded)

@@ -469,7 +469,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="colocated-claim-check-trusts-the-delivery",
         guard="3.1 (co-located): the token's message is processed, not the delivery's body "
               "(claim check; docs/security.md)",
-        file="application/token_path.py",
+        file="application/claim_check.py",
         before="""            if stored.type == envelope.type and stored.body == envelope.body:""",
         after="""            if True:""",
         killers=(f"{_CLAIM_CHECK}::test_a_delivery_that_is_not_the_tokens_message_is_"
@@ -479,11 +479,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="colocated-no-token-check-at-all",
         guard="3.1 (co-located): no token means duplicate (at the read with the TR and at "
               "the re-check)",
-        file="application/token_path.py",
-        before="""                stored = loaded.token
-                if stored is None:""",
-        after="""                stored = loaded.token or envelope
-                if stored is None:""",
+        file="application/claim_check.py",
+        before="""            stored = loaded.token
+            if stored is None:""",
+        after="""            stored = loaded.token or envelope
+            if stored is None:""",
         also=(("application/token_path.py", """        if not exists:
             raise Duplicate""", """        if False:
             raise Duplicate"""),),
