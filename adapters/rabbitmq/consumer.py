@@ -1,5 +1,8 @@
 """Manual-ack consumption of an endpoint's work queue, supervised: `RabbitSource` re-creates
-its channel and consumer whenever they are gone, and `RabbitDelivery` settles one delivery."""
+its channel and consumer whenever they are gone. Each delivery is admitted
+(adapters/rabbitmq/admission.py: an envelope, or a dead letter), then settled
+(adapters/rabbitmq/delivery.py); dead letters wait for room in their queue
+(adapters/rabbitmq/dead_letter_queue.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +11,13 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
-from dataclasses import replace
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
-from aio_pika.exceptions import ChannelInvalidStateError
 
 from adapters.rabbitmq.acks import ChannelAcks
+from adapters.rabbitmq.admission import Admission
 from adapters.rabbitmq.connection import (
     DRIVER_ERRORS,
     BrokerUnavailable,
@@ -25,35 +26,18 @@ from adapters.rabbitmq.connection import (
     translated,
 )
 from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
+from adapters.rabbitmq.delivery import RabbitDelivery, channel_lost
 from adapters.rabbitmq.dispatcher import (
-    amqp_message,
     attempt_of,
-    envelope_message,
-    envelope_of,
-    producer_of,
-    text_headers,
 )
 from adapters.rabbitmq.topology import queue_names, retry_index
 from application import defaults
-from application.envelope import (
-    ATTEMPTS_HEADER,
-    BODY_BYTES_HEADER,
-    NO_MESSAGE_ID_HEADER,
-    PRODUCER_HEADER,
-    RETRY_REASON_HEADER,
-    Envelope,
-    capped,
-    clipped_body,
-    dead_letter_headers,
-    known_headers,
-)
 from application.errors import MalformedMessage, TransientError
 from application.observability import (
     CONSUMER_LOST,
     CONSUMER_RESTARTED,
-    MESSAGE_DEAD_LETTERED,
 )
-from application.ports import Delivery, EventSink
+from application.ports import EventSink
 
 log = logging.getLogger(__name__)
 
@@ -65,83 +49,6 @@ class LostBecause(enum.StrEnum):
     CANCELLED = "cancelled"  # the broker cancelled the consumer (queue deleted, ...)
     NO_CONSUMER = "no_consumer"  # the broker lists no consumer on the queue (watchdog)
     STALLED = "stalled"  # ready messages and free slots, yet no delivery (watchdog)
-
-
-def _channel_lost(message: AbstractIncomingMessage) -> bool:
-    try:
-        return message.channel.is_closed
-    except ChannelInvalidStateError:  # raised by the property itself once the channel closed
-        return True
-
-
-class RabbitDelivery(Delivery):
-    """One unacked delivery of the work queue. Retry and dead-letter publish a copy, wait for
-    its publisher confirm, THEN ack the original: a crash in between leaves two copies (the
-    protocol drops one), the reverse order could lose the message. A delivery whose channel
-    is gone cannot be settled (the broker has requeued it already): settling raises
-    `TransientError` at once and publishes no copy. Settling twice is a no-op."""
-
-    def __init__(self, message: AbstractIncomingMessage, envelope: Envelope, attempt: int,
-                 source: RabbitSource) -> None:
-        self.envelope = envelope
-        self.attempt = attempt
-        self._message = message
-        self._source = source
-        self._settled = False
-        self._counted = False
-
-    async def ack(self) -> None:
-        """Remove the delivery from the work queue."""
-        await self._settle(None)
-
-    async def retry(self, delay_s: float, reason: str) -> None:
-        """Redeliver after the retry queue delay that is the smallest >= `delay_s` seconds
-        (else the longest), with `eo-attempts` = this attempt and `eo-retry-reason`."""
-        copy = envelope_message(self.envelope, {ATTEMPTS_HEADER: str(self.attempt),
-                                                RETRY_REASON_HEADER: capped(reason)},
-                                self._source.service_user)
-        queue = self._source.retry_queue(delay_s)
-        await self._settle(lambda: self._source.connection.publish(queue, copy))
-
-    async def dead_letter(self, reason: str, endpoint: str, body_limit: int | None = None
-                          ) -> None:
-        """Move to `<endpoint>.dlq` with `eo-reason`, `eo-endpoint`, `eo-attempts` and
-        `eo-dead-lettered-at` (and, with `body_limit`, a clipped body with its size and
-        SHA-256). While the dead-letter queue refuses the copy (full), this waits, holding
-        the delivery, and the source takes no new one (`DeadLetterGate.publish`);
-        raises `TransientError` when the delivery's channel is lost or the source stops
-        meanwhile (the broker redelivers it: nothing is lost)."""
-        envelope = self.envelope
-        headers = dead_letter_headers(reason, endpoint, self.attempt, datetime.now(UTC))
-        if body_limit is not None:
-            body, sizes = clipped_body(envelope.body, body_limit)
-            envelope = replace(envelope, body=body)
-            headers.update(sizes)
-        copy = envelope_message(envelope, headers, self._source.service_user)
-        source = self._source
-        await self._settle(lambda: source.dead_letters.publish(
-            copy, lambda: not _channel_lost(self._message), lambda: source.stopped))
-
-    async def _settle(self, publish: Callable[[], Awaitable[None]] | None) -> None:
-        """Publish the copy (`publish`, confirmed), then ack the original."""
-        if self._settled:
-            return
-        self._settled = True  # before the first await: a concurrent settle is a no-op
-        try:
-            if _channel_lost(self._message):
-                raise TransientError(f"{self.envelope.message_id}: its channel is closed, "
-                                     "the broker redelivers it")
-            if publish is not None:
-                try:
-                    await publish()
-                except TransientError:
-                    self._settled = False  # the original is untouched: settling again is safe
-                    raise
-            await self._source.ack(self._message, self.envelope.message_id)
-        finally:
-            if not self._counted:  # settled or not, it no longer holds a slot of the channel
-                self._counted = True
-                self._source.settled_one()
 
 
 class RabbitSource:
@@ -187,18 +94,17 @@ class RabbitSource:
         self.endpoint = endpoint
         self.retry_delays_s = tuple(retry_delays_s)
         self.names = queue_names(endpoint, len(self.retry_delays_s))
-        self.max_body_bytes = max_body_bytes
-        self.dead_letter_body_bytes = dead_letter_body_bytes
-        self.kept_headers = frozenset(kept_headers)
-        self.service_user, self.require_producer = service_user, require_producer
+        self.service_user = service_user
         self.events = events
         self.watchdog_s = watchdog_s
         self.watchdog_interval_s = watchdog_interval_s or min(5.0, watchdog_s / 3)
-        #: messages dead-lettered by the source itself (never yielded)
-        self.dead_lettered = 0
         #: the dead-letter queue, and what waits while it is full
         self.dead_letters = DeadLetterGate(connection, endpoint, self.names.dead_letter,
                                            events, dead_letter_wait_s)
+        #: what becomes an envelope, and the dead letters of what does not
+        self.admission = Admission(endpoint, self.dead_letters, events, max_body_bytes,
+                                   dead_letter_body_bytes, frozenset(kept_headers),
+                                   service_user, require_producer)
         #: consumers re-created since `deliveries` started
         self.restarts = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
@@ -219,6 +125,12 @@ class RabbitSource:
     def retry_queue(self, delay_s: float) -> str:
         """The retry queue for a delay of `delay_s` seconds."""
         return self.names.retries[retry_index(self.retry_delays_s, delay_s)]
+
+    @property
+    def dead_lettered(self) -> int:
+        """Messages dead-lettered by the source itself (never yielded: they could not
+        become envelopes)."""
+        return self.admission.dead_lettered
 
     @property
     def dead_letters_blocked(self) -> bool:
@@ -256,13 +168,13 @@ class RabbitSource:
             while (message := await self._inbox.get()) is not None:
                 # while a dead letter waits for room, take no new delivery
                 await self.dead_letters.wait_for_room(lambda: self.stopped)
-                if _channel_lost(message):
+                if channel_lost(message):
                     continue  # the broker requeued it when the channel died
                 try:
-                    envelope = envelope_of(message, self.max_body_bytes, self.kept_headers,
-                                           self.service_user, self.require_producer)
+                    envelope = self.admission.envelope(message)
                 except MalformedMessage as exc:
-                    await self._reject(message, exc.reason)
+                    await self.admission.reject(message, exc.reason, lambda: self.stopped,
+                                                self._requeue, self._settled_singly)
                     continue
                 self._in_flight += 1
                 yield RabbitDelivery(message, envelope, attempt_of(envelope.headers), self)
@@ -301,7 +213,7 @@ class RabbitSource:
 
     def _settled_singly(self, message: AbstractIncomingMessage) -> None:
         acks, tag = self._acks, message.delivery_tag
-        if (acks is not None and tag is not None and not _channel_lost(message)
+        if (acks is not None and tag is not None and not channel_lost(message)
                 and acks.channel is message.channel):
             acks.settled_singly(tag)
 
@@ -452,41 +364,3 @@ class RabbitSource:
             log.debug("requeue on %s: %s", self.endpoint, exc)
         else:
             self._settled_singly(message)
-
-    async def _reject(self, message: AbstractIncomingMessage, reason: str) -> None:
-        """Dead-letter a message that cannot become an envelope, with a clipped body (it
-        cannot be replayed): the copy, then the ack. Waits while the dead-letter queue is
-        full (`DeadLetterGate.publish`); when the copy or the ack fails the message is requeued
-        (the work queue's delivery limit bounds that loop)."""
-        raw = text_headers(message.headers)
-        headers = known_headers(raw, self.kept_headers)
-        headers.pop(PRODUCER_HEADER, None)  # a producer's own claim: never passed on
-        producer = producer_of(message.user_id, raw, self.service_user)
-        if producer:
-            headers[PRODUCER_HEADER] = producer
-        attempt = attempt_of(headers)
-        body, sizes = clipped_body(message.body, self.dead_letter_body_bytes)
-        if BODY_BYTES_HEADER in headers:  # clipped before (a replayed dead letter)
-            sizes = {}
-        headers.update({**dead_letter_headers(reason, self.endpoint, attempt,
-                                              datetime.now(UTC)), **sizes})
-        if not message.message_id:
-            headers[NO_MESSAGE_ID_HEADER] = "true"
-        copy = amqp_message(message.message_id, message.type, body, headers,
-                            self.service_user)
-        try:
-            await self.dead_letters.publish(copy, lambda: not _channel_lost(message),
-                                            lambda: self.stopped)
-            with translated("ack of a rejected message"):
-                await message.ack()
-            self._settled_singly(message)
-        except TransientError as exc:
-            log.warning("dead-lettering an invalid message of %s failed: %s", self.endpoint, exc)
-            await self._requeue(message)
-            return
-        self.dead_lettered += 1
-        if self.events is not None:  # counted like every other dead letter (protocol 7, 9)
-            self.events.emit(MESSAGE_DEAD_LETTERED, endpoint=self.endpoint,
-                             message_id=message.message_id, reason=reason, attempt=attempt)
-        else:
-            log.warning("invalid message on %s dead-lettered: %s", self.endpoint, reason)

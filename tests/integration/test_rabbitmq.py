@@ -23,7 +23,8 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from adapters.rabbitmq.connection import BrokerUnavailable, RabbitConnection
-from adapters.rabbitmq.consumer import RabbitDelivery, RabbitSource
+from adapters.rabbitmq.consumer import RabbitSource
+from adapters.rabbitmq.delivery import RabbitDelivery
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.rabbitmq.topology import QueueNames, declare, retry_index
 from application.envelope import (
