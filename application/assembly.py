@@ -21,6 +21,7 @@ from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
 from application.http_caller import HttpCaller
 from application.outbox_path import OutboxPath
+from application.outgoing_tokens import CreatedBeforeTheCommit, InsertedByTheCommit, OutgoingTokens
 from application.ports import Inbox, IncomingTokens, Ports, RequestStore
 from application.preparation import Preparation
 from application.processor import Path, Processor
@@ -60,6 +61,13 @@ def consumption(name: str, ports: Ports, strategy: Strategy = Strategy.TOKEN) ->
     return DeletedBeforeTheClear(incoming_tokens(name, ports))
 
 
+def outgoing_tokens(ports: Ports) -> OutgoingTokens:
+    """Where outgoing messages' tokens are made: by the commit when they share the
+    partition store's database (protocol 3.2), else before it, in the token store."""
+    return InsertedByTheCommit() if ports.colocated_tokens else CreatedBeforeTheCommit(
+        ports.tokens)
+
+
 def claim_check(ports: Ports) -> ClaimCheck:
     """Where the token path reads its tokens: with the transaction record when they share
     the partition store's database (protocol 3.2), else apart."""
@@ -92,9 +100,9 @@ def build_processor(
                          ports.clock, ports.ids, ports.events, failpoints)
     else:
         finisher = build_finisher(name, ports, failpoints, cleanup_grace, strategy)
-        preparation = Preparation(name, ports.store, ports.tokens, ports.clock, ports.ids,
-                                  failpoints, ports.blobs, ports.http, ports.services,
-                                  ports.renderer, ports.colocated_tokens, ports.token_receivers)
+        preparation = Preparation(name, ports.store, outgoing_tokens(ports), ports.clock,
+                                  ports.ids, failpoints, ports.blobs, ports.http,
+                                  ports.services, ports.renderer, ports.token_receivers)
         own = incoming_tokens(name, ports)
         caller = HttpCaller(ports.http, own, ports.store, failpoints)
         steps = Steps(PathParts(name, runner, ports.store, preparation, finisher, caller,

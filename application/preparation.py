@@ -13,6 +13,7 @@ from application.codec import encode
 from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope, lineage
 from application.errors import Conflict, PermanentError
 from application.failpoints import Failpoints
+from application.outgoing_tokens import OutgoingTokens
 from application.ports import (
     BlobStore,
     Clock,
@@ -20,7 +21,6 @@ from application.ports import (
     HttpRequests,
     IdGenerator,
     PartitionStore,
-    TokenStore,
 )
 from application.records import Kind, SideEffectRecord
 from application.side_effects import MessagePayload, message_payload
@@ -63,7 +63,7 @@ class Preparation:
         self,
         endpoint: str,
         store: PartitionStore,
-        tokens: TokenStore,
+        outgoing: OutgoingTokens,
         clock: Clock,
         ids: IdGenerator,
         failpoints: Failpoints | None = None,
@@ -71,19 +71,17 @@ class Preparation:
         http: HttpRequests | None = None,
         services: Mapping[str, str] | None = None,
         renderer: DocumentRenderer | None = None,
-        colocated_tokens: bool = False,
         token_receivers: frozenset[str] | None = None,
     ) -> None:
-        """`services`: callee name -> base URL; `colocated_tokens`: outgoing tokens are
-        inserted by the commit (protocol 3.2's fast path), not registered and created;
+        """`outgoing`: where outgoing messages' tokens are made (by the commit, or before
+        it: application/outgoing_tokens.py); `services`: callee name -> base URL;
         `token_receivers`: the destinations that consume tokens (None: all). A message to
         any other destination (an outbox or state receiver, which deduplicates by message
         ID) gets no token and no token header: nobody would consume it."""
         self._endpoint = endpoint
-        self._store, self._tokens, self._clock, self._ids = store, tokens, clock, ids
+        self._store, self._outgoing, self._clock, self._ids = store, outgoing, clock, ids
         self._blobs, self._http, self._renderer = blobs, http, renderer
         self._services = dict(services or {})
-        self._colocated = colocated_tokens
         self._token_receivers = token_receivers
         self._fp = failpoints
 
@@ -137,7 +135,7 @@ class Preparation:
                                 MappingProxyType(headers))
             payload, key = message_payload(destination, envelope), envelope.id_text
             payloads.append((key, payload))
-            if self._colocated and tokened:
+            if tokened and self._outgoing.by_the_commit:
                 # the token exists exactly when the commit does (3.2), and stands for the
                 # record: the commit inserts the token only (`SideEffectRecord.in_token`)
                 extra.append(record(Kind.MESSAGE, key, payload, True))
@@ -149,8 +147,8 @@ class Preparation:
                 continue
             version = await self._artifact(
                 message_record, version,
-                create=partial(self._tokens.create, destination, [envelope]),
-                delete=partial(self._tokens.delete, destination, envelope.message_id))
+                create=partial(self._outgoing.create, destination, envelope),
+                delete=partial(self._outgoing.delete, destination, envelope.message_id))
         request_url = incoming.header(REQUEST_URL_HEADER)
         if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)
             extra.append(record(Kind.HTTP_DELETE, request_url))
