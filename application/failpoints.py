@@ -1,9 +1,11 @@
 """Named failpoints (protocol 10): `name=action[@n|*n]` rules separated by `;`.
 
 Actions: `crash` (end the process at once), `raise` (a `TransientError`), `sleep:<ms>`,
-`drop_conn` (close the broker connection). `@n` fires on the n-th hit only, `*n` on each of
-the first n hits, neither on every hit. Off unless configured: callers hold `None` instead of
-a `Failpoints` and test `if fp:` so an unset failpoint costs one truth test.
+`drop_conn` (close the broker connection), `wait:<gate>` (pause until a file named `<gate>`
+exists in the gates directory: a test opens the gate when what the pause waits for has
+happened, however long that took on a loaded machine). `@n` fires on the n-th hit only, `*n`
+on each of the first n hits, neither on every hit. Off unless configured: callers hold `None`
+instead of a `Failpoints` and test `if fp:` so an unset failpoint costs one truth test.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from application.errors import TransientError
 
@@ -30,8 +33,11 @@ NAMES: frozenset[str] = frozenset(
 #: Names taking a suffix: `after_register:<kind>`, `after_create:<kind>`, `after_publish:<k>`.
 PREFIXES: tuple[str, ...] = ("after_register:", "after_create:", "after_publish:")
 
-_RULE = re.compile(r"^(?P<name>[\w.:]+)=(?P<action>crash|raise|drop_conn|sleep:\d+)"
+_RULE = re.compile(r"^(?P<name>[\w.:]+)="
+                   r"(?P<action>crash|raise|drop_conn|sleep:\d+|wait:[\w-]+)"
                    r"(?:(?P<mode>[@*])(?P<n>\d+))?$")
+#: How often a `wait:<gate>` pause looks for its gate (seconds).
+GATE_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,14 @@ class Failpoints:
         drop_conn: Callable[[], Awaitable[None]] | None = None,
         prefix: str = "",
         on_fire: Callable[[str, str], None] | None = None,
+        gates: Path | None = None,
     ) -> None:
+        """`gates`: the directory of the `wait:<gate>` actions' gate files; ValueError when
+        a rule waits and there is none."""
+        if gates is None and any(r.action.startswith("wait:") for r in rules.values()):
+            raise ValueError("EO_FAILPOINT_GATES: a wait:<gate> failpoint needs the directory "
+                             "of its gate files")
+        self._gates = gates
         self._prefix = prefix
         self._rules = rules
         self._crash = crash
@@ -94,16 +107,18 @@ class Failpoints:
         crash: Callable[[str], None],
         drop_conn: Callable[[], Awaitable[None]] | None = None,
         on_fire: Callable[[str, str], None] | None = None,
+        gates: Path | None = None,
     ) -> Failpoints | None:
-        """`Failpoints` for a non-empty spec, else None (the zero-cost "off")."""
+        """`Failpoints` for a non-empty spec, else None (the zero-cost "off"). Raises
+        ValueError as `parse` does, or when a `wait:` rule has no `gates` directory."""
         if not spec or not spec.strip():
             return None
-        return cls(parse(spec), crash, drop_conn, on_fire=on_fire)
+        return cls(parse(spec), crash, drop_conn, on_fire=on_fire, gates=gates)
 
     def scoped(self, prefix: str) -> Failpoints:
         """A view whose names get `prefix` (e.g. `callee.`), sharing rules and counters."""
         view = Failpoints(self._rules, self._crash, self._drop_conn, self._prefix + prefix,
-                          self._on_fire)
+                          self._on_fire, self._gates)
         view.hits, view.fired = self.hits, self.fired
         return view
 
@@ -126,5 +141,11 @@ class Failpoints:
         elif rule.action == "drop_conn":
             if self._drop_conn is not None:
                 await self._drop_conn()
+        elif rule.action.startswith("wait:"):
+            assert self._gates is not None  # checked by __init__
+            gate = self._gates / rule.action.split(":", 1)[1]
+            # the gate is a file another process creates: no event here to wait on
+            while not await asyncio.to_thread(gate.exists):  # noqa: ASYNC110
+                await asyncio.sleep(GATE_POLL_S)
         else:
             await asyncio.sleep(int(rule.action.split(":", 1)[1]) / 1000)

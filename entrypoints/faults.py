@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from application.envelope import Envelope
 from application.failpoints import Failpoints
@@ -38,7 +37,7 @@ def failpoints_from(settings: Settings, events: EventSink,
     `drop_conn`, each firing logged first as `fault.injected`), or None (zero cost) when
     unset."""
     return Failpoints.from_spec(settings.failpoints, crash_process, drop_conn,
-                                on_fire=fault_logger(events))
+                                on_fire=fault_logger(events), gates=settings.failpoint_gates)
 
 
 class DuplicatingDispatcher:
@@ -60,9 +59,9 @@ class DuplicatingDispatcher:
                              message_id=str(envelope.message_id))
 
 
-def with_duplicates(dispatcher: Any, settings: Settings, events: EventSink
+def with_duplicates(dispatcher: MessageDispatcher, settings: Settings, events: EventSink
                     ) -> MessageDispatcher:
     """`dispatcher`, wrapped by duplicate injection when `EO_DUPLICATE_RATE` is set."""
     if not settings.duplicate_rate:
-        return dispatcher  # type: ignore[no-any-return]
+        return dispatcher
     return DuplicatingDispatcher(dispatcher, settings.duplicate_rate, events)

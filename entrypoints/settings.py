@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     service: str = Field(DEFAULT_SERVICE, pattern=r"^[\w.]+:\w+$",
                          description="the service's registry, as module:attribute")
     failpoints: str = Field("", description="protocol 10 rules, e.g. after_commit=crash@3")
+    failpoint_gates: Path | None = Field(
+        None, description="the directory where wait:<gate> failpoints look for their gate "
+        "files")
     strategies: dict[str, Strategy] = Field(
         default_factory=dict, description="per endpoint, over the registry's defaults")
     conflict_retries: int = Field(defaults.CONFLICT_RETRIES, ge=0,
@@ -195,6 +198,14 @@ class Settings(BaseSettings):
     def _valid_failpoints(cls, value: str) -> str:
         parse(value)
         return value
+
+    @model_validator(mode="after")
+    def _gates_for_waits(self) -> Settings:
+        if self.failpoint_gates is None and any(
+                r.action.startswith("wait:") for r in parse(self.failpoints).values()):
+            raise ValueError("failpoint_gates: a wait:<gate> failpoint needs the directory of "
+                             "its gate files")
+        return self
 
     @field_validator("retry_delays_s")
     @classmethod

@@ -58,6 +58,8 @@ from tests.support.set_algebra import SET_ALGEBRA
                 "before_delete": Rule("before_delete", "sleep:0", None, 0),
             },
         ),
+        ("after_commit=wait:b-done@1",
+         {"after_commit": Rule("after_commit", "wait:b-done", "@", 1)}),
         ("", {}),
     ],
 )
@@ -94,6 +96,8 @@ def test_every_failpoint_the_code_hits_is_a_name_eo_failpoints_accepts() -> None
         ("after_commit=crash*2@3", "'after_commit=crash*2@3'"),
         ("after_commit=sleep", "'after_commit=sleep'"),
         ("after_commit=sleep:5ms", "'after_commit=sleep:5ms'"),
+        ("after_commit=wait", "'after_commit=wait'"),
+        ("after_commit=wait:../up", "'after_commit=wait:../up'"),
         ("=crash", "'=crash'"),
         ("before_ack=raise;after_comit=crash", "'after_comit'"),
         ("a=crash", "'a'"),
@@ -188,6 +192,27 @@ async def test_sleep_waits_the_given_milliseconds() -> None:
     started = time.monotonic()
     await fp.hit("after_commit")
     assert time.monotonic() - started >= 0.025
+
+
+async def test_wait_pauses_until_its_gate_file_exists(tmp_path: Path) -> None:
+    fp = Failpoints.from_spec("after_commit=wait:b-done@2", _no_crash, gates=tmp_path)
+    assert fp is not None
+    await asyncio.wait_for(fp.hit("after_commit"), 1)  # hit 1: the rule does not fire
+    paused = asyncio.create_task(fp.hit("after_commit"))
+    await asyncio.sleep(0.2)
+    assert not paused.done()  # no gate yet, however long it takes
+    (tmp_path / "b-done").touch()
+    await asyncio.wait_for(paused, 1)
+    assert fp.fired["after_commit"] == 1
+
+
+def test_a_wait_without_a_gates_directory_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match="EO_FAILPOINT_GATES"):
+        Failpoints.from_spec("after_commit=wait:b-done", _no_crash)
+    with pytest.raises(SettingsError, match="EO_FAILPOINT_GATES"):
+        load_settings(failpoints="after_commit=wait:b-done")
+    assert load_settings(failpoints="after_commit=wait:b-done",
+                         failpoint_gates=Path("/tmp")).failpoint_gates == Path("/tmp")
 
 
 async def test_sleep_lets_other_tasks_run() -> None:

@@ -255,6 +255,11 @@ class Cluster:
     def log_of(self, name: str) -> Path:
         return self.log_dir / f"{name}.{self.fleet.starts[name]}.jsonl"
 
+    def gates_of(self, name: str) -> Path:
+        """The directory of process `name`'s `wait:<gate>` failpoints (`EO_FAILPOINT_GATES`),
+        emptied at each start."""
+        return self.log_dir / "gates" / name
+
     def alive(self, name: str) -> bool:
         proc = self.fleet.procs.get(name)
         return proc is not None and proc.poll() is None
@@ -267,7 +272,10 @@ class Cluster:
             self.fleet.kill(name)
         full = {**self.base_env, "EO_FAILPOINTS": failpoints, **(env or {})}
         self.specs[name] = Spec(endpoint, full)
-        self.fleet.start(name, endpoint, env=full)
+        gates = self.gates_of(name)
+        shutil.rmtree(gates, ignore_errors=True)
+        gates.mkdir(parents=True)
+        self.fleet.start(name, endpoint, env={**full, "EO_FAILPOINT_GATES": str(gates)})
 
     def restart_dead(self) -> list[str]:
         """Restart, once, each process that exited (without its failpoints); returns them."""
@@ -509,6 +517,30 @@ class Run:
                 if time.monotonic() > deadline:
                     pytest.fail(f"{name} not ready after {timeout_s} s\n{cluster.tails()}")
                 await asyncio.sleep(0.1)
+
+    def open_gate(self, name: str, gate: str) -> None:
+        """Let process `name`'s `wait:<gate>` failpoint go on (docs/fault-injection.md)."""
+        (self.cluster.gates_of(name) / gate).touch()
+
+    async def logged(self, name: str, event: str, timeout_s: float = 60.0,
+                     **match: str) -> dict[str, Any]:
+        """The first `event` whose fields include `match` in the log of process `name`'s
+        current start, once it is there; fail after `timeout_s` or when the process exits
+        without it. What a test waits for before it opens a gate: an order of events, not a
+        guess of how long they take."""
+        deadline = time.monotonic() + timeout_s
+        log = self.cluster.log_of(name)
+        while True:
+            for e in log_events(log):
+                if e.get("event") == event and all(str(e.get(k)) == v for k, v in match.items()):
+                    return e
+            if not self.cluster.alive(name):
+                pytest.fail(f"{name} exited before logging {event} {match}\n"
+                            f"{self.cluster.tails()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} did not log {event} {match} within {timeout_s} s\n"
+                            f"{self.cluster.tails()}")
+            await asyncio.sleep(0.05)
 
     async def exited(self, name: str, timeout_s: float = 60.0) -> None:
         """Wait until process `name` has exited (a failpoint crashed it); fail after

@@ -9,8 +9,6 @@ process uses the separate token database.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from tests.sample.chaos.cluster import Run, crashed, pick_orders, replaced_after_crash
@@ -45,34 +43,35 @@ async def test_artifact_created_after_the_winners_clean_up_is_left_to_the_deferr
         chaos: Run) -> None:
     """Row "create", its last clause: an artifact created after the winner's clean-up whose
     creator crashed before the re-check; only the deferred clean-up (protocol 8.2) deletes it.
-    orders-a alone takes the finalising message and stalls 10 s after registering the invoice
-    blob, while the test starts orders-b; orders-a then drops its connection after creating
-    the payment request (the delivery goes to orders-b, which pauses 2 s before its handler)
-    and stalls 15 s after registering its follow-up's token; orders-b wins and its finish
-    cleans orders-a's records (blob, request deleted; the token not created yet: a no-op) and
-    moves them to the deferred clean-ups; orders-a wakes, creates the token, and dies before
-    its re-check. Left: an orphan token no one will dispatch. Asserted: the crash; the winner
-    was orders-b's attempt and cleaned orders-a's message record; that token was still there
-    when the system was quiet (with its deferred clean-up due), and the final sweep (grace
-    period passed) deleted it."""
+    orders-a alone takes the finalising message and pauses after registering the invoice
+    blob until orders-b consumes; orders-a then drops its connection after creating the
+    payment request (the delivery goes to orders-b, which pauses before its handler until
+    orders-a has registered its follow-up's token) and pauses after registering that token
+    until orders-b has finished; orders-b wins and its finish cleans orders-a's records
+    (blob, request deleted; the token not created yet: a no-op) and moves them to the
+    deferred clean-ups; orders-a goes on, creates the token, and dies before its re-check.
+    Left: an orphan token no one will dispatch. Each pause waits for the other process's
+    event (a `wait:<gate>` failpoint), not for a time: the order holds on a loaded machine.
+    Asserted: the crash; the winner was orders-b's attempt and cleaned orders-a's message
+    record; that token was still there when the system was quiet (with its deferred clean-up
+    due), and the final sweep (grace period passed) deleted it."""
     await chaos.seed(ONE_ORDER)
     await chaos.start("orders-a", "orders", ";".join([
-        # the stalls leave room for a loaded machine (two suites at once): orders-b must be
-        # consuming before orders-a drops its connection, and must have finished (cleaning
-        # orders-a's records) before orders-a wakes and creates the token
-        "after_register:blob=sleep:10000@1", "after_create:http_request=drop_conn@1",
-        "after_register:message=sleep:15000@1", "after_create:message=crash@1"]))
+        "after_register:blob=wait:b-consuming@1", "after_create:http_request=drop_conn@1",
+        "after_register:message=wait:b-finished@1", "after_create:message=crash@1"]))
     await chaos.publish(ONE_ORDER.commands)
-    assert chaos.pool is not None
-    deadline = asyncio.get_running_loop().time() + 60
-    while not await chaos.pool.fetchval(
-            "SELECT count(*) FROM eo_side_effect_record WHERE kind = 'blob'"):
-        assert asyncio.get_running_loop().time() < deadline, "orders-a never registered"
-        await asyncio.sleep(0.05)
-    # orders-b's first delivery is the requeued copy: it pauses 2 s before its handler, so
-    # orders-a (two queries from registering its token) registers first and stalls
-    await chaos.start("orders-b", "orders", "after_token_check=sleep:2000@1")
-    await chaos.exited("orders-a")  # it wakes after the winner and dies creating the token
+    await chaos.logged("orders-a", "fault.injected", failpoint="after_register:blob")
+    # orders-b's first delivery is the requeued copy: it waits before its handler until
+    # orders-a has registered its token (so orders-b's finish has that record to clean up)
+    await chaos.start("orders-b", "orders", "after_token_check=wait:a-registered@1")
+    chaos.open_gate("orders-a", "b-consuming")
+    await chaos.logged("orders-a", "fault.injected", failpoint="after_register:message")
+    chaos.open_gate("orders-b", "a-registered")
+    # orders-b's finish: orders-a's message record cleaned up (deferred), the token consumed
+    won = await chaos.logged("orders-b", "side_effect.cleaned", kind="message")
+    await chaos.logged("orders-b", "token.consumed", message_id=str(won["message_id"]))
+    chaos.open_gate("orders-a", "b-finished")
+    await chaos.exited("orders-a")  # it goes on after the winner and dies creating the token
     result = await chaos.verify(orphan_tokens=1)
     crashed(result, "after_create:message")
     loser = result.exit_of("orders-a").last("handler.invoked")

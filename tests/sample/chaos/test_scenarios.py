@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 
 from application.codec import encode
@@ -41,10 +42,14 @@ def finalised(result: Verified) -> str:
     return m
 
 
-async def _concurrent_copies(chaos: Run, failpoints: str) -> tuple[Verified, str]:
+async def _concurrent_copies(chaos: Run, failpoints: str,
+                             release: Callable[[], Awaitable[None]] | None = None
+                             ) -> tuple[Verified, str]:
     await chaos.seed(ONE_ORDER)
     await chaos.start_many(("orders-a", "orders", failpoints), ("orders-b", "orders", failpoints))
     await chaos.publish(ONE_ORDER.commands)
+    if release is not None:
+        await release()
     result = await chaos.verify()
     m = finalised(result)
     invoked_by = {name for name in ("orders-a", "orders-b")
@@ -63,17 +68,32 @@ async def _concurrent_copies(chaos: Run, failpoints: str) -> tuple[Verified, str
 async def test_concurrent_copies_stall_after_creating_and_the_loser_commit_conflicts(
         chaos: Run) -> None:
     """Two orders processes, both set to drop their broker connection after registering the
-    payment request and then stall 5 s after creating it. The first to finalise drops (its
-    delivery is requeued: a concurrent copy for the other process) and stalls with blob and
-    request created; the other takes the copy, does the same, and stalls too. The first wakes,
-    re-checks (still valid: nothing committed) and commits: refused, the other's registrations
-    moved the TR version (row "commit rejected (conflict)"). Left: both attempts' records and
-    artifacts; repaired by the winner's clean-up. Asserted: both processes ran the handler and
-    dropped their connection; one commit; every other attempt ended in a conflict, one of them
-    a refused commit; the bucket held only the winner's invoice and payments no request before
+    payment request and then to pause after creating it. The first to finalise drops (its
+    delivery is requeued: a concurrent copy for the other process) and pauses with blob and
+    request created; the other takes the copy, does the same, and pauses too. The test then
+    lets the first go on: it re-checks (still valid: nothing committed) and commits: refused,
+    the other's registrations moved the TR version (row "commit rejected (conflict)"); then
+    the other. Each pause is a `wait:<gate>` failpoint the test opens once both paused, so
+    the order holds however slow the machine. Left: both attempts' records and artifacts;
+    repaired by the winner's clean-up. Asserted: both processes ran the handler and dropped
+    their connection; one commit; every other attempt ended in a conflict, one of them a
+    refused commit; the bucket held only the winner's invoice and payments no request before
     the final sweep."""
+
+    async def release() -> None:
+        dropped: dict[str, str] = {}
+        for name in ("orders-a", "orders-b"):
+            await chaos.logged(name, "fault.injected", failpoint="after_create:http_request")
+            dropped[name] = str((await chaos.logged(
+                name, "fault.injected", failpoint="after_register:http_request"))["timestamp"])
+        first, then = sorted(dropped, key=dropped.__getitem__)  # the first to register
+        chaos.open_gate(first, "created")
+        await chaos.logged(first, "transaction.conflict")  # its commit, refused
+        chaos.open_gate(then, "created")
+
     result, m = await _concurrent_copies(
-        chaos, "after_register:http_request=drop_conn@1;after_create:http_request=sleep:5000@1")
+        chaos, "after_register:http_request=drop_conn@1;after_create:http_request=wait:created@1",
+        release)
     reasons = [str(e["reason"]) for e in result.events("transaction.conflict",
                                                         endpoint="orders", message_id=m)]
     assert any("commit at" in r for r in reasons), reasons
