@@ -18,7 +18,6 @@ import typer
 
 if TYPE_CHECKING:
     from application.dead_letters import DeadLetters
-    from application.ports import DeadLetterStore
     from entrypoints.settings import Service, Settings
 
 T = TypeVar("T")
@@ -68,17 +67,17 @@ _PROFILE = Annotated[str | None, typer.Option(
 async def _operations(settings: Settings, service: Service) -> AsyncIterator[DeadLetters]:
     """The dead-letter operations on the services of `settings`, their resources closed at
     the end."""
-    from entrypoints.local import LocalContainer
+    from entrypoints.local import LocalContainer, provided, shutdown_resources
     from entrypoints.system import System
 
     container = LocalContainer(settings=settings, service=service)
     container.connection_name.override(f"eo dead-letters {operator_name()}")
     try:
-        system: System = await container.system()  # type: ignore[misc]
-        store: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        system: System = await provided(container.system)
+        store = await provided(container.dead_letter_store)
         yield system.dead_letters(store)
     finally:
-        await container.shutdown_resources()  # type: ignore[misc]
+        await shutdown_resources(container)
 
 
 def _run(profile: str | None, work: Callable[[DeadLetters], Awaitable[T]]) -> T:

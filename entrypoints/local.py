@@ -3,10 +3,11 @@ callees in-process or over HTTP (`EO_CALLEES__<NAME>__URL`)."""
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from dependency_injector import containers, providers
 from yarl import URL
@@ -199,3 +200,32 @@ class LocalContainer(containers.DeclarativeContainer):
     #: the service's dead letters, in the endpoints' database
     dead_letter_store = providers.Singleton(
         lambda pools, clock: PostgresDeadLetterStore(pools.endpoint, clock), pools, clock)
+
+
+T = TypeVar("T")
+
+
+async def provided(provider: providers.Provider[T]) -> T:
+    """What `provider` gives, awaited: a provider that depends on an async resource (the
+    pools, the broker connection) returns an awaitable of it, which dependency-injector's
+    type stubs cannot tell from the object itself."""
+    value: Any = provider()
+    if inspect.isawaitable(value):
+        value = await value
+    return cast(T, value)
+
+
+async def init_resources(container: containers.Container) -> None:
+    """Start `container`'s resources (`Container.init_resources`, awaited when one of them
+    is async). Raises what a resource's start raises."""
+    started: Any = container.init_resources()
+    if inspect.isawaitable(started):
+        await started
+
+
+async def shutdown_resources(container: containers.Container) -> None:
+    """Stop `container`'s resources (`Container.shutdown_resources`, awaited when one of
+    them is async)."""
+    stopped: Any = container.shutdown_resources()
+    if inspect.isawaitable(stopped):
+        await stopped

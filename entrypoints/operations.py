@@ -10,9 +10,8 @@ from datetime import UTC, datetime, timedelta
 from adapters.postgres.admin import StoresAtRest, database_name, ensure_database, stores_at_rest
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq.topology import dead_letter_depths
-from application.ports import DeadLetterStore
 from application.side_effects import SideEffects
-from entrypoints.local import LocalContainer
+from entrypoints.local import LocalContainer, provided, shutdown_resources
 from entrypoints.settings import Service, Settings
 from entrypoints.system import System
 
@@ -59,8 +58,8 @@ async def inspect(settings: Settings, service: Service) -> Inspection:
     container = LocalContainer(settings=settings, service=service)
     container.connection_name.override("eo inspect")
     try:
-        system: System = await container.system()  # type: ignore[misc]
-        store: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        system: System = await provided(container.system)
+        store = await provided(container.dead_letter_store)
         gauges = await system.dead_letters(store).gauges()
         found.dead_letter_tokens, found.kept = gauges.tokens, gauges.counts
         effects = SideEffects(system.tokens, system.dispatcher, system.blobs, system.http)
@@ -72,5 +71,5 @@ async def inspect(settings: Settings, service: Service) -> Inspection:
                 counted[{True: "present", False: "gone", None: "unknown"}[there]] += 1
             found.cleanups[name] = counted
     finally:
-        await container.shutdown_resources()  # type: ignore[misc]
+        await shutdown_resources(container)
     return found

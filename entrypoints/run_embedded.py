@@ -88,7 +88,8 @@ class _Recording:
     """The system's dispatcher: the broker, keeping what the endpoints send."""
 
     def __init__(self, broker: MemoryBroker) -> None:
-        self.broker, self.sent = broker, []  # type: ignore[var-annotated]
+        self.broker = broker
+        self.sent: list[tuple[str, Envelope]] = []
 
     async def dispatch(self, destination: str, envelope: Envelope) -> None:
         self.sent.append((destination, envelope))

@@ -22,13 +22,13 @@ from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
 from application.dead_letters import DeadLetters
 from application.outcome import Outcome
-from application.ports import DeadLetterStore
 from application.records import DeadLetterStatus
 from application.registry import Role
 from application.strategy import Strategy
 from application.sweeper import Sweeper
 from entrypoints.callee_app import create_callee_app
 from entrypoints.dead_letter_api import create_dead_letter_app
+from entrypoints.local import provided, shutdown_resources
 from entrypoints.settings import FIRST_STATUS_PORT, Service, Settings, SettingsError
 from entrypoints.startup import started_container, waiting_for
 from entrypoints.status import (
@@ -125,14 +125,14 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
     container = await started_container(settings, service, endpoint, deadline)
     lost: BrokerUnavailable | None = None
     try:
-        rabbit: RabbitConnection = await container.rabbit()  # type: ignore[misc]
+        rabbit: RabbitConnection = await provided(container.rabbit)
         for name in service.registry.queues_of(endpoint):
             await waiting_for(f"RabbitMQ: the queues of {name!r}", partial(
                 topology.declare, rabbit, name, settings.retry_delays_s,
                 settings.delivery_limit, settings.dead_letter_max_bytes,
                 inbound=service.registry[name].role is Role.GATEWAY), deadline,
                 endpoint=endpoint)
-        system: System = await container.system()  # type: ignore[misc]
+        system: System = await provided(container.system)
         metrics: Metrics = container.metrics()
         service_user: str = container.service_user()
         gateway = registration.role is Role.GATEWAY
@@ -165,7 +165,7 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(source.stop()))
-        kept: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        kept = await provided(container.dead_letter_store)
         collector = (DeadLetterCollector(rabbit, endpoint, kept, service_user,
                                          system.events)
                      if settings.dead_letter_collect else None)
@@ -200,7 +200,7 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         if server is not None:
             await server.stop()
     finally:
-        await container.shutdown_resources()  # type: ignore[misc]
+        await shutdown_resources(container)
     if lost is not None:
         raise lost
 
@@ -230,7 +230,7 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
     container = await started_container(settings, service, endpoint, deadline)
     try:
-        system: System = await container.system()  # type: ignore[misc]
+        system: System = await provided(container.system)
         app = create_callee_app(system.callees[endpoint], own.token.get_secret_value(),
                                 own.max_body_bytes)
         server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
@@ -247,7 +247,7 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
     finally:
-        await container.shutdown_resources()  # type: ignore[misc]
+        await shutdown_resources(container)
 
 
 def state_endpoints(service: Service) -> list[str]:
@@ -273,8 +273,8 @@ async def run_dead_letter_api(settings: Settings, service: Service) -> None:
     deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
     container = await started_container(settings, service, "dead-letters", deadline)
     try:
-        system: System = await container.system()  # type: ignore[misc]
-        store: DeadLetterStore = await container.dead_letter_store()  # type: ignore[misc]
+        system: System = await provided(container.system)
+        store = await provided(container.dead_letter_store)
         app = create_dead_letter_app(system.dead_letters(store), tokens)
         server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                timeout_graceful_shutdown=20))
@@ -285,4 +285,4 @@ async def run_dead_letter_api(settings: Settings, service: Service) -> None:
                  url=f"http://{settings.operator_host}:{bound_port(sock)}")
         await server.serve(sockets=[sock])
     finally:
-        await container.shutdown_resources()  # type: ignore[misc]
+        await shutdown_resources(container)

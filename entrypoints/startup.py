@@ -23,7 +23,7 @@ from adapters.postgres.pool import translated as postgres_translated
 from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, reconnecting, redacted, refusal
 from adapters.rabbitmq.connection import translated as broker_translated
 from application.errors import PermanentError, TransientError
-from entrypoints.local import LocalContainer
+from entrypoints.local import LocalContainer, init_resources, shutdown_resources
 from entrypoints.logging import configure_logging
 from entrypoints.settings import Service, Settings
 
@@ -143,11 +143,11 @@ async def _init_resources(container: LocalContainer) -> None:
     """Start `container`'s resources; when one fails, stop those that started (the next
     attempt makes them anew) and raise its error."""
     try:
-        await container.init_resources()  # type: ignore[misc]
+        await init_resources(container)
     except TransientError:
         # the shutdown of a resource still starting awaits it, and it may fail as well
         with contextlib.suppress(TransientError):
-            await container.shutdown_resources()  # type: ignore[misc]
+            await shutdown_resources(container)
         raise
 
 
