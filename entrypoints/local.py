@@ -3,6 +3,7 @@ callees in-process or over HTTP (`EO_CALLEES__<NAME>__URL`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import uuid
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ from application.registry import Registry, Role
 from application.strategy import Strategy
 from entrypoints.faults import failpoints_from, with_duplicates
 from entrypoints.logging import StructlogEventSink
-from entrypoints.settings import Service, Settings
+from entrypoints.settings import Service, Settings, SettingsError
 from entrypoints.status import Metrics
 from entrypoints.system import System
 
@@ -69,7 +70,9 @@ async def blob_resource(settings: Settings, registry: Registry
     """dependency-injector `Resource`: the blob store, None when no endpoint makes blobs.
     S3 at `EO_S3_ENDPOINT_URL`; in the local profile without an endpoint, a moto server this
     process starts (and stops: moto is a development dependency); in production without
-    one, AWS. A directory when `EO_BLOB_STORE=directory`."""
+    one, AWS. A directory when `EO_BLOB_STORE=directory`. Raises `SettingsError` naming
+    `EO_S3_ENDPOINT_URL` when the local profile would start moto and moto is not installed
+    (the image has no development dependencies)."""
     if not any(r.blobs for r in registry):
         yield None
         return
@@ -81,6 +84,12 @@ async def blob_resource(settings: Settings, registry: Registry
     access = settings.s3_access_key.get_secret_value() if settings.s3_access_key else None
     secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
     if endpoint is None and settings.profile == "local":
+        if importlib.util.find_spec("moto") is None:
+            raise SettingsError(
+                "invalid setting EO_S3_ENDPOINT_URL: unset, so the local profile would start "
+                "an S3 API of its own (moto), which is not installed here (a development "
+                "dependency: the image has none). Set EO_S3_ENDPOINT_URL to an S3 API "
+                "(MinIO, a moto server of its own), or EO_BLOB_STORE=directory")
         from adapters.s3.moto_server import MotoServer
 
         moto = MotoServer()

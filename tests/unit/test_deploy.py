@@ -120,3 +120,22 @@ def test_compose_renders_to_valid_yaml_with_and_without_the_sample() -> None:
         services = yaml.safe_load(rendered)["services"]
         assert ("orders" in services) is keep_sample
         assert services["rabbitmq"]["environment"]["EO_GATEWAYS"]
+
+
+def test_the_dockerfile_builds_offline_and_says_what_it_is() -> None:
+    """The image's findings (issue 26): a `# syntax=` line makes BuildKit fetch a frontend
+    (offline builds fail); no health check; no OCI labels; a fixed status port, which a
+    second container on the host's network cannot take."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert not re.search(r"^#\s*syntax\s*=", dockerfile, re.M | re.I)
+    assert re.search(r"^HEALTHCHECK .*\n\s+CMD \[.*/health", dockerfile, re.M)
+    labels = set(re.findall(r"org\.opencontainers\.image\.([\w.]+)=", dockerfile))
+    assert {"title", "description", "version", "revision", "licenses", "base.name"} <= labels
+    assert "EO_METRICS_PORT=" not in dockerfile
+    assert "UV_NATIVE_TLS=1" in dockerfile
+
+
+def test_ci_builds_and_runs_the_image() -> None:
+    assert "./dev image" in (ROOT / ".ci" / "run").read_text()
+    assert "image) exec deploy/image/check" in (ROOT / "dev").read_text()
+    assert os.access(ROOT / "deploy" / "image" / "check", os.X_OK)
