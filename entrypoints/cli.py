@@ -32,9 +32,13 @@ TOOLS: dict[str, tuple[str, str, str]] = {
               "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
     "pipeline": ("tools.pipeline.cli", "pipeline_app",
                  "The sample's data pipeline on Spark: ingest, audit, sweep, bench."),
+    "local-services": ("tools.local_services", "local_services_app",
+                       "The local profile's shared services: an S3 API that outlives one "
+                       "process, the settings to export."),
 }
 #: The dependency group each tool needs beyond the service's own.
-TOOL_GROUPS = {"demo": "demo", "chaos": "demo", "bench": "dev", "pipeline": "pipeline"}
+TOOL_GROUPS = {"demo": "demo", "chaos": "demo", "bench": "dev", "pipeline": "pipeline",
+               "local-services": "dev"}
 
 
 class _LazyTool(TyperCommand):
