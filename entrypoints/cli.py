@@ -35,10 +35,12 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     "local-services": ("tools.local_services", "local_services_app",
                        "The local profile's shared services: an S3 API that outlives one "
                        "process, the settings to export."),
+    "manifests": ("tools.manifests", "manifests_app",
+                  "Generate the Kubernetes objects of the registry's endpoints (deploy/k8s)."),
 }
 #: The dependency group each tool needs beyond the service's own.
 TOOL_GROUPS = {"demo": "demo", "chaos": "demo", "bench": "dev", "pipeline": "pipeline",
-               "local-services": "dev"}
+               "local-services": "dev", "manifests": "dev"}
 
 
 class _LazyTool(TyperCommand):

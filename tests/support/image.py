@@ -72,7 +72,9 @@ class ImageFleet(Fleet):
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                ["podman", "run", "--rm", "--network=host", f"--name={container}",
+                # read-only, as the Kubernetes manifests run it (podman mounts /tmp as tmpfs)
+                ["podman", "run", "--rm", "--network=host", "--read-only",
+                 f"--name={container}",
                  *(f"--env={k}={v}" for k, v in env.items()), self.image, *args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         proc = Proc(name, popen, log, url[0], url[1], ready_path)
