@@ -6,7 +6,8 @@ state, a deterministic handler: see `domain/decisions.py`), then add one `Regist
 outside producers, `Role.CALLEE` for an HTTP callee), a default strategy when `token` (or
 `outbox` for a gateway) is not it, and what it uses (`blobs=True`, `callees=("name", ...)`).
 The framework derives the rest: queues, stores, settings validation, `eo consume`, `eo serve`,
-`eo embedded`, `eo endpoints`, `eo inspect`.
+`eo embedded`, `eo endpoints`, `eo inspect`; `./dev manifests` writes the endpoints'
+Kubernetes objects (deploy/k8s).
 """
 
 from application.registry import Registration, Registry

@@ -97,6 +97,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Path:
            "--data", "keep_sample=false", str(ROOT), str(project))
     added = add_endpoints(project)
     print(f"\nadding the fixture's endpoints took: {added}")
+    # as the README says after registering endpoints: their Kubernetes objects (generated)
+    run(["./dev", "manifests"], project, env=clean_env())
     run(["git", "init", "-q"], project)
     run(["git", "add", "-A"], project)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm",
