@@ -185,6 +185,21 @@ def serve(endpoint: _ENDPOINT, profile: _PROFILE = None) -> None:
 
 
 @app.command()
+def operator(profile: _PROFILE = None) -> None:
+    """Serve the operator's page (per endpoint: queues, unfinished transactions, deferred
+    clean-ups, dead letters, event rates; the dead letters with replay and discard) and its
+    API on EO_OPERATOR_HOST:EO_OPERATOR_PORT (port 0: a free one, printed), behind the bearer
+    tokens of EO_OPERATOR_TOKENS, until SIGTERM."""
+    settings, service = load(profile, services=True)
+    if not settings.operator_tokens:
+        raise fail("invalid setting EO_OPERATOR_TOKENS: required to serve the operator page "
+                   "(operator name -> bearer token, e.g. '{\"alice\": \"...\"}')", 2)
+    from entrypoints.service import run_operator
+
+    run_service(run_operator(settings, service))
+
+
+@app.command()
 def embedded(
     messages: Annotated[str, typer.Argument(
         help="a JSON-lines file of messages, or - for standard input")] = "-",

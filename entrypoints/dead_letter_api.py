@@ -8,7 +8,7 @@ its operator (`EO_OPERATOR_TOKENS`), so every action is logged with who did it."
 import base64
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -109,12 +109,12 @@ _BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
                      description="an operator's token (EO_OPERATOR_TOKENS)")
 
 
-def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -> FastAPI:
-    """The API on `operations`; `tokens` maps each operator's name to its bearer token (at
-    least one, each non-empty: ValueError otherwise). Every route answers 401 without a
-    known token; a refused action answers 409 with the reason; OpenAPI at /openapi.json."""
+def operator_auth(tokens: Mapping[str, str]) -> Callable[..., str]:
+    """A FastAPI dependency: the name of the operator whose bearer token the request carries
+    (`tokens`: name -> token, at least one, each non-empty: ValueError otherwise); 401 for a
+    missing or unknown token (compared in constant time)."""
     if not tokens or not all(tokens.values()):
-        raise ValueError("the dead-letter API needs at least one operator token")
+        raise ValueError("the operators' API needs at least one operator token")
 
     def operator(credentials: Annotated[HTTPAuthorizationCredentials | None,
                                         Depends(_BEARER)]) -> str:
@@ -125,7 +125,14 @@ def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -
         raise HTTPException(401, "missing or unknown operator token",
                             headers={"WWW-Authenticate": "Bearer"})
 
-    Operator = Annotated[str, Depends(operator)]
+    return operator
+
+
+def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -> FastAPI:
+    """The API on `operations`; `tokens` maps each operator's name to its bearer token (at
+    least one, each non-empty: ValueError otherwise). Every route answers 401 without a
+    known token; a refused action answers 409 with the reason; OpenAPI at /openapi.json."""
+    Operator = Annotated[str, Depends(operator_auth(tokens))]
     app = FastAPI(title="Dead letters", description=__doc__)
 
     @app.exception_handler(ValueError)

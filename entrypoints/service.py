@@ -286,3 +286,41 @@ async def run_dead_letter_api(settings: Settings, service: Service) -> None:
         await server.serve(sockets=[sock])
     finally:
         await shutdown_resources(container)
+
+
+async def run_operator(settings: Settings, service: Service) -> None:
+    """Serve the operator's page (entrypoints/operator_page.py) with uvicorn on
+    `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT` (port 0: a free one, printed in
+    `operator.serving`) until SIGTERM/SIGINT. Raises as `run_dead_letter_api`."""
+    import httpx
+
+    from entrypoints.operator_page import Status, create_operator_app
+
+    tokens = {name: token.get_secret_value() for name, token in settings.operator_tokens.items()}
+    if not tokens or not all(tokens.values()):
+        raise SettingsError("invalid setting EO_OPERATOR_TOKENS: required, each token "
+                            "non-empty, to serve the operator page")
+    try:
+        sock = listening_socket(settings.operator_host, settings.operator_port,
+                                setting="EO_OPERATOR_PORT")
+    except OSError as exc:
+        raise SettingsError(f"invalid setting {exc}") from exc
+    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    container = await started_container(settings, service, "operator", deadline)
+    try:
+        system: System = await provided(container.system)
+        store = await provided(container.dead_letter_store)
+        dead_letters = system.dead_letters(store)
+        async with httpx.AsyncClient() as client:
+            app = create_operator_app(dead_letters, tokens,
+                                      Status(settings, service, dead_letters, client))
+            server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                   timeout_graceful_shutdown=20))
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+            log.info("operator.serving", operators=sorted(tokens),
+                     url=f"http://{settings.operator_host}:{bound_port(sock)}")
+            await server.serve(sockets=[sock])
+    finally:
+        await shutdown_resources(container)

@@ -174,10 +174,14 @@ class Settings(BaseSettings):
         "(their tokens deleted, logged with by=retention) this long after they were last "
         "dead-lettered; replayed and discarded ones are forgotten as late")
     operator_tokens: dict[str, SecretStr] = Field(
-        default_factory=dict, description="the dead-letter API's operators: name -> bearer "
-        "token (`eo dead-letters serve`; the name is logged with each action)")
-    operator_host: str = Field("127.0.0.1", description="where `eo dead-letters serve` "
-                               "listens")
+        default_factory=dict, description="the operators of the dead-letter API and the "
+        "operator page: name -> bearer token (`eo dead-letters serve`, `eo operator`; the name "
+        "is logged with each action)")
+    operator_host: str = Field("127.0.0.1", description="where `eo dead-letters serve` and "
+                               "`eo operator` listen")
+    operator_metrics_urls: tuple[str, ...] = Field(
+        (), description="the consumers' status URLs whose /metrics `eo operator` sums for its "
+        "event rates, e.g. [\"http://orders-0:9464\"]")
     operator_port: int = Field(0, ge=0, le=65535, description="its port (0: a free one, "
                                "printed at start-up)")
     allow_anonymous_producers: bool = Field(

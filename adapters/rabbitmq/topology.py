@@ -152,23 +152,53 @@ async def delete_queues(amqp_url: str, endpoints: Sequence[str], n_delays: int) 
         await connection.close()
 
 
-async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
-                             ) -> dict[str, int | None]:
-    """Messages in each endpoint's dead-letter queue (None: the queue does not exist), read
-    with passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
+@dataclass(frozen=True)
+class QueueDepths:
+    """Messages waiting in an endpoint's queues: its work queue, its retry queues together,
+    its dead-letter queue."""
+
+    work: int
+    retries: int
+    dead_letter: int
+
+
+async def queue_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
+                       ) -> dict[str, QueueDepths | None]:
+    """Each endpoint's `QueueDepths` (None: its queues are not declared yet), read with
+    passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
     import aio_pika
 
-    depths: dict[str, int | None] = {}
+    async def depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int | None:
+        channel = await connection.channel()  # a refused passive declare closes it
+        try:
+            queue = await channel.declare_queue(name, passive=True)
+            return queue.declaration_result.message_count or 0
+        except aio_pika.exceptions.ChannelClosed:
+            return None
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    depths: dict[str, QueueDepths | None] = {}
     connection = await aio_pika.connect(amqp_url)
     try:
         for endpoint in endpoints:
-            channel = await connection.channel()
-            try:
-                queue = await channel.declare_queue(
-                    queue_names(endpoint, n_delays).dead_letter, passive=True)
-                depths[endpoint] = queue.declaration_result.message_count or 0
-            except aio_pika.exceptions.ChannelClosed:
+            names = queue_names(endpoint, n_delays)
+            found = [await depth(connection, q)
+                     for q in (names.work, names.dead_letter, *names.retries)]
+            if any(n is None for n in found):
                 depths[endpoint] = None
+                continue
+            work, dead, *retries = (n or 0 for n in found)
+            depths[endpoint] = QueueDepths(work, sum(retries), dead)
     finally:
         await connection.close()
     return depths
+
+
+async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
+                             ) -> dict[str, int | None]:
+    """Messages in each endpoint's dead-letter queue (None: the queues do not exist), read
+    with passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
+    return {e: None if d is None else d.dead_letter
+            for e, d in (await queue_depths(amqp_url, endpoints, n_delays)).items()}
