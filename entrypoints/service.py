@@ -163,8 +163,19 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
             server = StatusServer(status_app(metrics, ready), sock)
             server.start()
         loop = asyncio.get_running_loop()
+        # the stops' tasks, held: the event loop keeps only weak references to tasks, and
+        # one suspended on a future nothing else holds (a channel the broker closed) would
+        # be collected mid-stop, leaving the consumer to wait for ever
+        stops: list[asyncio.Task[None]] = []
+        reports: list[asyncio.Task[None]] = []  # says what the stop waits for, while it waits
+
+        def stop() -> None:
+            stops.append(asyncio.ensure_future(source.stop()))
+            if not reports:
+                reports.append(asyncio.create_task(_report_stopping(endpoint)))
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(source.stop()))
+            loop.add_signal_handler(sig, stop)
         kept = await provided(container.dead_letter_store)
         collector = (DeadLetterCollector(rabbit, endpoint, kept, service_user,
                                          system.events)
@@ -201,8 +212,40 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
             await server.stop()
     finally:
         await shutdown_resources(container)
+        for report in reports:
+            report.cancel()
     if lost is not None:
         raise lost
+
+
+#: how often a consumer that was told to stop says what it still waits for (seconds)
+STOPPING_REPORT_S = 10.0
+
+
+def _suspended_at(task: asyncio.Task[object]) -> str:
+    """Where `task` waits: its innermost coroutine frames, outermost first."""
+    frames = []
+    awaited: object = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is not None:
+            frames.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return " > ".join(frames[-3:]) or repr(task.get_coro())
+
+
+async def _report_stopping(endpoint: str) -> None:
+    """While a stop takes longer than `STOPPING_REPORT_S`, log `consumer.stopping` every
+    `STOPPING_REPORT_S` with the seconds waited and where each other task waits: a stop
+    that hangs says on what (a chaos campaign found one that outlasted 30 s)."""
+    started = asyncio.get_running_loop().time()
+    me = asyncio.current_task()
+    while True:
+        await asyncio.sleep(STOPPING_REPORT_S)
+        tasks = sorted(_suspended_at(t) for t in asyncio.all_tasks() if t is not me)
+        log.warning("consumer.stopping", endpoint=endpoint,
+                    waited_s=round(asyncio.get_running_loop().time() - started, 1),
+                    tasks=tasks)
 
 
 async def run_callee(settings: Settings, service: Service, endpoint: str) -> None:

@@ -422,6 +422,32 @@ async def test_counter_killed_mid_run_and_restarted_settles_every_command_once(
 # two consumers of one endpoint on one host, with default settings
 
 
+async def test_a_slow_stop_says_what_it_waits_for_and_ends_gracefully(
+    fleet: Fleet, rabbit: Rabbit, pool: asyncpg.Pool,
+) -> None:
+    """SIGTERM while a handler runs 12 s (a failpoint): after 10 s the consumer logs
+    `consumer.stopping` with where its tasks wait (the failpoint's sleep among them), then
+    finishes the delivery and exits 0 (a chaos campaign saw a stop outlast 30 s, and had
+    nothing to tell why)."""
+    await topology.declare(rabbit, "counter", DELAYS, DELIVERY_LIMIT)
+    tokens = PostgresTokenStore(pool)
+    await publish_with_tokens(rabbit, tokens, "counter", [token_envelope(Add("slow", 1))])
+    counter = fleet.start("counter", EO_FAILPOINTS="after_handler=sleep:12000@1")
+    await fleet.ready(counter)
+
+    async def in_handler() -> bool:
+        return bool(counter.events("fault.injected"))
+
+    await until(in_handler, 20, "the handler's sleep", fleet)
+    counter.popen.send_signal(signal.SIGTERM)
+    code = await fleet.exit_code(counter, 30)
+    assert code == 0, f"exit {code}\n{counter.tail()}"
+    [report] = counter.events("consumer.stopping")[:1]
+    assert report["waited_s"] >= 10
+    assert any("Failpoints.hit" in t for t in report["tasks"]), report["tasks"]
+    assert await tokens.count() == 0  # the delivery in flight was finished, not dropped
+
+
 async def test_two_consumers_on_one_host_pick_their_own_status_ports_and_share_the_work(
     fleet: Fleet, rabbit: Rabbit, pool: asyncpg.Pool,
 ) -> None:

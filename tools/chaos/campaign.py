@@ -231,6 +231,9 @@ class RunResult:
     #: the logs of the processes that died by plan (a crash failpoint's exit, a kill -9):
     #: only their attempts in progress excuse a handler re-run
     planned_deaths: list[Path] = field(default_factory=list)
+    #: where the run's process logs are kept: the log directory given, or, for a run with
+    #: a violation and none given, `KEPT_LOGS`/seed-<s>-run-<k> (a replay may not fail)
+    logs: Path | None = None
 
 
 @dataclass
@@ -334,6 +337,10 @@ async def run_campaign(
     return report
 
 
+#: where a run with a violation keeps its process logs when no log directory was given
+KEPT_LOGS = Path("var/chaos")
+
+
 async def _campaign(settings: ToolSettings, service: Service, sample: TpchSample, seed: int,
                     duration_s: float, only_run: int | None, orders_per_run: int,
                     log_root: Path | None, on_run: Callable[[RunResult], None],
@@ -360,6 +367,12 @@ async def _campaign(settings: ToolSettings, service: Service, sample: TpchSample
                 result = await _one_run(settings, service, sample, plan, pool,
                                         root / f"run-{index}",
                                         run_timeout_s)
+                result.logs = root / f"run-{index}" if temp is None else None
+                if result.violations and temp is not None:  # a timing may not come again
+                    kept = KEPT_LOGS / f"seed-{seed}-run-{index}"
+                    await asyncio.to_thread(shutil.copytree, root / f"run-{index}", kept,
+                                            dirs_exist_ok=True)
+                    result.logs = kept
                 report.runs.append(result)
                 on_run(result)
                 k += 1

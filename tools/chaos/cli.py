@@ -107,6 +107,8 @@ def _print_run(result: RunResult) -> None:
         console.print(f"  [red]{violation}[/red]")
     if result.violations:
         console.print(f"  replay: eo chaos --seed {plan.seed} --run {plan.run}")
+        if result.logs is not None:
+            console.print(f"  the run's process logs: {result.logs}")
 
 
 def _print_summary(report: CampaignReport) -> None:
