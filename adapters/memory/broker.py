@@ -6,10 +6,11 @@ import asyncio
 import itertools
 import random
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 
 from application.envelope import (
     ATTEMPTS_HEADER,
@@ -91,16 +92,24 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
         self._delayed = 0
         self.dead_letters: dict[str, list[Envelope]] = defaultdict(list)
         self.published = 0
+        self._background: set[asyncio.Task[None]] = set()
 
     async def dispatch(self, destination: str, envelope: Envelope) -> None:
         await asyncio.sleep(0)
         await self._put(destination, envelope, 1)
 
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` as a task this broker holds until it ends (the event loop holds tasks
+        only weakly)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def publish(self, destination: str, envelope: Envelope, attempt: int = 1) -> None:
         """Enqueue without waiting (injection from outside a consumer)."""
         self._queues[destination].ready.append((envelope, attempt))
         self.published += 1
-        asyncio.get_running_loop().create_task(self._notify(destination))
+        self._spawn(self._notify(destination))
 
     async def _put(self, destination: str, envelope: Envelope, attempt: int) -> None:
         queue = self._queues[destination]
@@ -161,7 +170,7 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
             self._delayed -= 1
             await self._put(queue, envelope, attempt)
 
-        asyncio.get_running_loop().create_task(requeue())
+        self._spawn(requeue())
 
     async def consume(self, queue_name: str, consumer: str) -> AsyncIterator[MemoryDelivery]:
         """Deliveries of `queue_name` for `consumer`, forever (cancel the task to stop)."""
@@ -185,7 +194,7 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
         for d in dropped:
             del self._in_flight[d.tag]
             self._queues[d._queue].ready.appendleft((d.envelope, d.attempt))
-            asyncio.get_running_loop().create_task(self._notify(d._queue))
+            self._spawn(self._notify(d._queue))
         return len(dropped)
 
     def idle(self) -> bool:
