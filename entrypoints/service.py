@@ -124,6 +124,11 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
     deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
     container = await started_container(settings, service, endpoint, deadline)
     lost: BrokerUnavailable | None = None
+    # the stops' tasks, held: the event loop keeps only weak references to tasks, and one
+    # suspended on a future nothing else holds (a channel the broker closed) would be
+    # collected mid-stop, leaving the consumer to wait for ever
+    stops: list[asyncio.Task[None]] = []
+    reports: list[asyncio.Task[None]] = []  # says what the stop waits for, while it waits
     try:
         rabbit: RabbitConnection = await provided(container.rabbit)
         for name in service.registry.queues_of(endpoint):
@@ -163,12 +168,6 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
             server = StatusServer(status_app(metrics, ready), sock)
             server.start()
         loop = asyncio.get_running_loop()
-        # the stops' tasks, held: the event loop keeps only weak references to tasks, and
-        # one suspended on a future nothing else holds (a channel the broker closed) would
-        # be collected mid-stop, leaving the consumer to wait for ever
-        stops: list[asyncio.Task[None]] = []
-        reports: list[asyncio.Task[None]] = []  # says what the stop waits for, while it waits
-
         def stop() -> None:
             stops.append(asyncio.ensure_future(source.stop()))
             if not reports:
