@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 import structlog
 import uvicorn
@@ -303,31 +305,12 @@ async def run_dead_letter_api(settings: Settings, service: Service) -> None:
     `dead_letters.serving`) until SIGTERM/SIGINT (in-flight requests finish). Raises
     `SettingsError` when no operator token is set or the port is taken; at start-up,
     `PermanentError` and `GaveUpWaiting` as `run_consumer`."""
-    tokens = {name: token.get_secret_value() for name, token in settings.operator_tokens.items()}
-    if not tokens or not all(tokens.values()):
-        raise SettingsError("invalid setting EO_OPERATOR_TOKENS: required, each token "
-                            "non-empty, to serve the dead letters")
-    try:
-        sock = listening_socket(settings.operator_host, settings.operator_port,
-                                setting="EO_OPERATOR_PORT")
-    except OSError as exc:
-        raise SettingsError(f"invalid setting {exc}") from exc
-    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
-    container = await started_container(settings, service, "dead-letters", deadline)
-    try:
-        system: System = await provided(container.system)
-        store = await provided(container.dead_letter_store)
-        app = create_dead_letter_app(system.dead_letters(store), tokens)
-        server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                               timeout_graceful_shutdown=20))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-        log.info("dead_letters.serving", operators=sorted(tokens),
-                 url=f"http://{settings.operator_host}:{bound_port(sock)}")
-        await server.serve(sockets=[sock])
-    finally:
-        await shutdown_resources(container)
+
+    @contextlib.asynccontextmanager
+    async def app(dead_letters: DeadLetters, tokens: dict[str, str]) -> AsyncIterator[Any]:
+        yield create_dead_letter_app(dead_letters, tokens)
+
+    await _serve_operators(settings, service, "dead-letters", "the dead letters", app)
 
 
 async def run_operator(settings: Settings, service: Service) -> None:
@@ -338,30 +321,45 @@ async def run_operator(settings: Settings, service: Service) -> None:
 
     from entrypoints.operator_page import Status, create_operator_app
 
-    tokens = {name: token.get_secret_value() for name, token in settings.operator_tokens.items()}
+    @contextlib.asynccontextmanager
+    async def app(dead_letters: DeadLetters, tokens: dict[str, str]) -> AsyncIterator[Any]:
+        async with httpx.AsyncClient() as client:  # the consumers' /metrics
+            yield create_operator_app(dead_letters, tokens,
+                                      Status(settings, service, dead_letters, client))
+
+    await _serve_operators(settings, service, "operator", "the operator page", app)
+
+
+async def _serve_operators(
+        settings: Settings, service: Service, name: str, what: str,
+        app: Callable[[DeadLetters, dict[str, str]], contextlib.AbstractAsyncContextManager[Any]],
+) -> None:
+    """Serve the ASGI app `app` makes (from the dead letters' operations and the operators'
+    tokens) on `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT`, logging `<name>.serving` with its URL,
+    until SIGTERM/SIGINT. Raises `SettingsError` naming `what` when no operator token is
+    set, or when the port is taken; at start-up as `run_consumer`."""
+    tokens = {n: token.get_secret_value() for n, token in settings.operator_tokens.items()}
     if not tokens or not all(tokens.values()):
         raise SettingsError("invalid setting EO_OPERATOR_TOKENS: required, each token "
-                            "non-empty, to serve the operator page")
+                            f"non-empty, to serve {what}")
     try:
         sock = listening_socket(settings.operator_host, settings.operator_port,
                                 setting="EO_OPERATOR_PORT")
     except OSError as exc:
         raise SettingsError(f"invalid setting {exc}") from exc
     deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
-    container = await started_container(settings, service, "operator", deadline)
+    container = await started_container(settings, service, name, deadline)
     try:
         system: System = await provided(container.system)
         store = await provided(container.dead_letter_store)
-        dead_letters = system.dead_letters(store)
-        async with httpx.AsyncClient() as client:
-            app = create_operator_app(dead_letters, tokens,
-                                      Status(settings, service, dead_letters, client))
-            server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
+        async with app(system.dead_letters(store), tokens) as served:
+            server = EmbeddedServer(uvicorn.Config(served, log_level="warning",
+                                                   lifespan="off",
                                                    timeout_graceful_shutdown=20))
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-            log.info("operator.serving", operators=sorted(tokens),
+            log.info(f"{name.replace('-', '_')}.serving", operators=sorted(tokens),
                      url=f"http://{settings.operator_host}:{bound_port(sock)}")
             await server.serve(sockets=[sock])
     finally:

@@ -21,14 +21,20 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from moto.server import ThreadedMotoServer
 
 from adapters.postgres.admin import drop_database, ensure_database, with_database
 from adapters.postgres.migrate import head_revision
 from application.registry import Role
-from entrypoints.settings import DEFAULT_SERVICE
 from service.registry import REGISTRY
-from tests.support.image import IMAGE, ImageFleet, needs_image, podman, run_image
+from tests.support.image import (
+    IMAGE,
+    ImageFleet,
+    image_fleet,
+    needs_image,
+    podman,
+    run_image,
+    s3_api,
+)
 from tests.support.processes import Proc, Where, calling, delete_vhost, private_vhost, this_run
 from tests.support.services import discover
 
@@ -67,25 +73,14 @@ def where() -> Iterator[Where]:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
-    """An S3 API on the host (moto, a free port), as the containers reach it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with s3_api() as url:
+        yield url
 
 
 @pytest.fixture
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[ImageFleet]:
-    assert IMAGE is not None
-    started = ImageFleet(where, tmp_path / "blobs", tmp_path, service=DEFAULT_SERVICE,
-                         image=IMAGE)
-    try:
+    async with image_fleet(where, tmp_path) as started:
         yield started
-    finally:
-        await asyncio.to_thread(started.kill_all)
 
 
 def test_the_image_lists_the_registry_s_endpoints() -> None:

@@ -16,15 +16,19 @@ Typical use::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from tests.support.processes import CONSUMER_URL, Fleet, Proc, this_run
+from entrypoints.settings import DEFAULT_SERVICE
+from tests.support.processes import CONSUMER_URL, Fleet, Proc, Where, this_run
 
 #: the image under test (`deploy/image/check` sets it), or None: the tests are skipped
 IMAGE = os.environ.get("EO_TEST_IMAGE")
@@ -91,3 +95,31 @@ class ImageFleet(Fleet):
         for container in self.containers:
             podman("rm", "--force", "--time=0", container, timeout_s=60)
         super().kill_all()
+
+
+@contextlib.contextmanager
+def s3_api() -> Iterator[str]:
+    """An S3 API on the host (moto, a free port of 127.0.0.1) as the containers reach it
+    (the host's network); its URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def image_fleet(where: Where, log_dir: Path) -> AsyncIterator[ImageFleet]:
+    """An `ImageFleet` of the service's registry on `where`, its logs in `log_dir`; every
+    container it started is removed at the end."""
+    assert IMAGE is not None
+    started = ImageFleet(where, log_dir / "blobs", log_dir, service=DEFAULT_SERVICE,
+                         image=IMAGE)
+    try:
+        yield started
+    finally:
+        await asyncio.to_thread(started.kill_all)

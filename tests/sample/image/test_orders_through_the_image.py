@@ -8,14 +8,12 @@ with status 0 on SIGTERM."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
-from moto.server import ThreadedMotoServer
 
 from adapters.postgres.pool import create_pool
 from adapters.rabbitmq.connection import RabbitConnection
@@ -26,10 +24,9 @@ from application.codec import encode
 from application.envelope import Envelope
 from domain.sample.payments import open_account
 from entrypoints.local import postgres_stores
-from entrypoints.settings import DEFAULT_SERVICE
 from service.registry import REGISTRY
 from tests.sample.chaos.cluster import CREDIT_LIMIT, pick_orders
-from tests.support.image import IMAGE, ImageFleet, needs_image
+from tests.support.image import ImageFleet, image_fleet, needs_image, s3_api
 from tests.support.processes import Where, calling, unfinished, until, where_for
 from tools.tpch.oracle import check_oracle
 
@@ -48,24 +45,14 @@ def where() -> Iterator[Where]:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with s3_api() as url:
+        yield url
 
 
 @pytest.fixture
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[ImageFleet]:
-    assert IMAGE is not None
-    started = ImageFleet(where, tmp_path / "blobs", tmp_path, service=DEFAULT_SERVICE,
-                         image=IMAGE)
-    try:
+    async with image_fleet(where, tmp_path) as started:
         yield started
-    finally:
-        await asyncio.to_thread(started.kill_all)
 
 
 @pytest.fixture
