@@ -58,6 +58,12 @@ class Rule:
         return True
 
 
+def needs_gates(rules: dict[str, Rule]) -> bool:
+    """Whether a rule of `rules` waits for a gate (`wait:<gate>`), so needs a gates
+    directory."""
+    return any(r.action.startswith("wait:") for r in rules.values())
+
+
 def parse(spec: str) -> dict[str, Rule]:
     """Parse an `EO_FAILPOINTS` value; raises ValueError naming the bad rule or name."""
     rules: dict[str, Rule] = {}
@@ -87,7 +93,7 @@ class Failpoints:
     ) -> None:
         """`gates`: the directory of the `wait:<gate>` actions' gate files; ValueError when
         a rule waits and there is none."""
-        if gates is None and any(r.action.startswith("wait:") for r in rules.values()):
+        if gates is None and needs_gates(rules):
             raise ValueError("EO_FAILPOINT_GATES: a wait:<gate> failpoint needs the directory "
                              "of its gate files")
         self._gates = gates

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from application import defaults
-from application.failpoints import parse
+from application.failpoints import needs_gates, parse
 from application.registry import Registry, RegistryError, Role
 from application.strategy import Strategy
 
@@ -205,8 +205,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _gates_for_waits(self) -> Settings:
-        if self.failpoint_gates is None and any(
-                r.action.startswith("wait:") for r in parse(self.failpoints).values()):
+        if self.failpoint_gates is None and needs_gates(parse(self.failpoints)):
             raise ValueError("failpoint_gates: a wait:<gate> failpoint needs the directory of "
                              "its gate files")
         return self
