@@ -162,35 +162,40 @@ class QueueDepths:
     dead_letter: int
 
 
+async def _depth(connection: Any, name: str) -> int | None:
+    """Messages in queue `name` (None: no such queue), by a passive declare on a channel of
+    its own (a refused one closes its channel)."""
+    import aio_pika
+
+    channel = await connection.channel()
+    try:
+        queue = await channel.declare_queue(name, passive=True)
+        return queue.declaration_result.message_count or 0
+    except aio_pika.exceptions.ChannelClosed:
+        return None
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
 async def queue_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
                        ) -> dict[str, QueueDepths | None]:
     """Each endpoint's `QueueDepths` (None: its queues are not declared yet), read with
     passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
     import aio_pika
 
-    async def depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int | None:
-        channel = await connection.channel()  # a refused passive declare closes it
-        try:
-            queue = await channel.declare_queue(name, passive=True)
-            return queue.declaration_result.message_count or 0
-        except aio_pika.exceptions.ChannelClosed:
-            return None
-        finally:
-            if not channel.is_closed:
-                await channel.close()
-
     depths: dict[str, QueueDepths | None] = {}
     connection = await aio_pika.connect(amqp_url)
     try:
         for endpoint in endpoints:
             names = queue_names(endpoint, n_delays)
-            found = [await depth(connection, q)
-                     for q in (names.work, names.dead_letter, *names.retries)]
-            if any(n is None for n in found):
+            work, dead = await _depth(connection, names.work), await _depth(
+                connection, names.dead_letter)
+            retries = [await _depth(connection, q) for q in names.retries]
+            if work is None or dead is None or None in retries:
                 depths[endpoint] = None
                 continue
-            work, dead, *retries = (n or 0 for n in found)
-            depths[endpoint] = QueueDepths(work, sum(retries), dead)
+            depths[endpoint] = QueueDepths(work, sum(r or 0 for r in retries), dead)
     finally:
         await connection.close()
     return depths
@@ -198,7 +203,13 @@ async def queue_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
 
 async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
                              ) -> dict[str, int | None]:
-    """Messages in each endpoint's dead-letter queue (None: the queues do not exist), read
+    """Messages in each endpoint's dead-letter queue (None: the queue does not exist), read
     with passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
-    return {e: None if d is None else d.dead_letter
-            for e, d in (await queue_depths(amqp_url, endpoints, n_delays)).items()}
+    import aio_pika
+
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        return {endpoint: await _depth(connection, queue_names(endpoint, n_delays).dead_letter)
+                for endpoint in endpoints}
+    finally:
+        await connection.close()
