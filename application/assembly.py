@@ -48,7 +48,7 @@ def build_finisher(name: str, ports: Ports, failpoints: Failpoints | None = None
     outbox strategy it consumes no token (its messages come with none)."""
     effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, failpoints)
     return Finisher(name, ports.store, consumption(name, ports, strategy), effects,
-                    ports.clock, ports.events, failpoints, cleanup_grace)
+                    ports.clock, ports.events, failpoints, cleanup_grace, ports.tracer)
 
 
 def consumption(name: str, ports: Ports, strategy: Strategy = Strategy.TOKEN) -> Consumption:
@@ -97,23 +97,26 @@ def build_processor(
         if ports.state_stream is None:
             raise ValueError(f"endpoint {name}: the state strategy needs a state stream")
         path = StatePath(name, runner, ports.state_stream, ports.dispatcher,
-                         ports.clock, ports.ids, ports.events, failpoints)
+                         ports.clock, ports.ids, ports.events, failpoints, ports.tracer)
     else:
         finisher = build_finisher(name, ports, failpoints, cleanup_grace, strategy)
         preparation = Preparation(name, ports.store, outgoing_tokens(ports), ports.clock,
                                   ports.ids, failpoints, ports.blobs, ports.http,
-                                  ports.services, ports.renderer, ports.token_receivers)
+                                  ports.services, ports.renderer, ports.token_receivers,
+                                  ports.tracer)
         own = incoming_tokens(name, ports)
         caller = HttpCaller(ports.http, own, ports.store, failpoints)
         steps = Steps(PathParts(name, runner, ports.store, preparation, finisher, caller,
-                                ports.clock, ports.ids, ports.events, failpoints))
+                                ports.clock, ports.ids, ports.events, failpoints,
+                                ports.tracer))
         if strategy is Strategy.TOKEN:
             path = TokenPath(steps, own, claim_check(ports))
             if ports.colocated_tokens and ports.incoming is None:  # batches need both
                 batch = TokenBatch(steps)
         else:
             path = OutboxPath(steps, ports.store, ports.dispatcher, ports.clock)
-    return Processor(name, path, runner, ports.events, conflict_retries, finisher, batch)
+    return Processor(name, path, runner, ports.events, conflict_retries, finisher, batch,
+                     ports.tracer)
 
 
 def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,

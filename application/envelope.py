@@ -44,6 +44,12 @@ CAUSATION_ID_HEADER = "eo-causation-id"
 #: a dead letter, a replay, an inbox row relayed): the producer it came from. Trusted only on
 #: a delivery the service's own broker user published (`Envelope.producer`).
 PRODUCER_HEADER = "eo-producer"
+#: The W3C trace context of the message (`traceparent`, `tracestate`): the trace of the attempt
+#: that sent it, or an outside producer's. Written with the message when it is prepared, so it
+#: is part of the committed message; only tracing reads it (`application.ports.Tracer`).
+TRACEPARENT_HEADER = "traceparent"
+TRACESTATE_HEADER = "tracestate"
+TRACE_HEADERS = (TRACEPARENT_HEADER, TRACESTATE_HEADER)
 #: The prefix of the protocol's headers: only this service's senders set them.
 PROTOCOL_PREFIX = "eo-"
 #: The protocol's headers: the only ones a delivery keeps (with those a service names in
@@ -52,6 +58,7 @@ PROTOCOL_HEADERS = frozenset({
     TOKEN_HEADER, REQUEST_URL_HEADER, REASON_HEADER, ENDPOINT_HEADER, ATTEMPTS_HEADER,
     RETRY_REASON_HEADER, NO_MESSAGE_ID_HEADER, BODY_BYTES_HEADER, BODY_SHA256_HEADER,
     ORIGIN_ID_HEADER, ORIGIN_PRODUCER_HEADER, CAUSATION_ID_HEADER, PRODUCER_HEADER,
+    *TRACE_HEADERS,
 })
 #: The longest header value a copy carries (characters); longer ones are cut, marked "…".
 MAX_HEADER_CHARS = 1024

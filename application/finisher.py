@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,9 +24,11 @@ from application.ports import (
     Committed,
     EventSink,
     PartitionStore,
+    SpanKind,
+    Tracer,
 )
 from application.records import Kind, SideEffectRecord
-from application.side_effects import SideEffects
+from application.side_effects import PUBLISHED_KINDS, SideEffects
 
 _KIND_ORDER = {kind: i for i, kind in enumerate(Kind)}
 
@@ -60,16 +63,19 @@ class Finisher:
         events: EventSink,
         failpoints: Failpoints | None = None,
         cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
+        tracer: Tracer | None = None,
     ) -> None:
         """`consumption`: how the endpoint's incoming token is consumed with the clear
         (application/consumption.py: by the clear itself, by a delete before it, or none on
-        the outbox path), chosen by `application.assembly` from where the tokens live."""
+        the outbox path), chosen by `application.assembly` from where the tokens live.
+        `tracer`: a `finish` span, with a span per publication and clean-up in it."""
         self._endpoint = endpoint
         self._store, self._consumption = store, consumption
         self._clock, self._events = clock, events
         self.effects = effects
         self._fp = failpoints
         self._grace = cleanup_grace
+        self._tracer = tracer
 
     async def _hit(self, name: str) -> None:
         if self._fp:
@@ -129,6 +135,12 @@ class Finisher:
         losers, consume, clear. `batched` (co-located tokens only): the publications run
         together and one `clear_many` consumes and clears them all; else there is one
         plan."""
+        if self._tracer is None:
+            return await self._steps(plans, batched)
+        with self._tracer.span("finish", attributes={"eo.transactions": len(plans)}):
+            return await self._steps(plans, batched)
+
+    async def _steps(self, plans: Sequence[_Plan], batched: bool) -> list[bool]:
         fp, ev = self._fp, self._events
         if not batched:
             await self._publish(plans[0].winners, plans[0].fields)
@@ -155,7 +167,13 @@ class Finisher:
                        ) -> None:
         fp, published = self._fp, 0
         for rec in winners:
-            if await self.effects.publish(rec.kind, rec.key, rec.payload):
+            if self._tracer is None or rec.kind not in PUBLISHED_KINDS:
+                done = await self.effects.publish(rec.kind, rec.key, rec.payload)
+            else:
+                with self._tracer.span(f"publish {rec.kind}", _span_kind(rec),
+                                       _attributes(rec)):
+                    done = await self.effects.publish(rec.kind, rec.key, rec.payload)
+            if done:
                 published += 1
                 self._events.emit(SIDE_EFFECT_PUBLISHED, kind=str(rec.kind), key=rec.key,
                                   **fields)
@@ -165,8 +183,10 @@ class Finisher:
     async def _clean_up(self, aborted: Sequence[SideEffectRecord], fields: dict[str, str]
                         ) -> None:
         # losers go before the token: I8 holds once the message is consumed
-        for rec in aborted:
-            await self.effects.clean_up(rec.kind, rec.key, rec.payload)
+        for rec in aborted:  # rare (an attempt lost): one call site, traced or not
+            with (nullcontext() if self._tracer is None else
+                  self._tracer.span(f"clean up {rec.kind}", attributes=_attributes(rec))):
+                await self.effects.clean_up(rec.kind, rec.key, rec.payload)
             self._events.emit(SIDE_EFFECT_CLEANED, kind=str(rec.kind), key=rec.key,
                               loser_attempt_id=str(rec.attempt_id), **fields)
 
@@ -181,6 +201,19 @@ def _split(records: Sequence[SideEffectRecord], attempt_id: uuid.UUID
     winners = sorted((r for r in records if r.attempt_id == attempt_id), key=_order)
     aborted = sorted((r for r in records if r.attempt_id != attempt_id), key=_order)
     return winners, aborted
+
+
+def _span_kind(rec: SideEffectRecord) -> SpanKind:
+    return SpanKind.PRODUCER if rec.kind is Kind.MESSAGE else SpanKind.INTERNAL
+
+
+def _attributes(rec: SideEffectRecord) -> dict[str, str]:
+    """A side effect's span attributes: a message's destination and ID (messaging semantic
+    conventions), another kind's key (a blob's key, a request's URL)."""
+    if rec.kind is Kind.MESSAGE:
+        return {"messaging.destination.name": rec.payload.get("destination", ""),
+                "messaging.message.id": rec.key, "messaging.operation.type": "send"}
+    return {"eo.key": rec.key}
 
 
 def _order(rec: SideEffectRecord) -> tuple[int, str, int]:

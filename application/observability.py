@@ -82,3 +82,10 @@ class CountingSink:
     def total(self, event: str) -> int:
         """How often `event` was emitted, over all endpoints."""
         return sum(n for (_, name), n in self.counts.items() if name == event)
+
+
+def message_attributes(endpoint: str, message_id: str) -> dict[str, str]:
+    """The span attributes of a message processed at `endpoint` (OpenTelemetry's messaging
+    semantic conventions: the endpoint is the destination its work queue is named after)."""
+    return {"messaging.destination.name": endpoint, "messaging.message.id": message_id,
+            "messaging.operation.type": "process"}

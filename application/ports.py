@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -450,6 +450,62 @@ class EventSink(Protocol):
         """Record `event` with its fields (endpoint, message_id, attempt_id, partition, ...)."""
 
 
+class SpanKind(enum.StrEnum):
+    """What a span stands for, as OpenTelemetry's span kinds: a message processed
+    (`CONSUMER`), a message published (`PRODUCER`), a step inside either (`INTERNAL`)."""
+
+    INTERNAL = "internal"
+    CONSUMER = "consumer"
+    PRODUCER = "producer"
+
+
+#: A span attribute's value (OpenTelemetry's primitive attribute types).
+SpanValue = str | int | bool
+
+
+class Span(Protocol):
+    """One span of a `Tracer`, started and not yet ended."""
+
+    def set(self, name: str, value: SpanValue) -> None:
+        """Set attribute `name` (e.g. `eo.outcome`)."""
+
+    def current(self) -> AbstractContextManager[None]:
+        """Make this span the current one inside the `with` block (its children, and the
+        trace context `Tracer.headers` gives, are this span's); it does not end it."""
+
+    def end(self, error: BaseException | None = None) -> None:
+        """End the span; `error` marks it failed and is recorded as an exception event."""
+
+
+class Tracer(Protocol):
+    """Spans of the protocol's steps (OpenTelemetry: adapters/tracing.py). Where tracing is
+    off there is no tracer (`Ports.tracer` is None) and the steps do nothing for it.
+
+    A message's trace context travels in its headers (`TRACE_HEADERS`: W3C `traceparent`
+    and `tracestate`), written when the message is prepared, so it is part of the committed
+    message: every delivery of a message, on every attempt, continues the trace of the
+    attempt that committed it."""
+
+    def start(self, name: str, kind: SpanKind = SpanKind.INTERNAL,
+              attributes: Mapping[str, SpanValue] | None = None,
+              parent: Mapping[str, str] | None = None,
+              links: Sequence[Mapping[str, str]] = ()) -> Span:
+        """A new span, not yet current. `parent`: message headers whose trace context is
+        the span's parent (without one, the current span is); `links`: message headers
+        whose trace contexts the span links to (a batch links each message's)."""
+
+    def span(self, name: str, kind: SpanKind = SpanKind.INTERNAL,
+             attributes: Mapping[str, SpanValue] | None = None,
+             parent: Mapping[str, str] | None = None,
+             links: Sequence[Mapping[str, str]] = ()) -> AbstractContextManager[Span]:
+        """`start`, current inside the `with` block and ended at its exit (failed when the
+        block raises)."""
+
+    def headers(self) -> dict[str, str]:
+        """The current trace context as message headers (`TRACE_HEADERS`); empty when no
+        span is current."""
+
+
 class PutResult(enum.StrEnum):
     """Outcome of storing a request on the HTTP callee (protocol 6, PUT)."""
 
@@ -600,3 +656,5 @@ class Ports:
     #: get a token per message; the others (outbox, state) deduplicate by message ID and
     #: consume no token. None: every destination gets one.
     token_receivers: frozenset[str] | None = None
+    #: spans of the protocol's steps; None: tracing is off (nothing is traced)
+    tracer: Tracer | None = None

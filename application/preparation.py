@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -21,6 +22,7 @@ from application.ports import (
     HttpRequests,
     IdGenerator,
     PartitionStore,
+    Tracer,
 )
 from application.records import Kind, SideEffectRecord
 from application.side_effects import MessagePayload, message_payload
@@ -72,18 +74,22 @@ class Preparation:
         services: Mapping[str, str] | None = None,
         renderer: DocumentRenderer | None = None,
         token_receivers: frozenset[str] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """`outgoing`: where outgoing messages' tokens are made (by the commit, or before
         it: application/outgoing_tokens.py); `services`: callee name -> base URL;
         `token_receivers`: the destinations that consume tokens (None: all). A message to
         any other destination (an outbox or state receiver, which deduplicates by message
-        ID) gets no token and no token header: nobody would consume it."""
+        ID) gets no token and no token header: nobody would consume it. `tracer`: each
+        outgoing message carries the current trace context (the attempt's span) in its
+        headers, and each artifact's registration and creation is a span."""
         self._endpoint = endpoint
         self._store, self._outgoing, self._clock, self._ids = store, outgoing, clock, ids
         self._blobs, self._http, self._renderer = blobs, http, renderer
         self._services = dict(services or {})
         self._token_receivers = token_receivers
         self._fp = failpoints
+        self._tracer = tracer
 
     async def run(
         self,
@@ -125,6 +131,8 @@ class Preparation:
         extra: list[SideEffectRecord] = []
         tokens: list[tuple[str, Envelope]] = []
         chain = lineage(incoming)
+        if self._tracer is not None:  # committed with the message: every copy has it
+            chain.update(self._tracer.headers())
         for index, out in enumerate(outgoing):
             destination = out.destination
             tokened = self._token_receivers is None or destination in self._token_receivers
@@ -194,17 +202,20 @@ class Preparation:
         create: Callable[[], Awaitable[None]],
         delete: Callable[[], Awaitable[None]],
     ) -> int:
-        """register -> create -> re-check one artifact; returns the new expected version."""
-        store, fp = self._store, self._fp
-        version = await store.register(rec, version)
-        if fp:
-            await fp.hit(f"after_register:{rec.kind}")
-        await create()
-        if fp:
-            await fp.hit(f"after_create:{rec.kind}")
-        if not await store.registration_valid(rec):
-            # another attempt committed and may have cleaned up already: our artifact would
-            # be an orphan nobody deletes (protocol 3.2, step 3)
-            await delete()
-            raise Conflict(f"{rec.kind} {rec.key}: registration gone or transaction committed")
-        return version
+        """register -> create -> re-check one artifact (in a span when tracing is on);
+        returns the new expected version."""
+        with (nullcontext() if self._tracer is None else
+              self._tracer.span(f"create {rec.kind}", attributes={"eo.key": rec.key})):
+            store, fp = self._store, self._fp
+            version = await store.register(rec, version)
+            if fp:
+                await fp.hit(f"after_register:{rec.kind}")
+            await create()
+            if fp:
+                await fp.hit(f"after_create:{rec.kind}")
+            if not await store.registration_valid(rec):
+                # another attempt committed and may have cleaned up already: our artifact would
+                # be an orphan nobody deletes (protocol 3.2, step 3)
+                await delete()
+                raise Conflict(f"{rec.kind} {rec.key}: registration gone or transaction committed")
+            return version

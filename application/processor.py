@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from application import defaults
@@ -13,9 +14,14 @@ from application.envelope import Envelope
 from application.errors import Conflict, Duplicate, TransientError
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
-from application.observability import MESSAGE_DUPLICATE, MESSAGE_RECEIVED, TRANSACTION_CONFLICT
+from application.observability import (
+    MESSAGE_DUPLICATE,
+    MESSAGE_RECEIVED,
+    TRANSACTION_CONFLICT,
+    message_attributes,
+)
 from application.outcome import Outcome
-from application.ports import EventSink
+from application.ports import EventSink, SpanKind, Tracer
 from application.token_batch import TokenBatch
 
 
@@ -40,12 +46,15 @@ class Processor:
 
     def __init__(self, endpoint: str, path: Path, runner: HandlerRunner,
                  events: EventSink, conflict_retries: int = defaults.CONFLICT_RETRIES,
-                 finisher: Finisher | None = None, batch: TokenBatch | None = None) -> None:
+                 finisher: Finisher | None = None, batch: TokenBatch | None = None,
+                 tracer: Tracer | None = None) -> None:
         """`finisher`: the path's (None for the state strategy), for the sweeper and tests;
-        `batch`: the batched token path (co-located tokens only), used by `process_batch`."""
+        `batch`: the batched token path (co-located tokens only), used by `process_batch`;
+        `tracer`: a `process <endpoint>` span per delivery (its parent the message's trace
+        context) and one per batch (linking each message's), when tracing is on."""
         self.endpoint, self.path, self.runner = endpoint, path, runner
         self.events, self.conflict_retries = events, conflict_retries
-        self.finisher, self.batch = finisher, batch
+        self.finisher, self.batch, self.tracer = finisher, batch, tracer
 
     def decode(self, envelope: Envelope) -> Any:
         """The domain message of `envelope`; raises `UnknownMessageType` / `MalformedMessage`."""
@@ -58,7 +67,24 @@ class Processor:
 
     async def process(self, envelope: Envelope) -> Outcome:
         """Process one delivery; see the class docstring for the errors raised."""
-        return await self._attempts(envelope, self._received(envelope))
+        if self.tracer is None:
+            return await self._attempts(envelope, self._received(envelope))
+        return await self._traced(self.tracer, envelope, received=True)
+
+    async def _traced(self, tracer: Tracer, envelope: Envelope, received: bool = False
+                      ) -> Outcome:
+        """`_attempts` in a `process <endpoint>` span whose parent is the message's trace
+        context (messaging semantic conventions' attributes, and `eo.outcome`); with
+        `received`, `message.received` is emitted in it first."""
+        m = envelope.id_text
+        with tracer.span(f"process {self.endpoint}", SpanKind.CONSUMER,
+                         message_attributes(self.endpoint, m),
+                         parent=envelope.headers) as span:
+            if received:
+                self._received(envelope)
+            outcome = await self._attempts(envelope, m)
+            span.set("eo.outcome", str(outcome))
+        return outcome
 
     async def process_batch(self, envelopes: Sequence[Envelope]
                             ) -> list[Outcome | BaseException]:
@@ -66,13 +92,24 @@ class Processor:
         envelope, in order: its `Outcome`, or the error `process` would have raised for it
         (nothing is raised). Without a batched path, each is processed on its own, all at
         once."""
-        for envelope in envelopes:
-            self._received(envelope)
         results: dict[int, Outcome | BaseException] = {}
-        if self.batch is not None:
-            results = await self.batch.run(envelopes)
+        tracer = self.tracer
+        if tracer is None or self.batch is None:
+            for envelope in envelopes:
+                self._received(envelope)
+            if self.batch is not None:
+                results = await self.batch.run(envelopes)
+        else:  # the batch's events in its span, each message's own in the message's
+            with tracer.span(f"process batch {self.endpoint}", SpanKind.CONSUMER,
+                             {"messaging.destination.name": self.endpoint,
+                              "messaging.batch.message_count": len(envelopes)},
+                             links=[e.headers for e in envelopes]):
+                for envelope in envelopes:
+                    self._received(envelope)
+                results = await self.batch.run(envelopes)
         singles = [i for i in range(len(envelopes)) if i not in results]
-        alone = await asyncio.gather(*(self._attempts(envelopes[i]) for i in singles),
+        attempts = self._attempts if tracer is None else partial(self._traced, tracer)
+        alone = await asyncio.gather(*(attempts(envelopes[i]) for i in singles),
                                      return_exceptions=True)
         for i, outcome in zip(singles, alone, strict=True):
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
@@ -90,6 +127,8 @@ class Processor:
         return m
 
     async def _attempts(self, envelope: Envelope, m: str | None = None) -> Outcome:
+        """Attempts at `envelope` until one is not a conflict (`conflict_retries` + 1 at
+        most); see the class docstring."""
         ev, name, m = self.events, self.endpoint, m or envelope.id_text
         for _ in range(self.conflict_retries + 1):
             try:

@@ -71,6 +71,12 @@ def envelope_of(key: str, payload: Mapping[str, str]) -> tuple[str, Envelope]:
     )
 
 
+#: The kinds whose publication does something: a message is dispatched, a stored HTTP
+#: request deleted; a blob's key travels in messages and a stored request is named by the
+#: follow-up, so theirs does nothing.
+PUBLISHED_KINDS = frozenset({Kind.MESSAGE, Kind.HTTP_DELETE})
+
+
 @dataclass
 class SideEffects:
     """Publication and clean-up of every kind; each operation is idempotent, so a crashed
@@ -86,14 +92,14 @@ class SideEffects:
         """Make a committed side effect visible. Returns False for kinds with nothing to
         publish (a blob's key travels in messages; a stored HTTP request is named by the
         follow-up message)."""
+        if kind not in PUBLISHED_KINDS:
+            return False
         if kind is Kind.MESSAGE:
             destination, envelope = envelope_of(key, payload)
             await self.dispatcher.dispatch(destination, envelope)
             return True
-        if kind is Kind.HTTP_DELETE:
-            await self._http_delete(key)
-            return True
-        return False
+        await self._http_delete(key)  # Kind.HTTP_DELETE
+        return True
 
     async def clean_up(self, kind: Kind, key: str, payload: Mapping[str, str]) -> None:
         """Delete the artifact of an aborted attempt (a no-op when it was never created):

@@ -45,13 +45,21 @@ from types import MappingProxyType
 from typing import Any
 
 from application.codec import encode
-from application.envelope import Envelope, lineage
+from application.envelope import TRACE_HEADERS, Envelope, lineage
 from application.errors import Duplicate, MessageIdReused, PermanentError
 from application.failpoints import Failpoints
 from application.handler_runner import HandlerRunner
 from application.locks import PartitionLocks
 from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
-from application.ports import Clock, EventSink, IdGenerator, MessageDispatcher, StateStream
+from application.ports import (
+    Clock,
+    EventSink,
+    IdGenerator,
+    MessageDispatcher,
+    SpanKind,
+    StateStream,
+    Tracer,
+)
 from domain.context import Context
 from domain.decisions import Decision
 
@@ -62,12 +70,18 @@ def outgoing_id(incoming: uuid.UUID, endpoint: str, index: int) -> uuid.UUID:
 
 
 def outgoing_envelopes(
-    endpoint: str, incoming: Envelope, decision: Decision[Any]
+    endpoint: str, incoming: Envelope, decision: Decision[Any], traced: bool = False
 ) -> list[tuple[str, Envelope]]:
     """(destination, envelope) of every output, with derived IDs, the lineage headers of
     `incoming` (as delivered: they are informational, see `application.envelope.lineage`)
-    and no token header: identical bytes for identical decisions and deliveries."""
-    chain = MappingProxyType(lineage(incoming))
+    and no token header: identical bytes for identical decisions and deliveries. `traced`:
+    they carry `incoming`'s trace context too (`TRACE_HEADERS`), not this attempt's, which
+    a re-evaluated copy would not share."""
+    headers = lineage(incoming)
+    if traced:
+        headers.update({name: value for name in TRACE_HEADERS
+                        if (value := incoming.header(name)) is not None})
+    chain = MappingProxyType(headers)
     return [(out.destination,
              Envelope(outgoing_id(incoming.message_id, endpoint, i), type(out.message).__name__,
                       encode(out.message), chain))
@@ -109,16 +123,30 @@ class StatePath:
         ids: IdGenerator,
         events: EventSink,
         failpoints: Failpoints | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """`tracer`: a span per publication, and the outputs carry the incoming message's
+        trace context (`outgoing_envelopes`)."""
         self.endpoint, self.runner, self.stream = endpoint, runner, stream
         self.dispatcher = dispatcher
         self.clock, self.ids, self.events = clock, ids, events
         self._fp = failpoints
+        self._tracer = tracer
+        self._traced = tracer is not None
         self._locks = PartitionLocks()
 
     async def _hit(self, name: str) -> None:
         if self._fp:
             await self._fp.hit(name)
+
+    async def _publish(self, destination: str, out: Envelope) -> None:
+        if self._tracer is None:
+            return await self.dispatcher.dispatch(destination, out)
+        with self._tracer.span("publish message", SpanKind.PRODUCER, {
+                "messaging.destination.name": destination, "messaging.message.id": out.id_text,
+                "messaging.operation.type": "send"}):
+            await self.dispatcher.dispatch(destination, out)
+        return None
 
     async def attempt(self, envelope: Envelope) -> None:
         """Process one delivery; see the class docstring."""
@@ -142,7 +170,7 @@ class StatePath:
                 decision = await self.runner.decide(state, message, context, partition,
                                                     changed)
                 _refuse_artifacts(name, decision)
-                outgoing = outgoing_envelopes(name, envelope, decision)
+                outgoing = outgoing_envelopes(name, envelope, decision, self._traced)
                 await self._hit("before_append")
                 await self.stream.append(partition, version, m, decision.state,
                                          _record(context, stored))
@@ -154,9 +182,9 @@ class StatePath:
                     raise MessageIdReused(m)  # not a copy: another message under m's ID
                 decision = self.runner.handle(state, message, _replayed(m, entry.recorded))
                 _refuse_artifacts(name, decision)
-                outgoing = outgoing_envelopes(name, envelope, decision)
+                outgoing = outgoing_envelopes(name, envelope, decision, self._traced)
             for destination, out in outgoing:
-                await self.dispatcher.dispatch(destination, out)
+                await self._publish(destination, out)
             await self._hit("after_publish_all")
         if entry is not None:
             raise Duplicate

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from application.envelope import Envelope
-from application.errors import Duplicate
+from application.errors import Conflict, Duplicate
 from application.failpoints import Failpoints
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
@@ -26,6 +26,7 @@ from application.ports import (
     IdGenerator,
     Loaded,
     PartitionStore,
+    Tracer,
 )
 from application.preparation import Preparation, Prepared
 from application.records import ProcessedMessage
@@ -52,6 +53,7 @@ class PathParts:
     ids: IdGenerator
     events: EventSink
     failpoints: Failpoints | None = None
+    tracer: Tracer | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class Steps:
                                                         parts.caller)
         self.clock, self.ids, self.events = parts.clock, parts.ids, parts.events
         self._fp = parts.failpoints
+        self.tracer = parts.tracer
         #: this worker's partition locks (its single and batched attempts share them)
         self.locks = PartitionLocks()
 
@@ -143,18 +146,42 @@ class Steps:
     async def run(self, stored: Envelope, message: Any, partition: str, loaded: Loaded,
                   processed_row: ProcessedRow | None = None) -> None:
         """One attempt at a message checked against `loaded`, from the handler to the
-        finish: decide, prepare, commit, finish. Raises `Conflict` when another attempt
-        moved the partition first, `PermanentError` or `TransientError`."""
+        finish: decide, prepare, commit, finish (in an `attempt` span when tracing is on).
+        Raises `Conflict` when another attempt moved the partition first, `PermanentError`
+        or `TransientError`."""
         a = self.begin(stored, message, partition, loaded)
-        response = await self.caller.follow_up_response(stored, partition)
+        if self.tracer is None:
+            return await self._run(a, processed_row)
+        span = self.tracer.start("attempt", attributes={
+            "eo.attempt_id": a.fields["attempt_id"], "eo.partition": partition})
+        try:
+            with span.current():
+                await self._run(a, processed_row)
+        except Conflict as exc:  # the protocol at work, not a failure
+            span.set("eo.outcome", "conflict")
+            span.set("eo.reason", str(exc))
+            span.end()
+            raise
+        except BaseException as exc:
+            span.end(exc)
+            raise
+        span.end()
+        return None
+
+    async def _run(self, a: Attempt, processed_row: ProcessedRow | None) -> None:
+        response = await self.caller.follow_up_response(a.stored, a.partition)
         decision = await self.decide(a, response)
         await self.hit("after_handler")
         request = await self.prepare(a, decision, processed_row)
         await self.hit("before_commit")
-        committed = await self.store.commit(request)
+        if self.tracer is None:
+            committed = await self.store.commit(request)
+        else:
+            with self.tracer.span("commit", attributes={"eo.partition": a.partition}):
+                committed = await self.store.commit(request)
         self.events.emit(TRANSACTION_COMMITTED, **a.fields)
         await self.hit("after_commit")
         # the commit returned what finish would read: nothing can add records while the TR
         # is committed, so the committer skips that read (a stale copy is fenced as usual)
-        await self.finisher.finish(partition, stored.message_id, a.attempt_id, committed,
+        await self.finisher.finish(a.partition, a.stored.message_id, a.attempt_id, committed,
                                    a.fields)

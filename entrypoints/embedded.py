@@ -33,6 +33,7 @@ from application.strategy import Strategy
 from entrypoints.faults import failpoints_from
 from entrypoints.settings import Service, Settings
 from entrypoints.system import System
+from entrypoints.tracing import Tracing, tracing_resource
 
 
 class StreamStatesStore(MemoryTransactionalStore):
@@ -59,9 +60,11 @@ def embedded_system(
     blobs: BlobStore | None,
     failpoints: Failpoints | None,
     dead_letters: DeadLetterPublisher | None = None,
+    tracing: Tracing | None = None,
 ) -> System:
     """The service on memory stores: one transactional store per endpoint (a `state`
-    endpoint's reads its stream), a request store per callee, an inbox per gateway."""
+    endpoint's reads its stream), a request store per callee, an inbox per gateway;
+    traced when `tracing` is on."""
     registry = service.registry
     stores: dict[str, MemoryTransactionalStore] = {}
     streams: dict[str, MemoryStateStream] = {}
@@ -77,7 +80,7 @@ def embedded_system(
         inboxes={name: MemoryInbox(clock) for name in registry.names(Role.GATEWAY)},
         streams=streams, blobs=blobs, failpoints=failpoints,
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters)
+        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None)
 
 
 class EmbeddedContainer(containers.DeclarativeContainer):
@@ -96,7 +99,9 @@ class EmbeddedContainer(containers.DeclarativeContainer):
     dispatcher = providers.Callable(lambda broker: broker, broker)
     tokens = providers.Singleton(MemoryTokenStore)
     blobs = providers.Singleton(LocalDirectoryBlobStore, root=settings.provided.blob_dir)
+    #: OpenTelemetry from the `OTEL_*` variables, or None (off)
+    tracing = providers.Resource(tracing_resource, providers.Object("eo-embedded"))
     system = providers.Singleton(
         embedded_system, service=service, settings=settings, clock=clock, ids=ids,
         events=events, dispatcher=dispatcher, tokens=tokens, blobs=blobs,
-        failpoints=failpoints, dead_letters=broker)
+        failpoints=failpoints, dead_letters=broker, tracing=tracing)

@@ -36,6 +36,7 @@ from entrypoints.logging import StructlogEventSink
 from entrypoints.settings import Service, Settings, SettingsError
 from entrypoints.status import Metrics
 from entrypoints.system import System
+from entrypoints.tracing import Tracing, tracing_resource
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,10 @@ def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
 
 def local_system(service: Service, settings: Settings, pools: Pools, clock: Clock,
                  events: Any, dispatcher: Any, failpoints: Any, blobs: BlobStore | None,
-                 http: HttpRequests | None, dead_letters: Any = None) -> System:
-    """The service on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob store."""
+                 http: HttpRequests | None, dead_letters: Any = None,
+                 tracing: Tracing | None = None) -> System:
+    """The service on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob store,
+    traced when `tracing` is on."""
     registry = service.registry
     return System(
         service, settings, clock, uuid.uuid4, events, dispatcher,
@@ -174,7 +177,7 @@ def local_system(service: Service, settings: Settings, pools: Pools, clock: Cloc
         blobs=blobs, failpoints=failpoints, colocated_tokens=pools.colocated, http=http,
         urls=callee_urls(settings),
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters)
+        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None)
 
 
 class LocalContainer(containers.DeclarativeContainer):
@@ -188,6 +191,11 @@ class LocalContainer(containers.DeclarativeContainer):
     clock = providers.Singleton(SystemClock)
     metrics = providers.Singleton(Metrics, inner=providers.Singleton(StructlogEventSink))
     events = providers.Singleton(CountingSink, inner=metrics)
+    #: the process's endpoint (or command): tracing's default `service.name`
+    process_name = providers.Object("eo")
+    #: OpenTelemetry from the `OTEL_*` variables, or None (off); started first, so that the
+    #: libraries are instrumented before the pools and clients exist
+    tracing = providers.Resource(tracing_resource, process_name)
     pools = providers.Resource(pools_resource, settings)
     #: the name the broker shows for this process's connection
     connection_name = providers.Object("eo")
@@ -205,7 +213,8 @@ class LocalContainer(containers.DeclarativeContainer):
     system = providers.Singleton(
         local_system, service=service, settings=settings, pools=pools, clock=clock,
         events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http,
-        dead_letters=providers.Singleton(RabbitDeadLetters, rabbit, service_user))
+        dead_letters=providers.Singleton(RabbitDeadLetters, rabbit, service_user),
+        tracing=tracing)
     #: the service's dead letters, in the endpoints' database
     dead_letter_store = providers.Singleton(
         lambda pools, clock: PostgresDeadLetterStore(pools.endpoint, clock), pools, clock)

@@ -49,6 +49,7 @@ from application.registry import Role
 from application.settlement import Consumer
 from application.strategy import Strategy
 from entrypoints.embedded import EmbeddedContainer
+from entrypoints.local import shutdown_resources
 from entrypoints.settings import Service, Settings
 from entrypoints.system import System
 
@@ -208,6 +209,7 @@ async def run_embedded(settings: Settings, service: Service, lines: Iterable[str
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await shutdown_resources(container)  # tracing's spans flushed
     await _fill(report, system, broker, recording, consumers, refused)
     return report
 

@@ -26,7 +26,6 @@ from application.dead_letters import DeadLetters
 from application.outcome import Outcome
 from application.records import DeadLetterStatus
 from application.registry import Role
-from application.strategy import Strategy
 from application.sweeper import Sweeper
 from entrypoints.callee_app import create_callee_app
 from entrypoints.dead_letter_api import create_dead_letter_app
@@ -42,6 +41,7 @@ from entrypoints.status import (
     status_app,
 )
 from entrypoints.system import System
+from entrypoints.tracing import Tracing
 
 log = structlog.get_logger("eo.service")
 #: Exit status of a consumer whose broker stayed unreachable (or whose work queue could not
@@ -277,6 +277,9 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
         system: System = await provided(container.system)
         app = create_callee_app(system.callees[endpoint], own.token.get_secret_value(),
                                 own.max_body_bytes)
+        tracing: Tracing | None = await provided(container.tracing)
+        if tracing is not None:  # server spans continuing the callers' traces
+            tracing.instrumentation.app(app)
         server = EmbeddedServer(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                timeout_graceful_shutdown=20))
         loop = asyncio.get_running_loop()
@@ -293,10 +296,6 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     finally:
         await shutdown_resources(container)
 
-
-def state_endpoints(service: Service) -> list[str]:
-    """The endpoints whose strategy is `state` (their state lives in a stream)."""
-    return [r.name for r in service.registry if service.strategy(r.name) is Strategy.STATE]
 
 
 async def run_dead_letter_api(settings: Settings, service: Service) -> None:

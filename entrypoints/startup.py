@@ -160,6 +160,7 @@ async def started_container(settings: Settings, service: Service, name: str, dea
     await preflight(settings, deadline=deadline)
     container = LocalContainer(settings=settings, service=service)
     container.connection_name.override(f"eo {name} pid {os.getpid()}")
+    container.process_name.override(name)
     await waiting_for("the PostgreSQL pools and the RabbitMQ connection",
                        partial(_init_resources, container), deadline, endpoint=name)
     return container

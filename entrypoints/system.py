@@ -30,6 +30,7 @@ from application.ports import (
     RequestStore,
     StateStream,
     TokenStore,
+    Tracer,
     TransactionalStore,
 )
 from application.processor import Processor
@@ -79,9 +80,11 @@ class System:
         urls: Mapping[str, str] | None = None,
         renderer: DocumentRenderer | None = None,
         dead_letters: DeadLetterPublisher | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """`dead_letters`: where the gateways' inbox relays dead-letter the rows they cannot
-        relay (None: such a row stays pending)."""
+        relay (None: such a row stays pending); `tracer`: the endpoints' spans (None:
+        tracing is off)."""
         self.service, self.registry, self.settings = service, service.registry, settings
         self.clock, self.ids, self.events, self.dispatcher = clock, ids, events, dispatcher
         self.tokens, self.blobs, self.renderer = tokens, blobs, renderer
@@ -89,6 +92,7 @@ class System:
         self.inboxes, self.streams = dict(inboxes), dict(streams)
         self.failpoints, self.colocated_tokens = failpoints, colocated_tokens
         self.dead_letter_publisher = dead_letters
+        self.tracer = tracer
         self._check()
         urls = dict(urls or {})
         #: callee name -> base URL (`inproc://<name>` for a callee of this process)
@@ -140,7 +144,7 @@ class System:
             renderer=self.renderer if r.blobs else None,
             # a callee's "tokens" are its stored requests: never the co-located token table
             colocated_tokens=self.colocated_tokens and not callee,
-            state_stream=self.streams.get(name))
+            state_stream=self.streams.get(name), tracer=self.tracer)
 
     @property
     def token_receivers(self) -> frozenset[str]:

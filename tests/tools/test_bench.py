@@ -31,6 +31,7 @@ from tests.support.users_stores import (
 )
 from tools.bench.report import BenchResult, Params, as_json, print_table, write_json
 from tools.bench.run import PATHS, run_bench, spawn_worker
+from tools.bench.worker import TEMPLATE_PATHS
 
 MESSAGES, PARTITIONS = 200, 50
 
@@ -74,11 +75,14 @@ async def test_every_path_processes_every_message_and_leaves_what_it_should(
         assert r.cpu_ms["total"] == pytest.approx(sum(
             r.cpu_ms[g] for g in ("python", "postgresql", "rabbitmq")))
         assert r.round_trips_per_message > 0, r.label
-        if r.path.startswith("token"):
+        if TEMPLATE_PATHS.get(r.path, ("",))[0] == "token":
             assert r.dedup_rows_at_rest == 0, r.label  # I9: nothing left behind
             assert r.at_rest["output_tokens"] == handled, r.label  # one per output
         else:  # one row per message: processed-message rows, stream entries, inbox rows
             assert r.dedup_rows_at_rest == handled, r.label
+    for path in ("traced-token", "traced-token-batched"):  # a span per message at least
+        assert runs[path].at_rest["spans_exported"] > runs[path].at_rest["processed"], path
+    assert "spans_exported" not in runs["token"].at_rest
     # the batched path costs fewer round trips than the unbatched one, in every run
     assert runs["token-batched"].round_trips_per_message < runs["token"].round_trips_per_message
 

@@ -47,6 +47,8 @@ class Params:
     #: how long a batched consumer (template or reference) waits for more deliveries after
     #: a batch's first, in ms (EO_BATCH_WAIT_MS)
     batch_wait_ms: float = 0.0
+    #: where the traced paths export their spans (`run_bench` starts a sink when one runs)
+    otlp_endpoint: str = ""
 
 
 @dataclass
@@ -153,6 +155,7 @@ def as_json(result: BenchResult) -> dict[str, Any]:
     params = asdict(result.params)
     params.pop("database_dsn")  # may hold a password; the database name is enough
     params.pop("amqp_url")
+    params.pop("otlp_endpoint")  # this run's sink, gone
     return {"parameters": params, "machine": result.machine,
             "runs": [asdict(r) for r in result.runs],
             "summaries": [asdict(s) for s in result.summaries()],

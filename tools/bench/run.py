@@ -6,6 +6,7 @@ in the same run, interleaved round by round."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -35,13 +36,14 @@ from application.defaults import PREFETCH_IN_BATCHES
 from application.envelope import TOKEN_HEADER, Envelope
 from tools.bench import endpoint as bench
 from tools.bench import references
+from tools.bench.otlp_sink import SpanCount, otlp_sink
 from tools.bench.report import BenchResult, Params, RunFigures, percentile_ms
 from tools.bench.worker import RETRY_DELAYS_S, TEMPLATE_PATHS
 from tools.scratch import fresh_name, own_database, own_vhost
 
 ROOT = Path(__file__).resolve().parents[2]
 PATHS = ("token", "token-batched", "outbox", "state", "minimal", "minimal-batched",
-         "faststream")
+         "faststream", "traced-token", "traced-token-batched")
 #: process-group name -> the process names (psutil) whose CPU it sums
 GROUPS = {"postgresql": ("postgres",), "rabbitmq": ("beam.smp", "erl_child_setup")}
 _EO_TABLES = ("eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
@@ -185,11 +187,20 @@ async def run_bench(params: Params, on_run: Any = None, spawn: Any = None) -> Be
             own_vhost(params.amqp_url, BENCH_VHOST, (), len(RETRY_DELAYS_S), "eo bench") as broker:
         own = replace(params, database_dsn=dsn, amqp_url=broker.url,
                       prefix=fresh_name(params.prefix, "-"))
-        machine, runs = await _rounds(own, on_run, spawn or spawn_worker)
+        with contextlib.ExitStack() as stack:
+            spans = None
+            if any(_traced(path) for path, _ in params.runs):
+                url, spans = stack.enter_context(otlp_sink())
+                own = replace(own, otlp_endpoint=url)
+            machine, runs = await _rounds(own, on_run, spawn or spawn_worker, spans)
     return BenchResult(params, machine, runs)
 
 
-async def _rounds(params: Params, on_run: Any, spawn: Any
+def _traced(path: str) -> bool:
+    return path in TEMPLATE_PATHS and TEMPLATE_PATHS[path][2]
+
+
+async def _rounds(params: Params, on_run: Any, spawn: Any, spans: SpanCount | None = None
                   ) -> tuple[dict[str, str], list[RunFigures]]:
     """The machine's description and every run's figures, on the stores `params` name (the
     bench's own: `run_bench`)."""
@@ -207,7 +218,8 @@ async def _rounds(params: Params, on_run: Any, spawn: Any
         runs = []
         for round_no in range(1, params.rounds + 1):
             for path, processes in params.runs:
-                figures = await _run(params, path, processes, round_no, admin, driver, spawn)
+                figures = await _run(params, path, processes, round_no, admin, driver, spawn,
+                                     spans)
                 runs.append(figures)
                 if on_run is not None:
                     on_run(figures)
@@ -304,22 +316,26 @@ def _cpu_at(samples: list[list[float]], t_ns: int) -> float:
 
 
 async def _run(params: Params, path: str, processes: int, round_no: int, admin: Any,
-               driver: RabbitConnection, spawn: Any) -> RunFigures:
+               driver: RabbitConnection, spawn: Any, spans: SpanCount | None = None
+               ) -> RunFigures:
     """One run, on queues declared for it and deleted after it (also when it fails: on a
-    virtual host the bench shares, nothing of its own is left behind)."""
+    virtual host the bench shares, nothing of its own is left behind). `spans`: the OTLP
+    sink's count, for a traced path's `at_rest["spans_exported"]`."""
     work = f"{params.prefix}-{path}-{processes}"
     sink = f"{params.prefix}-sink-{path}-{processes}"
     await _declare(driver, work, sink)
     try:
         return await _measured(params, path, processes, round_no, admin, driver, spawn, work,
-                               sink)
+                               sink, spans)
     finally:
         await _delete(driver, work, sink)
 
 
 async def _measured(params: Params, path: str, processes: int, round_no: int, admin: Any,
-                    driver: RabbitConnection, spawn: Any, work: str, sink: str) -> RunFigures:
+                    driver: RabbitConnection, spawn: Any, work: str, sink: str,
+                    spans: SpanCount | None = None) -> RunFigures:
     label = path if processes == 1 else f"{path} x{processes}"
+    spans_before = spans.total if spans is not None else 0
     n = params.messages
     await truncate_tables(admin)
     token = TEMPLATE_PATHS.get(path, ("",))[0] == "token"
@@ -333,7 +349,8 @@ async def _measured(params: Params, path: str, processes: int, round_no: int, ad
     in_flight = params.batch_size * PREFETCH_IN_BATCHES if batched else params.in_flight
     config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
               "amqp_url": params.amqp_url, "in_flight": in_flight,
-              "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000}
+              "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000,
+              "otlp_endpoint": params.otlp_endpoint}
     procs: list[asyncio.subprocess.Process] = []
     reports: list[dict[str, Any]] = []
     try:
@@ -357,6 +374,8 @@ async def _measured(params: Params, path: str, processes: int, round_no: int, ad
     cpu["python"] = sum(_cpu_at(r["samples"], last) - _cpu_at(r["samples"], first)
                         for r in reports)
     rows = await _at_rest(admin, path, work, incoming)
+    if spans is not None and _traced(path):  # exported by the stop at the latest
+        rows["spans_exported"] = spans.total - spans_before
     per_message = {g: cpu[g] * 1000 / (n - 1) for g in ("python", *GROUPS)}
     per_message["total"] = sum(per_message.values())
     round_trips = sum(r["round_trips"] for r in reports) / len(incoming)

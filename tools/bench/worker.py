@@ -5,7 +5,7 @@ prints one JSON line: the samples `[[monotonic_ns, cpu_s], ...]` (CLOCK_MONOTONI
 clock for every process of the machine, so the orchestrator cuts them at its own marks) and
 the database round trips per statement (every path's pool is counted the same way). The
 JSON argument: `path`, `work`, `sink`, `database_dsn`, `amqp_url`, `in_flight`,
-`batch_size`, `batch_wait_s`.
+`batch_size`, `batch_wait_s`, and `otlp_endpoint` for the traced paths.
 """
 
 from __future__ import annotations
@@ -34,20 +34,29 @@ from application.observability import CountingSink
 from application.ports import Ports
 from application.settlement import Consumer
 from application.strategy import Strategy
+from entrypoints.tracing import tracing_from
 from tools.bench import endpoint as bench
 from tools.bench import references
 from tools.bench.counting import CountingPool
 
 RETRY_DELAYS_S = (0.05, 0.2, 1.0, 5.0)
-#: the template's paths: strategy and whether the consumer batches
-TEMPLATE_PATHS = {"token": ("token", False), "token-batched": ("token", True),
-                  "outbox": ("outbox", False), "state": ("state", False)}
+#: the template's paths: strategy, whether the consumer batches, whether it traces (spans
+#: exported over OTLP to the bench's sink, `config["otlp_endpoint"]`)
+TEMPLATE_PATHS = {"token": ("token", False, False), "token-batched": ("token", True, False),
+                  "outbox": ("outbox", False, False), "state": ("state", False, False),
+                  "traced-token": ("token", False, True),
+                  "traced-token-batched": ("token", True, True)}
 REFERENCE_PATHS = ("minimal", "minimal-batched", "faststream")
 
 
 async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection) -> None:
-    strategy, batched = TEMPLATE_PATHS[config["path"]]
+    strategy, batched, traced = TEMPLATE_PATHS[config["path"]]
     clock, state = SystemClock(), strategy == "state"
+    tracing = None
+    if traced:  # as a service configures it: OTLP over HTTP, the batch span processor
+        os.environ.update({"OTEL_TRACES_EXPORTER": "otlp",
+                           "OTEL_EXPORTER_OTLP_ENDPOINT": config["otlp_endpoint"]})
+        tracing = tracing_from(f"bench-{config['path']}")
     work, sink = config["work"], config["sink"]
     # tokens in the endpoint database: protocol 3.2's co-located fast path, as the local
     # profile runs it when EO_TOKEN_DSN is unset
@@ -57,7 +66,8 @@ async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection)
                   RabbitDispatcher(rabbit), clock, uuid.uuid4, CountingSink(),
                   colocated_tokens=not state,
                   state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
-                  if state else None)
+                  if state else None,
+                  tracer=tracing.tracer if tracing else None)
     processor = build_processor(bench.endpoint(work, sink), ports, Strategy(strategy))
     consumer = Consumer(processor, retry_delays=RETRY_DELAYS_S,
                         batch_size=config["batch_size"] if batched else 1,
@@ -67,6 +77,8 @@ async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection)
         await consumer.serve(source.deliveries(config["in_flight"]), config["in_flight"])
     finally:
         await source.stop()
+        if tracing is not None:
+            await asyncio.to_thread(tracing.close)
 
 
 async def _main(config: dict[str, Any]) -> dict[str, Any]:
