@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from application import defaults
+from application.api_caller import ApiCaller
 from application.claim_check import ClaimCheck, ReadApart, ReadWithTheRecord
 from application.consumption import (
     ConsumedByTheClear,
@@ -100,12 +101,14 @@ def build_processor(
                          ports.clock, ports.ids, ports.events, failpoints, ports.tracer)
     else:
         finisher = build_finisher(name, ports, failpoints, cleanup_grace, strategy)
+        api = (ApiCaller(name, ports.apis, ports.api_policies, ports.clock, ports.events,
+                         failpoints) if ports.api_policies else None)
         preparation = Preparation(name, ports.store, outgoing_tokens(ports), ports.clock,
                                   ports.ids, failpoints, ports.blobs, ports.http,
                                   ports.services, ports.renderer, ports.token_receivers,
-                                  ports.tracer)
+                                  ports.tracer, api)
         own = incoming_tokens(name, ports)
-        caller = HttpCaller(ports.http, own, ports.store, failpoints)
+        caller = HttpCaller(ports.http, own, ports.store, failpoints, api)
         steps = Steps(PathParts(name, runner, ports.store, preparation, finisher, caller,
                                 ports.clock, ports.ids, ports.events, failpoints,
                                 ports.tracer))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
+from application.api_caller import deadline_in
 from application.envelope import (
     ATTEMPTS_HEADER,
     BODY_BYTES_HEADER,
@@ -192,6 +193,12 @@ class DeadLetters:
                 if not letter.replayable or letter.message_id is None or letter.type is None:
                     raise _Refused("its body was clipped (a malformed message, or one of no "
                                    "known type): it cannot be replayed; discard it")
+                deadline = deadline_in(letter.headers)
+                if deadline is not None and self.clock.now() >= deadline:
+                    raise _Refused(f"idempotency window expired at {deadline.isoformat()}: "
+                                   "its request to a third-party API can no longer be sent "
+                                   "exactly once (the provider may have forgotten its key); "
+                                   "discard it")
             except _Refused as exc:
                 return ActionResult(dead_letter_id, False, str(exc))
             pending = await self.token_exists(letter)

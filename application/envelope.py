@@ -44,6 +44,12 @@ CAUSATION_ID_HEADER = "eo-causation-id"
 #: a dead letter, a replay, an inbox row relayed): the producer it came from. Trusted only on
 #: a delivery the service's own broker user published (`Envelope.producer`).
 PRODUCER_HEADER = "eo-producer"
+#: A follow-up that calls a third-party API (protocol 12): the committed request (JSON: `api`,
+#: `method`, `path`, `body`, `prepared_at`), and the time after which it must never be sent
+#: (ISO 8601, UTC: its preparation plus the API's key retention), short enough never to be
+#: capped, so a dead letter's copy keeps it for the replay's check.
+API_CALL_HEADER = "eo-api-call"
+API_DEADLINE_HEADER = "eo-api-deadline"
 #: The W3C trace context of the message (`traceparent`, `tracestate`): the trace of the attempt
 #: that sent it, or an outside producer's. Written with the message when it is prepared, so it
 #: is part of the committed message; only tracing reads it (`application.ports.Tracer`).
@@ -58,7 +64,7 @@ PROTOCOL_HEADERS = frozenset({
     TOKEN_HEADER, REQUEST_URL_HEADER, REASON_HEADER, ENDPOINT_HEADER, ATTEMPTS_HEADER,
     RETRY_REASON_HEADER, NO_MESSAGE_ID_HEADER, BODY_BYTES_HEADER, BODY_SHA256_HEADER,
     ORIGIN_ID_HEADER, ORIGIN_PRODUCER_HEADER, CAUSATION_ID_HEADER, PRODUCER_HEADER,
-    *TRACE_HEADERS,
+    API_CALL_HEADER, API_DEADLINE_HEADER, *TRACE_HEADERS,
 })
 #: The longest header value a copy carries (characters); longer ones are cut, marked "…".
 MAX_HEADER_CHARS = 1024

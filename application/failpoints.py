@@ -24,7 +24,7 @@ NAMES: frozenset[str] = frozenset(
         "after_token_load", "after_tr_load", "after_token_check", "after_handler",
         "before_commit", "after_commit", "after_publish_all", "after_cleanup_aborted",
         "after_consume_token", "after_tr_clear", "before_ack",
-        "after_put", "after_post", "before_delete", "after_delete",
+        "after_put", "after_post", "before_delete", "after_delete", "after_api_call",
         "callee.after_commit", "callee.before_reply",
         # the state strategy's (application/state_path.py): it has no TR and no commit
         "after_state_load", "before_append", "after_append",

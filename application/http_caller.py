@@ -3,7 +3,8 @@ classifying the answer, and the race of a 404 with `finish`."""
 
 from __future__ import annotations
 
-from application.envelope import REQUEST_URL_HEADER, Envelope, capped
+from application.api_caller import ApiCaller
+from application.envelope import API_CALL_HEADER, REQUEST_URL_HEADER, Envelope, capped
 from application.errors import Conflict, Duplicate, PermanentError, TransientError
 from application.failpoints import Failpoints
 from application.ports import HttpRequests, IncomingTokens, PartitionStore
@@ -49,11 +50,16 @@ class HttpCaller:
     """
 
     def __init__(self, http: HttpRequests | None, tokens: IncomingTokens, store: PartitionStore,
-                 failpoints: Failpoints | None = None) -> None:
+                 failpoints: Failpoints | None = None, api: ApiCaller | None = None) -> None:
+        """`api`: the endpoint's third-party APIs (protocol 12), for follow-ups carrying a
+        request to one of them."""
         self.http, self.tokens, self.store, self._fp = http, tokens, store, failpoints
+        self.api = api
 
     async def follow_up_response(self, stored: Envelope, partition: str) -> HttpResponse | None:
-        """The callee's stored response for a follow-up message (None for any other message).
+        """The callee's stored response for a follow-up message, or a third-party API's
+        answer for a follow-up carrying its request (`ApiCaller.call`, which raises as it
+        documents); None for any other message.
 
         Raises `PermanentError` when no HTTP client is configured or the request is unknown
         to the callee while the follow-up's token exists, `Duplicate` when the token is gone,
@@ -65,7 +71,12 @@ class HttpCaller:
         """
         url = stored.header(REQUEST_URL_HEADER)
         if url is None:
-            return None
+            if stored.header(API_CALL_HEADER) is None:
+                return None
+            if self.api is None:
+                raise PermanentError("third-party API follow-up received, but the endpoint "
+                                     "calls no third-party API")
+            return await self.api.call(stored)
         if self.http is None:
             raise PermanentError("HTTP follow-up received but no HTTP client is configured")
         result = await collect_response(self.http, url, self._fp)

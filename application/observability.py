@@ -42,6 +42,8 @@ INBOX_DEAD_LETTERED: Final = "inbox.dead_lettered"
 #: (`reason`: channel_closed, cancelled, no_consumer, stalled), then re-created (`after_s`)
 CONSUMER_LOST: Final = "consumer.lost"
 CONSUMER_RESTARTED: Final = "consumer.restarted"
+#: a third-party API answered a follow-up's request (protocol 12): its status, the try
+API_CALLED: Final = "api.called"
 
 EVENTS: Final = (
     MESSAGE_RECEIVED, MESSAGE_DUPLICATE, HANDLER_INVOKED, TRANSACTION_COMMITTED,
@@ -50,7 +52,7 @@ EVENTS: Final = (
     MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, DEAD_LETTER_QUEUE_FULL,
     DEAD_LETTER_QUEUE_ROOM, DEAD_LETTER_STORED, DEAD_LETTER_REPLAYED, DEAD_LETTER_DISCARDED,
     INBOX_RELAYED,
-    INBOX_RELAY_FAILED, INBOX_DEAD_LETTERED, CONSUMER_LOST, CONSUMER_RESTARTED,
+    INBOX_RELAY_FAILED, INBOX_DEAD_LETTERED, CONSUMER_LOST, CONSUMER_RESTARTED, API_CALLED,
 )
 
 

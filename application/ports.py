@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from application.envelope import Envelope
@@ -419,6 +419,41 @@ class HttpRequests(Protocol):
         """Delete the request and its response (idempotent on the callee)."""
 
 
+@dataclass(frozen=True)
+class ApiResult:
+    """A third-party API's answer: HTTP `status`, JSON `body` (an object; anything else is
+    wrapped), and its `Retry-After` in seconds when it sent one."""
+
+    status: int
+    body: Mapping[str, Any]
+    retry_after_s: float | None = None
+
+
+class ThirdPartyApis(Protocol):
+    """The third-party HTTP APIs of protocol 12, by name: base URL and credential come from
+    configuration, never from a message."""
+
+    async def send(self, api: str, method: str, path: str, body: bytes | None,
+                   idempotency_key: str) -> ApiResult:
+        """Send `method` `path` (under `api`'s base URL) with JSON `body` and the header
+        `Idempotency-Key: <idempotency_key>`; the answer as it came. Raises
+        `TransientError` on a network error or a timeout, `PermanentError` for an API not
+        configured."""
+
+
+@dataclass(frozen=True)
+class ApiPolicy:
+    """How an endpoint calls one third-party API (protocol 12): the provider's
+    `key_retention`, and `tries` sends per attempt, waiting `backoff_s[i]` seconds before
+    try i + 2 (the last value repeats) or the provider's `Retry-After` (at most
+    `max_retry_after_s`)."""
+
+    key_retention: timedelta
+    tries: int = 3
+    backoff_s: tuple[float, ...] = (0.2, 1.0)
+    max_retry_after_s: float = 30.0
+
+
 class DocumentRenderer(Protocol):
     """Turns a handler's `Document` into bytes, deterministically (same document, same
     bytes), so a blob's content depends only on the decision."""
@@ -658,3 +693,6 @@ class Ports:
     token_receivers: frozenset[str] | None = None
     #: spans of the protocol's steps; None: tracing is off (nothing is traced)
     tracer: Tracer | None = None
+    #: the third-party APIs this endpoint calls (protocol 12), and how, by API name
+    apis: ThirdPartyApis | None = None
+    api_policies: Mapping[str, ApiPolicy] = field(default_factory=dict)

@@ -10,8 +10,16 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from application.api_caller import ApiCaller, ApiRequest
 from application.codec import encode
-from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope, lineage
+from application.envelope import (
+    API_CALL_HEADER,
+    API_DEADLINE_HEADER,
+    REQUEST_URL_HEADER,
+    TOKEN_HEADER,
+    Envelope,
+    lineage,
+)
 from application.errors import Conflict, PermanentError
 from application.failpoints import Failpoints
 from application.outgoing_tokens import OutgoingTokens
@@ -26,10 +34,11 @@ from application.ports import (
 )
 from application.records import Kind, SideEffectRecord
 from application.side_effects import MessagePayload, message_payload
-from domain.decisions import CallHttp, CreateBlob, Decision, Outgoing
+from domain.decisions import CallApi, CallHttp, CreateBlob, Decision, Outgoing
 
 if TYPE_CHECKING:
     import uuid
+    from datetime import datetime
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class Preparation:
         renderer: DocumentRenderer | None = None,
         token_receivers: frozenset[str] | None = None,
         tracer: Tracer | None = None,
+        api: ApiCaller | None = None,
     ) -> None:
         """`outgoing`: where outgoing messages' tokens are made (by the commit, or before
         it: application/outgoing_tokens.py); `services`: callee name -> base URL;
@@ -82,7 +92,8 @@ class Preparation:
         any other destination (an outbox or state receiver, which deduplicates by message
         ID) gets no token and no token header: nobody would consume it. `tracer`: each
         outgoing message carries the current trace context (the attempt's span) in its
-        headers, and each artifact's registration and creation is a span."""
+        headers, and each artifact's registration and creation is a span. `api`: the
+        endpoint's third-party APIs (protocol 12), whose requests its follow-ups carry."""
         self._endpoint = endpoint
         self._store, self._outgoing, self._clock, self._ids = store, outgoing, clock, ids
         self._blobs, self._http, self._renderer = blobs, http, renderer
@@ -90,6 +101,7 @@ class Preparation:
         self._token_receivers = token_receivers
         self._fp = failpoints
         self._tracer = tracer
+        self._api = api
 
     async def run(
         self,
@@ -123,10 +135,15 @@ class Preparation:
                 delete=partial(blobs.delete, blob.key))
         outgoing = list(decision.outgoing)
         follow_up_headers: dict[str, str] = {}
+        if decision.http_call is not None and decision.api_call is not None:
+            raise PermanentError("a decision makes at most one call: http_call or api_call")
         if decision.http_call is not None:
             url, version = await self._http_request(record, version, decision.http_call)
             outgoing.append(Outgoing(self._endpoint, decision.http_call.follow_up))
             follow_up_headers[REQUEST_URL_HEADER] = url
+        if decision.api_call is not None:  # nothing is sent: the committed follow-up will
+            follow_up_headers.update(self._api_request(decision.api_call, now))
+            outgoing.append(Outgoing(self._endpoint, decision.api_call.follow_up))
         payloads: list[tuple[str, Mapping[str, str]]] = []
         extra: list[SideEffectRecord] = []
         tokens: list[tuple[str, Envelope]] = []
@@ -161,6 +178,17 @@ class Preparation:
         if request_url is not None:  # the follow-up's commit deletes it (protocol 6, step 3)
             extra.append(record(Kind.HTTP_DELETE, request_url))
         return Prepared(version, tuple(extra), tuple(payloads), tuple(tokens))
+
+    def _api_request(self, call: CallApi, now: datetime) -> dict[str, str]:
+        """The headers of a third-party API follow-up (protocol 12): its request, and when
+        it must no longer be sent. Raises `PermanentError` for an API the endpoint does not
+        call, a method or path it cannot send."""
+        if self._api is None:
+            raise PermanentError(f"the handler called the third-party API {call.api!r}, but "
+                                 "the endpoint declares none (Registration.apis)")
+        request = ApiRequest.of(call, now)
+        return {API_CALL_HEADER: request.header(),
+                API_DEADLINE_HEADER: self._api.deadline(request).isoformat()}
 
     def _content(self, blob: CreateBlob) -> tuple[bytes, str]:
         if isinstance(blob.content, bytes):

@@ -9,6 +9,7 @@ import enum
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from application.strategy import DEDUPLICATE_BY_ID, Strategy
@@ -41,6 +42,26 @@ class Role(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class ThirdPartyApi:
+    """A third-party HTTP API the service calls through its `Idempotency-Key` header
+    (protocol 12; `CallApi`), by `name`, which is also its settings' key
+    (`EO_APIS__<NAME>__URL`, `__TOKEN`, ...).
+
+    - `key_retention`: how long the provider keeps an idempotency key and its answer (Stripe:
+      24 hours): a follow-up is never sent later than that after its commit (it is
+      dead-lettered, "idempotency window expired"); settings may shorten it, never lengthen;
+    - `timeout_s`: one request's timeout (seconds);
+    - `tries`: sends per attempt on a network error, a 5xx or a 409 (the key's first request
+      still running), with the same key, before the attempt is retried later.
+    """
+
+    name: str
+    key_retention: timedelta = timedelta(hours=24)
+    timeout_s: float = 10.0
+    tries: int = 3
+
+
+@dataclass(frozen=True)
 class Registration:
     """One endpoint of the service.
 
@@ -51,7 +72,8 @@ class Registration:
     - `blobs`: its handler creates blobs (`Decision.blobs`), so it needs a blob store;
     - `callees`: the HTTP callees its handler calls (`CallHttp.service`), by endpoint name;
     - `request_type`: a callee's stored-request message type; None means its only message
-      type.
+      type;
+    - `apis`: the third-party APIs its handler calls (`CallApi.api`), by name.
     """
 
     endpoint: Endpoint[Any]
@@ -60,6 +82,7 @@ class Registration:
     blobs: bool = False
     callees: tuple[str, ...] = ()
     request_type: str | None = None
+    apis: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -85,17 +108,20 @@ class Registration:
 
     @property
     def uses_artifacts(self) -> bool:
-        """Blobs, HTTP calls or stored replies: artifacts the state strategy cannot keep."""
-        return self.blobs or bool(self.callees) or self.role is Role.CALLEE
+        """Blobs, HTTP calls or stored replies: artifacts the state strategy cannot keep
+        (a third-party API's request travels in a follow-up's token, which it has not)."""
+        return self.blobs or bool(self.callees) or bool(self.apis) or self.role is Role.CALLEE
 
 
 @dataclass(frozen=True)
 class Registry:
-    """The service: its `name` (package metadata, connection names) and its endpoints.
-    Raises `RegistryError` at construction when the declaration cannot run (see `errors`)."""
+    """The service: its `name` (package metadata, connection names), its endpoints and the
+    third-party APIs they call. Raises `RegistryError` at construction when the declaration
+    cannot run (see `errors`)."""
 
     service: str
     endpoints: tuple[Registration, ...]
+    apis: tuple[ThirdPartyApi, ...] = ()
     _by_name: dict[str, Registration] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +145,14 @@ class Registry:
     def names(self, *roles: Role) -> list[str]:
         """Endpoint names, in declaration order, of `roles` (all when none given)."""
         return [r.name for r in self.endpoints if not roles or r.role in roles]
+
+    def api(self, name: str) -> ThirdPartyApi:
+        """The third-party API declared as `name`; KeyError when none is."""
+        for api in self.apis:
+            if api.name == name:
+                return api
+        raise KeyError(f"no third-party API {name!r}; the service declares "
+                       f"{[a.name for a in self.apis]}")
 
     def consuming(self) -> list[str]:
         """Endpoints with a work queue (consumers and gateways), in declaration order."""
@@ -178,6 +212,14 @@ class Registry:
                     problems.append(f"{r.name}: message key {key!r} is not the name of its "
                                     f"class {cls.__name__} (messages travel typed by their "
                                     f"class's name: use {cls.__name__!r})")
+        names = [a.name for a in self.apis]
+        for api in self.apis:
+            if not _NAME.match(api.name) or names.count(api.name) > 1:
+                problems.append(f"third-party API {api.name!r}: a name is lower case letters, "
+                                "digits, '-' or '_', starting with a letter, declared once")
+            if api.key_retention <= timedelta(0) or api.timeout_s <= 0 or api.tries < 1:
+                problems.append(f"third-party API {api.name}: key_retention and timeout_s "
+                                "are positive, tries at least 1")
         chosen = {r.name: r.default_strategy for r in self.endpoints}
         chosen.update(strategies or {})
         for r in self.endpoints:
@@ -216,9 +258,19 @@ class Registry:
                                     "message types")
             except RegistryError as exc:
                 problems.append(str(exc))
+        for api in r.apis:
+            if api not in {a.name for a in self.apis}:
+                problems.append(f"{r.name} calls the third-party API {api}, which the "
+                                "registry does not declare (Registry.apis)")
+        if r.apis and r.role is not Role.CONSUMER:
+            problems.append(f"{r.name}: only a consumer calls third-party APIs (its follow-up "
+                            "comes back to its own work queue)")
         if strategy is Strategy.OUTBOX and r.callees:
             problems.append(f"{r.name}=outbox: it calls HTTP callees, and the outbox path "
                             "reads no token, where a follow-up's request URL is kept")
+        if strategy is Strategy.OUTBOX and r.apis:
+            problems.append(f"{r.name}=outbox: it calls third-party APIs, and the outbox "
+                            "path reads no token, where a follow-up's request is kept")
         if strategy is Strategy.STATE and r.uses_artifacts:
             problems.append(f"{r.name}=state: it creates blobs, calls HTTP callees or stores "
                             "replies, which the state strategy does not support")

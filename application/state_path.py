@@ -99,9 +99,10 @@ def _replayed(message_id: uuid.UUID, recorded: Mapping[str, Any]) -> Context:
 
 
 def _refuse_artifacts(endpoint: str, decision: Decision[Any]) -> None:
-    if decision.blobs or decision.http_call is not None or decision.reply is not None:
-        raise PermanentError(f"endpoint {endpoint} uses the state strategy: blobs, HTTP calls "
-                             "and replies are not available to it")
+    if (decision.blobs or decision.http_call is not None or decision.reply is not None
+            or decision.api_call is not None):
+        raise PermanentError(f"endpoint {endpoint} uses the state strategy: blobs, HTTP calls, "
+                             "third-party API calls and replies are not available to it")
 
 
 class StatePath:

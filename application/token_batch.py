@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
+from application.envelope import API_CALL_HEADER, REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
 from application.observability import (
     ATTEMPT_ABANDONED,
     MESSAGE_DUPLICATE,
@@ -80,7 +80,8 @@ class TokenBatch:
         rounds: dict[str, list[_Item]] = defaultdict(list)
         for i, delivery in enumerate(envelopes):
             if (delivery.header(TOKEN_HEADER) is None
-                    or delivery.header(REQUEST_URL_HEADER) is not None):
+                    or delivery.header(REQUEST_URL_HEADER) is not None
+                    or delivery.header(API_CALL_HEADER) is not None):
                 continue
             try:  # the partition as the delivery names it; the token's message decides
                 message = steps.runner.decode(delivery)
@@ -153,7 +154,8 @@ class TokenBatch:
                 singly.add(item.partition)
             elif stored.type != delivery.type or stored.body != delivery.body:
                 singly.add(item.partition)  # not the token's message: the token decides
-            elif stored.header(REQUEST_URL_HEADER) is not None:  # whatever the delivery says
+            elif (stored.header(REQUEST_URL_HEADER) is not None  # whatever the delivery says
+                  or stored.header(API_CALL_HEADER) is not None):
                 singly.add(item.partition)  # an HTTP follow-up: the single path's
             else:
                 ready.append((item, stored, load))

@@ -12,7 +12,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class HttpResponse:
-    """A callee's stored business response, given to the handler of an HTTP follow-up."""
+    """The answer an HTTP follow-up's handler gets: a callee's stored business response, or a
+    third-party API's status and JSON body."""
 
     status: int
     body: Mapping[str, Any]
@@ -25,7 +26,9 @@ class Context:
     - `message_id`: the incoming message's ID.
     - `attempt_id`: unique to this execution of the handler (protocol 2, "attempt").
     - `now`: the time the attempt started, UTC, from the processor's clock.
-    - `http_response`: set only when handling an HTTP follow-up (protocol 6, step 3).
+    - `http_response`: set only when handling an HTTP follow-up: a callee's stored response
+      (protocol 6, step 3), or a third-party API's answer, 2xx or a 4xx business answer
+      (protocol 12).
     """
 
     message_id: uuid.UUID

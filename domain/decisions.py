@@ -53,6 +53,26 @@ class CallHttp:
 
 
 @dataclass(frozen=True)
+class CallApi:
+    """Request a call to a third-party HTTP API, exactly once as far as the API honours its
+    `Idempotency-Key` header (protocol 12).
+
+    `api` names the API as the registry declares it (its base URL, credential and key
+    retention come from settings), `method` is the HTTP method, `path` the path under the
+    base URL (starting with "/": a message never names a host), `body` the JSON request body
+    (None: none), `follow_up` the message sent to this endpoint's own queue that makes the
+    call and carries the answer back into a handler (through `Context.http_response`).
+    Nothing is sent before the commit: the request travels in the committed follow-up.
+    """
+
+    api: str
+    method: str
+    path: str
+    body: Mapping[str, Any] | None
+    follow_up: Any
+
+
+@dataclass(frozen=True)
 class Reply:
     """The business response of an HTTP callee's handler: status code and JSON body.
 
@@ -70,7 +90,8 @@ class Decision(Generic[S]):
     - `state`: the partition's new business state (return the old one when unchanged).
     - `outgoing`: messages to publish after commit, in order.
     - `blobs`: blobs created during the attempt, published by their keys travelling in messages.
-    - `http_call`: at most one exactly-once HTTP call.
+    - `http_call`: at most one exactly-once HTTP call to a callee (protocol 6).
+    - `api_call`: at most one call to a third-party API (protocol 12).
     - `reply`: for an HTTP callee, the stored business response.
     """
 
@@ -79,6 +100,7 @@ class Decision(Generic[S]):
     blobs: tuple[CreateBlob, ...] = ()
     http_call: CallHttp | None = None
     reply: Reply | None = None
+    api_call: CallApi | None = None
 
 
 @dataclass(frozen=True)

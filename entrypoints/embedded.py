@@ -9,6 +9,7 @@ from typing import Any
 from dependency_injector import containers, providers
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.memory.apis import SandboxApis
 from adapters.memory.broker import MemoryBroker
 from adapters.memory.inbox import MemoryInbox
 from adapters.memory.request_store import MemoryRequestStore
@@ -32,7 +33,7 @@ from application.registry import Role
 from application.strategy import Strategy
 from entrypoints.faults import failpoints_from
 from entrypoints.settings import Service, Settings
-from entrypoints.system import System
+from entrypoints.system import RoutedApis, System
 from entrypoints.tracing import Tracing, tracing_resource
 
 
@@ -63,8 +64,8 @@ def embedded_system(
     tracing: Tracing | None = None,
 ) -> System:
     """The service on memory stores: one transactional store per endpoint (a `state`
-    endpoint's reads its stream), a request store per callee, an inbox per gateway;
-    traced when `tracing` is on."""
+    endpoint's reads its stream), a request store per callee, an inbox per gateway, an
+    in-process sandbox provider per third-party API; traced when `tracing` is on."""
     registry = service.registry
     stores: dict[str, MemoryTransactionalStore] = {}
     streams: dict[str, MemoryStateStream] = {}
@@ -80,7 +81,9 @@ def embedded_system(
         inboxes={name: MemoryInbox(clock) for name in registry.names(Role.GATEWAY)},
         streams=streams, blobs=blobs, failpoints=failpoints,
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None)
+        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None,
+        apis=RoutedApis({api.name: SandboxApis() for api in registry.apis})
+        if registry.apis else None)
 
 
 class EmbeddedContainer(containers.DeclarativeContainer):

@@ -10,11 +10,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import structlog
 from dependency_injector import containers, providers
 from yarl import URL
 
+from adapters.http.apis import ApiEndpoint, HttpxApis
 from adapters.http.client import HttpxRequests, http_client_resource
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.memory.apis import SandboxApis
 from adapters.pdf import document_renderer
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.postgres.inbox import PostgresInbox
@@ -28,15 +31,17 @@ from adapters.rabbitmq.dispatcher import RabbitDeadLetters, RabbitDispatcher
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.system.clock import SystemClock
 from application.observability import CountingSink
-from application.ports import BlobStore, Clock, HttpRequests
+from application.ports import BlobStore, Clock, HttpRequests, ThirdPartyApis
 from application.registry import Registry, Role
 from application.strategy import Strategy
 from entrypoints.faults import failpoints_from, with_duplicates
 from entrypoints.logging import StructlogEventSink
 from entrypoints.settings import Service, Settings, SettingsError
 from entrypoints.status import Metrics
-from entrypoints.system import System
+from entrypoints.system import RoutedApis, System
 from entrypoints.tracing import Tracing, tracing_resource
+
+log = structlog.get_logger("eo.local")
 
 
 @dataclass(frozen=True)
@@ -158,10 +163,36 @@ def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
     return HttpxRequests(client, credentials) if credentials else None
 
 
+def third_party_apis(settings: Settings, registry: Registry, client: Any
+                     ) -> ThirdPartyApis | None:
+    """The declared third-party APIs (protocol 12): those with `EO_APIS__<NAME>__URL` over
+    httpx on `client`, the others on an in-process sandbox provider (the embedded and
+    local profiles; production requires every URL: `resolve_service`). None when the
+    registry declares none."""
+    if not registry.apis:
+        return None
+    endpoints = {}
+    routes: dict[str, ThirdPartyApis] = {}
+    for api in registry.apis:
+        own = settings.api(api.name)
+        if own.url is None:
+            routes[api.name] = SandboxApis()
+            log.warning("api.sandbox", api=api.name,
+                        reason=f"EO_APIS__{api.name.upper()}__URL is not set: calls go to an "
+                               "in-process sandbox, whose keys this process alone knows")
+        else:
+            endpoints[api.name] = ApiEndpoint(
+                own.url, own.token.get_secret_value() if own.token else None,
+                own.timeout_s or api.timeout_s)
+    over_http = HttpxApis(client, endpoints)
+    return RoutedApis({api.name: routes.get(api.name, over_http) for api in registry.apis})
+
+
 def local_system(service: Service, settings: Settings, pools: Pools, clock: Clock,
                  events: Any, dispatcher: Any, failpoints: Any, blobs: BlobStore | None,
                  http: HttpRequests | None, dead_letters: Any = None,
-                 tracing: Tracing | None = None) -> System:
+                 tracing: Tracing | None = None, apis: ThirdPartyApis | None = None
+                 ) -> System:
     """The service on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob store,
     traced when `tracing` is on."""
     registry = service.registry
@@ -177,7 +208,7 @@ def local_system(service: Service, settings: Settings, pools: Pools, clock: Cloc
         blobs=blobs, failpoints=failpoints, colocated_tokens=pools.colocated, http=http,
         urls=callee_urls(settings),
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None)
+        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None, apis=apis)
 
 
 class LocalContainer(containers.DeclarativeContainer):
@@ -210,11 +241,12 @@ class LocalContainer(containers.DeclarativeContainer):
     blobs = providers.Resource(blob_resource, settings, registry)
     http_client = providers.Resource(http_client_resource, settings.provided.http_timeout_s)
     http = providers.Callable(http_requests, settings, http_client)
+    apis = providers.Singleton(third_party_apis, settings, registry, http_client)
     system = providers.Singleton(
         local_system, service=service, settings=settings, pools=pools, clock=clock,
         events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http,
         dead_letters=providers.Singleton(RabbitDeadLetters, rabbit, service_user),
-        tracing=tracing)
+        tracing=tracing, apis=apis)
     #: the service's dead letters, in the endpoints' database
     dead_letter_store = providers.Singleton(
         lambda pools, clock: PostgresDeadLetterStore(pools.endpoint, clock), pools, clock)

@@ -65,6 +65,23 @@ class CalleeSettings(BaseModel):
         return self
 
 
+class ApiSettings(BaseModel):
+    """One third-party API (protocol 12), by its registry name: `EO_APIS__<NAME>__<FIELD>`.
+
+    - `url`: its base URL (unset: the in-process sandbox provider, in the embedded and local
+      profiles only; production requires an https:// URL);
+    - `token`: its bearer credential (sent as `Authorization: Bearer`, never logged);
+    - `key_retention_s`: how long the provider keeps an idempotency key, in seconds, when
+      shorter than the registry's (`ThirdPartyApi.key_retention`; never longer);
+    - `timeout_s`: one request's timeout, over the registry's.
+    """
+
+    url: str | None = None
+    token: SecretStr | None = None
+    key_retention_s: float | None = Field(None, gt=0)
+    timeout_s: float | None = Field(None, gt=0)
+
+
 class Settings(BaseSettings):
     """Every setting of the framework; the environment variable is `EO_<NAME>` (upper case),
     nested ones `EO_<NAME>__<KEY>__<FIELD>` (e.g. `EO_CALLEES__PAYMENTS__URL`).
@@ -159,6 +176,8 @@ class Settings(BaseSettings):
     s3_secret_key: SecretStr | None = None
     callees: dict[str, CalleeSettings] = Field(
         default_factory=dict, description="HTTP callees by endpoint name")
+    apis: dict[str, ApiSettings] = Field(
+        default_factory=dict, description="third-party APIs by registry name (protocol 12)")
     http_timeout_s: float = Field(10.0, gt=0, description="caller's HTTP timeouts")
     inbox_poll_s: float = Field(1.0, gt=0,
                                 description="gateways: how often the inbox relay looks for rows")
@@ -323,6 +342,10 @@ class Settings(BaseSettings):
         """The settings of callee `name` (its defaults when none are set)."""
         return self.callees.get(name) or CalleeSettings.model_validate({})
 
+    def api(self, name: str) -> ApiSettings:
+        """The settings of third-party API `name` (its defaults when none are set)."""
+        return self.apis.get(name) or ApiSettings.model_validate({})
+
 
 def guest_credentials(amqp_url: str) -> str | None:
     """Why `amqp_url` logs in to RabbitMQ with its default account `guest` (as user or as
@@ -438,4 +461,33 @@ def resolve_service(settings: Settings, registry: Registry | None = None) -> Ser
         if name not in callees:
             raise SettingsError(f"invalid setting EO_CALLEES__{name.upper()}: {name!r} is not "
                                 f"a registered callee (callees: {sorted(callees)})")
+    _check_apis(settings, registry)
     return Service(registry, strategies)
+
+
+def _check_apis(settings: Settings, registry: Registry) -> None:
+    """Third-party API settings name declared APIs, never lengthen a key's retention, and
+    in production give every API an endpoint calls an https:// URL."""
+    declared = {api.name: api for api in registry.apis}
+    for name, own in settings.apis.items():
+        variable = f"EO_APIS__{name.upper()}"
+        if name not in declared:
+            raise SettingsError(f"invalid setting {variable}: {name!r} is not a declared "
+                                f"third-party API (Registry.apis: {sorted(declared)})")
+        retention = declared[name].key_retention.total_seconds()
+        if own.key_retention_s is not None and own.key_retention_s > retention:
+            raise SettingsError(f"invalid setting {variable}__KEY_RETENTION_S: "
+                                f"{own.key_retention_s:g} s is longer than the provider's "
+                                f"{retention:g} s the registry declares: a request sent "
+                                "after the provider forgot its key could execute twice")
+        scheme = urlsplit(own.url).scheme.lower() if own.url else "https"
+        if scheme not in ("http", "https"):
+            raise SettingsError(f"invalid setting {variable}__URL: an http:// or https:// URL")
+    if settings.profile != "production":
+        return
+    for name in sorted({api for r in registry for api in r.apis}):
+        url = settings.api(name).url
+        if url is None or urlsplit(url).scheme.lower() != "https":
+            raise SettingsError(f"invalid setting EO_APIS__{name.upper()}__URL: the production "
+                                "profile calls a third-party API at its https:// URL (the "
+                                "in-process sandbox is for the embedded and local profiles)")

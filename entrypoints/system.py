@@ -11,11 +11,14 @@ from datetime import timedelta
 from adapters.memory.http import InProcessHttp
 from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
 from application.dead_letters import DeadLetters, EndpointAccess
+from application.errors import PermanentError
 from application.failpoints import Failpoints
 from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
 from application.inbox_relay import InboxRelay
 from application.ports import (
+    ApiPolicy,
+    ApiResult,
     BlobStore,
     Clock,
     DeadLetterPublisher,
@@ -29,12 +32,13 @@ from application.ports import (
     Ports,
     RequestStore,
     StateStream,
+    ThirdPartyApis,
     TokenStore,
     Tracer,
     TransactionalStore,
 )
 from application.processor import Processor
-from application.registry import Registration, Role
+from application.registry import Registration, Registry, Role
 from application.settlement import Consumer
 from application.side_effects import SideEffects
 from application.state_path import StateRetention
@@ -44,6 +48,33 @@ from entrypoints.settings import Service, Settings
 
 #: Base URL scheme of a callee served inside the calling process.
 IN_PROCESS = "inproc://"
+
+
+def api_policies(registry: Registry, settings: Settings) -> dict[str, ApiPolicy]:
+    """How the endpoints call each declared third-party API: the registry's key retention
+    (shortened by `EO_APIS__<NAME>__KEY_RETENTION_S`) and tries."""
+    policies = {}
+    for api in registry.apis:
+        retention = api.key_retention
+        own = settings.api(api.name).key_retention_s
+        if own is not None:
+            retention = min(retention, timedelta(seconds=own))
+        policies[api.name] = ApiPolicy(key_retention=retention, tries=api.tries)
+    return policies
+
+
+class RoutedApis(ThirdPartyApis):
+    """`ThirdPartyApis` by API name: each API to the adapter `routes` gives it."""
+
+    def __init__(self, routes: Mapping[str, ThirdPartyApis]) -> None:
+        self.routes = dict(routes)
+
+    async def send(self, api: str, method: str, path: str, body: bytes | None,
+                   idempotency_key: str) -> ApiResult:
+        route = self.routes.get(api)
+        if route is None:
+            raise PermanentError(f"third-party API {api!r} is not declared")
+        return await route.send(api, method, path, body, idempotency_key)
 
 
 class System:
@@ -81,10 +112,12 @@ class System:
         renderer: DocumentRenderer | None = None,
         dead_letters: DeadLetterPublisher | None = None,
         tracer: Tracer | None = None,
+        apis: ThirdPartyApis | None = None,
     ) -> None:
         """`dead_letters`: where the gateways' inbox relays dead-letter the rows they cannot
         relay (None: such a row stays pending); `tracer`: the endpoints' spans (None:
-        tracing is off)."""
+        tracing is off); `apis`: the third-party APIs the registry declares (protocol 12),
+        called with the policies of `api_policies`."""
         self.service, self.registry, self.settings = service, service.registry, settings
         self.clock, self.ids, self.events, self.dispatcher = clock, ids, events, dispatcher
         self.tokens, self.blobs, self.renderer = tokens, blobs, renderer
@@ -93,6 +126,8 @@ class System:
         self.failpoints, self.colocated_tokens = failpoints, colocated_tokens
         self.dead_letter_publisher = dead_letters
         self.tracer = tracer
+        self.apis = apis
+        self.api_policies = api_policies(service.registry, settings)
         self._check()
         urls = dict(urls or {})
         #: callee name -> base URL (`inproc://<name>` for a callee of this process)
@@ -144,7 +179,9 @@ class System:
             renderer=self.renderer if r.blobs else None,
             # a callee's "tokens" are its stored requests: never the co-located token table
             colocated_tokens=self.colocated_tokens and not callee,
-            state_stream=self.streams.get(name), tracer=self.tracer)
+            state_stream=self.streams.get(name), tracer=self.tracer,
+            apis=self.apis if r.apis else None,
+            api_policies={api: self.api_policies[api] for api in r.apis})
 
     @property
     def token_receivers(self) -> frozenset[str]:

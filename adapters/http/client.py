@@ -26,7 +26,7 @@ class CalleeRefused(PermanentError):
         self.status, self.body = status, body
 
 
-def _json_body(response: httpx.Response) -> Mapping[str, Any]:
+def json_body(response: httpx.Response) -> Mapping[str, Any]:
     """The answer's JSON object; anything else (a proxy's HTML page, a list) is wrapped so
     the caller still sees a mapping."""
     if not response.content:
@@ -86,7 +86,7 @@ class HttpxRequests(HttpRequests):
             raise TransientError(f"PUT {url}: {response.status_code}")
         if response.status_code == 410:  # our unique URL, deleted by a winner's clean-up
             raise RequestDeleted(f"PUT {url}: 410, deleted by another attempt's clean-up")
-        raise CalleeRefused("PUT", url, response.status_code, _json_body(response))
+        raise CalleeRefused("PUT", url, response.status_code, json_body(response))
 
     async def post(self, url: str) -> HttpResult:
         """Ask the callee to process the stored request: its answer as is (status, JSON
@@ -94,7 +94,7 @@ class HttpxRequests(HttpRequests):
         Raises `TransientError` only for network errors and timeouts."""
         response = await self._send("POST", url)
         stored = response.headers.get(STORED_RESPONSE_HEADER) == "true"
-        return HttpResult(response.status_code, _json_body(response), stored)
+        return HttpResult(response.status_code, json_body(response), stored)
 
     async def delete(self, url: str) -> None:
         """Delete the request and its response: 2xx and 404 return (already gone); 5xx
@@ -104,7 +104,7 @@ class HttpxRequests(HttpRequests):
             return
         if response.status_code >= 500:
             raise TransientError(f"DELETE {url}: {response.status_code}")
-        raise CalleeRefused("DELETE", url, response.status_code, _json_body(response))
+        raise CalleeRefused("DELETE", url, response.status_code, json_body(response))
 
 
 async def http_client_resource(timeout_s: float = 10.0) -> AsyncGenerator[httpx.AsyncClient, None]:

@@ -33,7 +33,6 @@ from typer.testing import CliRunner
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.postgres.migrate import head_revision
-from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.rabbitmq import topology
 from application.codec import encode, to_jsonable
@@ -61,7 +60,6 @@ from tests.support.processes import (
     fresh_fleet,
     logged_at,
     metric,
-    publisher,
     states,
     unfinished,
     until,
@@ -84,21 +82,6 @@ def where() -> Iterator[Where]:
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[Fleet]:
     async with fresh_fleet(where, tmp_path, pool_size=3) as started:
         yield started
-
-
-@pytest.fixture
-async def rabbit(where: Where) -> AsyncIterator[Rabbit]:
-    async with publisher(where) as connected:
-        yield connected
-
-
-@pytest.fixture
-async def pool(where: Where) -> AsyncIterator[asyncpg.Pool]:
-    created = await create_pool(where.dsn, max_size=2)
-    try:
-        yield created
-    finally:
-        await created.close()
 
 
 def token_envelope(message: object, type_: str | None = None, body: bytes | None = None,

@@ -23,7 +23,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
@@ -36,7 +35,6 @@ from tests.support.processes import (
     eo_command,
     fresh_fleet,
     metric,
-    publisher,
     states,
     until,
     where_for,
@@ -61,21 +59,6 @@ async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[Fleet]:
         finally:
             await conn.close()
         yield started
-
-
-@pytest.fixture
-async def rabbit(where: Where) -> AsyncIterator[Rabbit]:
-    async with publisher(where) as connected:
-        yield connected
-
-
-@pytest.fixture
-async def pool(where: Where) -> AsyncIterator[asyncpg.Pool]:
-    created = await create_pool(where.dsn, max_size=2)
-    try:
-        yield created
-    finally:
-        await created.close()
 
 
 def _message(counter: str, amount: int) -> Envelope:

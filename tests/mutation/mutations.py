@@ -27,6 +27,7 @@ _FAILURE_TABLE = "tests/unit/application/test_failure_table.py"
 _BATCH = "tests/unit/application/test_token_batch.py"
 _BATCH_INTERLEAVINGS = "tests/unit/application/test_batch_interleavings.py"
 _CLAIM_CHECK = "tests/unit/application/test_colocated_claim_check.py"
+_API = "tests/unit/application/test_third_party_api.py"
 
 
 @dataclass(frozen=True)
@@ -492,4 +493,45 @@ MUTATIONS: tuple[Mutation, ...] = (
                  f"{_FAILURE_TABLE}::test_crash_after_clear_leaves_nothing_and_redelivery_is_"
                  "dropped"),
         invariants=("I1",), rows=("tr-clear",)),
+    Mutation(
+        name="api-sent-after-its-window",
+        guard="12: a third-party request is never sent after its key's window (the provider "
+              "may have forgotten the key: a send could execute it twice)",
+        file="application/api_caller.py",
+        before="""            if self.clock.now() >= deadline:""",
+        after="""            if False:""",
+        killers=(f"{_API}::test_past_the_keys_window_nothing_is_sent_and_the_follow_up_dead_"
+                 "letters",),
+        invariants=("I1",)),
+    Mutation(
+        name="api-key-per-attempt",
+        guard="12: the idempotency key is the follow-up's message ID, the same on every "
+              "delivery and attempt",
+        file="application/api_caller.py",
+        before="""        key, content = stored.id_text, request.content()""",
+        after="""        key, content = f"{stored.id_text}-{id(self)}", request.content()""",
+        killers=(f"{_API}::test_a_crash_after_the_answer_is_redelivered_and_gets_the_stored_"
+                 "answer",),
+        invariants=("I1",)),
+    Mutation(
+        name="api-request-sent-before-the-commit",
+        guard="12: nothing is sent before the commit: the request travels in the committed "
+              "follow-up",
+        file="application/preparation.py",
+        before="""            follow_up_headers.update(self._api_request(decision.api_call, now))""",
+        after="""            follow_up_headers.update(self._api_request(decision.api_call, now))
+            assert self._api is not None and self._api.apis is not None
+            await self._api.apis.send(decision.api_call.api, decision.api_call.method,
+                                      decision.api_call.path, None, str(attempt))""",
+        killers=(f"{_API}::test_a_losing_attempt_of_the_original_message_sends_nothing",),
+        invariants=("I1",)),
+    Mutation(
+        name="api-replayed-after-its-window",
+        guard="12: a dead-lettered follow-up is not replayed past its key's window",
+        file="application/dead_letters.py",
+        before="""                if deadline is not None and self.clock.now() >= deadline:""",
+        after="""                if False:""",
+        killers=("tests/unit/application/test_dead_letter_operations.py::test_a_replay_past_"
+                 "its_third_party_idempotency_window_is_refused",),
+        invariants=("I1",)),
 )

@@ -21,7 +21,7 @@ from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import Crash
 from application.failpoints import Failpoints
 from application.observability import CountingSink
-from application.ports import Ports
+from application.ports import ApiPolicy, Ports, ThirdPartyApis
 from application.processor import Processor
 from application.strategy import Strategy
 from application.sweeper import Sweeper
@@ -62,6 +62,9 @@ class World:
     events: CountingSink = field(default_factory=CountingSink)
     #: protocol 3.2's fast path: tokens co-located with the transactional store
     colocated: bool = False
+    #: third-party APIs (protocol 12) and the endpoint's policies for them, by name
+    apis: ThirdPartyApis | None = None
+    api_policies: dict[str, ApiPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.store = MemoryTransactionalStore(self.clock,
@@ -82,7 +85,9 @@ class World:
         return Ports(tokens=wrap("tokens", self.tokens), store=wrap("store", self.store),
                      dispatcher=wrap("dispatcher", self.dispatcher), clock=self.clock,
                      ids=self.ids, events=self.events, blobs=wrap("blobs", self.blobs),
-                     colocated_tokens=self.colocated and not general)
+                     colocated_tokens=self.colocated and not general,
+                     apis=wrap("apis", self.apis) if self.apis else None,
+                     api_policies=self.api_policies)
 
     def processor(self, failpoints: str | None = None, **kwargs: Any) -> Processor:
         """A worker; `failpoints` is an `EO_FAILPOINTS` spec whose `crash` raises `Crash`;

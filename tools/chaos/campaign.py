@@ -162,7 +162,7 @@ class RunPlan:
 
 
 def _rng(seed: int, run: int, stream: str = "") -> random.Random:
-    # a stable seed from hashlib (never hash(): randomised per process, protocol 11)
+    # a stable seed from hashlib (never hash(): randomised per process, protocol 12)
     label = f"eo-chaos/{seed}/{run}" + (f"/{stream}" if stream else "")
     digest = hashlib.sha256(label.encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))

@@ -10,11 +10,13 @@ import asyncio
 import uuid
 from dataclasses import replace
 from datetime import timedelta
+from types import MappingProxyType
 
 import pytest
 
 from adapters.memory.dead_letter_store import MemoryDeadLetterStore, collect
 from application.dead_letters import DeadLetters
+from application.envelope import API_DEADLINE_HEADER
 from application.errors import Crash
 from application.observability import DEAD_LETTER_DISCARDED, DEAD_LETTER_REPLAYED
 from application.outcome import Outcome
@@ -45,10 +47,15 @@ class Desk:
         self.ops.events = Logged()
 
     async def dead_letter(self, message: object, endpoint: str = "counter",
-                          failpoints: str = FAILING) -> uuid.UUID:
-        """Send `message` (with its token) and have a consumer whose processing fails
-        (`failpoints`) dead-letter it on its only attempt; returns its message ID."""
+                          failpoints: str = FAILING,
+                          headers: dict[str, str] | None = None) -> uuid.UUID:
+        """Send `message` (with its token, and `headers`) and have a consumer whose
+        processing fails (`failpoints`) dead-letter it on its only attempt; returns its
+        message ID."""
         envelope = token_envelope(message, uuid.uuid4())
+        if headers:
+            envelope = replace(envelope, headers=MappingProxyType({**envelope.headers,
+                                                                   **headers}))
         await self.c.tokens.create(endpoint, [envelope])
         self.c.broker.publish(endpoint, envelope)
         consumer = self.c.consumer(endpoint)
@@ -190,6 +197,25 @@ async def test_the_retention_discards_what_nobody_acted_on_and_forgets_the_rest(
         waiting, DeadLetterStatus.DISCARDED, "retention")
     assert not await desk.c.tokens.exists("counter", waiting)
     assert (await desk.ops.gauges()).tokens == 0
+
+
+async def test_a_replay_past_its_third_party_idempotency_window_is_refused() -> None:
+    """Protocol 11: a follow-up whose request may no longer be sent (the provider may have
+    forgotten its key) is never replayed; an operator discards it."""
+    desk = Desk(counters())
+    deadline = desk.c.clock.now() + timedelta(minutes=5)
+    m = await desk.dead_letter(Add("c1", 4), headers={API_DEADLINE_HEADER: deadline.isoformat()})
+    letter = await desk.only()
+    desk.c.clock.advance(timedelta(minutes=4))
+    assert (await desk.ops.replay(letter.dead_letter_id, "alice")).done  # still in time
+    assert await desk.deliver() is Outcome.PROCESSED
+    m = await desk.dead_letter(Add("c2", 4), headers={API_DEADLINE_HEADER: deadline.isoformat()})
+    [late] = [d for d in await desk.store.find(DeadLetterQuery()) if d.message_id == m]
+    desk.c.clock.advance(timedelta(minutes=1))
+    refused = await desk.ops.replay(late.dead_letter_id, "alice")
+    assert not refused.done
+    assert refused.detail.startswith("idempotency window expired")
+    assert (await desk.ops.discard(late.dead_letter_id, "alice", "window passed")).done
 
 
 async def test_a_clipped_dead_letter_cannot_be_replayed_but_can_be_discarded() -> None:
