@@ -1,6 +1,6 @@
 """An in-process third-party API with idempotency keys (protocol 12): what the embedded
 profile calls when no API URL is configured, and the core of the tests' fake provider
-(tests/support/fake_provider.py serves it over HTTP).
+(tools/fake_provider.py serves it over HTTP).
 
 `IdempotentProvider` keeps keys as Stripe documents its own: the answer to a key's first
 request is stored for `window_s` seconds and returned to every repeat; a repeat while the

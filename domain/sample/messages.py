@@ -67,6 +67,14 @@ class PaymentResult:
 
 
 @dataclass(frozen=True)
+class ShipmentBooked:
+    """Follow-up of the carrier API call (protocol 12): the carrier's answer arrives in
+    `Context.http_response`."""
+
+    order_key: int
+
+
+@dataclass(frozen=True)
 class OrderConfirmed:
     """Event to the ledger: the order was paid; `total` in Decimal, `invoice_key` a blob key."""
 

@@ -1,4 +1,5 @@
-"""The orders endpoint: assembles an order from messages in any order, then bills and pays it."""
+"""The orders endpoint: assembles an order from messages in any order, then bills and pays
+it, and books its shipment with the carrier once paid."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import date
 from decimal import Decimal
 
 from domain.context import Context
-from domain.decisions import CallHttp, CreateBlob, Decision, Endpoint, Outgoing
+from domain.decisions import CallApi, CallHttp, CreateBlob, Decision, Endpoint, Outgoing
 from domain.errors import Rejected
 from domain.sample.billing import Line, invoice_document, order_total
 from domain.sample.messages import (
@@ -17,6 +18,7 @@ from domain.sample.messages import (
     PaymentResult,
     PlaceOrder,
     RemoveItem,
+    ShipmentBooked,
     SubmitOrder,
 )
 
@@ -30,7 +32,9 @@ MAX_PRIORITY_CHARS = 15
 #: The most digits of a line's amounts, and of their fraction (TPC-H: DECIMAL(15,2)): an
 #: order's state stays small whatever a producer sends.
 MAX_DIGITS, MAX_FRACTION_DIGITS = 15, 4
-OrderMessage = PlaceOrder | AddItem | RemoveItem | SubmitOrder | PaymentResult
+OrderMessage = PlaceOrder | AddItem | RemoveItem | SubmitOrder | PaymentResult | ShipmentBooked
+#: The carrier's third-party API (declared in service/sample.py) and where shipments go.
+CARRIER, SHIPMENTS_PATH = "carrier", "/v1/shipments"
 _BUILDING = (PlaceOrder, AddItem, RemoveItem, SubmitOrder)
 
 
@@ -40,7 +44,9 @@ class Order:
 
     Header fields are None until PlaceOrder; `lines` sorted by line number, `removed` the sorted
     tombstoned line numbers; `status` is one of "open", "awaiting_payment", "confirmed",
-    "rejected"; `total` (Decimal, cents) and `invoice_key` are set when the order is finalised.
+    "rejected"; `total` (Decimal, cents) and `invoice_key` are set when the order is finalised;
+    a confirmed order's shipment is booked with the carrier: `shipment_status` is the
+    carrier's answer's HTTP status and `shipment_id` its shipment's ID (2xx only).
     """
 
     order_key: int
@@ -56,6 +62,8 @@ class Order:
     status: str = OPEN
     total: Decimal | None = None
     invoice_key: str | None = None
+    shipment_status: int | None = None
+    shipment_id: str | None = None
 
 
 def _reject(order: Order, reason: str) -> Rejected:
@@ -177,7 +185,11 @@ def _pay(order: Order | None, m: PaymentResult, context: Context) -> Decision[Or
         raise _reject(order, "awaiting payment without customer, total or invoice")
     if response.status == 200:
         event = OrderConfirmed(order.order_key, customer_key, total, invoice_key)
-        return Decision(replace(order, status=CONFIRMED), outgoing=(Outgoing("ledger", event),))
+        booking = {"order_key": order.order_key, "customer_key": customer_key,
+                   "invoice_key": invoice_key}
+        return Decision(replace(order, status=CONFIRMED), outgoing=(Outgoing("ledger", event),),
+                        api_call=CallApi(CARRIER, "POST", SHIPMENTS_PATH, booking,
+                                         follow_up=ShipmentBooked(order.order_key)))
     if response.status == 409:
         reason = str(response.body.get("reason", "refused"))
         refusal = OrderRejected(order.order_key, customer_key, total, reason)
@@ -185,15 +197,32 @@ def _pay(order: Order | None, m: PaymentResult, context: Context) -> Decision[Or
     raise _reject(order, f"unexpected payment response status {response.status}")
 
 
+def _shipped(order: Order | None, m: ShipmentBooked, context: Context) -> Decision[Order]:
+    if order is None or order.status != CONFIRMED or order.shipment_status is not None:
+        status = "unknown" if order is None else order.status
+        raise Rejected(f"order {m.order_key}: ShipmentBooked while {status}, not confirmed "
+                       "and awaiting its shipment")
+    response = context.http_response
+    if response is None:
+        raise _reject(order, "ShipmentBooked without the carrier's answer")
+    shipment_id = str(response.body.get("id")) if 200 <= response.status < 300 else None
+    return Decision(replace(order, shipment_status=response.status, shipment_id=shipment_id))
+
+
 def handle(state: Order | None, message: object, context: Context) -> Decision[Order]:
-    """Apply one orders message (PlaceOrder, AddItem, RemoveItem, SubmitOrder, PaymentResult).
+    """Apply one orders message (PlaceOrder, AddItem, RemoveItem, SubmitOrder, PaymentResult,
+    ShipmentBooked).
 
     Deterministic. Opens unknown orders lazily; finalises (total, invoice blob, payment call)
-    in the decision that makes the order ready; raises Rejected for a conflicting or late
-    change, a PaymentResult not awaited or without response/with another status than 200/409.
+    in the decision that makes the order ready; books the shipment (a carrier API call) in
+    the one that confirms it, and keeps the carrier's answer; raises Rejected for a
+    conflicting or late change, a PaymentResult not awaited or without response/with another
+    status than 200/409, a ShipmentBooked not awaited.
     """
     if isinstance(message, PaymentResult):
         return _pay(state, message, context)
+    if isinstance(message, ShipmentBooked):
+        return _shipped(state, message, context)
     if not isinstance(message, _BUILDING):
         raise Rejected(f"orders does not handle {type(message).__name__}")
     order = state if state is not None else Order(order_key=message.order_key)
@@ -219,7 +248,7 @@ def order_partition(message: OrderMessage) -> str:
 
 ORDERS: Endpoint[Order] = Endpoint(
     name="orders",
-    messages={cls.__name__: cls for cls in (*_BUILDING, PaymentResult)},
+    messages={cls.__name__: cls for cls in (*_BUILDING, PaymentResult, ShipmentBooked)},
     partition_of=order_partition,
     handle=handle,
     state_type=Order,

@@ -1,6 +1,6 @@
 """Protocol 11 in real processes: `eo consume --endpoint shipping` (tests/support/
 shipping_service.py) on PostgreSQL and RabbitMQ calling a fake third-party API in a process
-of its own (tests/support/fake_provider.py: Stripe-like idempotency keys) over HTTP. The
+of its own (tools/fake_provider.py: Stripe-like idempotency keys) over HTTP. The
 failure table's rows for it: a crash after the provider answered, two consumer processes
 with copies of one follow-up, a provider failing then slow, a window that expired, a losing
 attempt of the original message. In every row the provider executes the call once (or not
@@ -23,7 +23,6 @@ from adapters.rabbitmq import topology
 from application.codec import encode
 from application.envelope import REASON_HEADER, TOKEN_HEADER, Envelope
 from entrypoints.faults import CRASH_EXIT
-from tests.support.fake_provider import FakeProvider, fake_provider
 from tests.support.processes import (
     DELAYS,
     Fleet,
@@ -37,6 +36,7 @@ from tests.support.processes import (
 )
 from tests.support.shipping import Ship, Shipment
 from tests.support.shipping_service import SPEC
+from tools.fake_provider import FakeProvider, fake_provider
 
 ENDPOINTS = ("shipping",)
 

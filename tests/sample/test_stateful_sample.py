@@ -37,7 +37,7 @@ CRASH_POINTS = [
     "after_register:blob", "after_register:message", "after_register:http_request",
     "after_create:blob", "after_create:message", "after_create:http_request", "before_commit",
     "after_commit", "after_publish:1", "after_publish:2", "after_publish_all",
-    "after_cleanup_aborted", "after_consume_token", "after_tr_clear", "after_put",
+    "after_cleanup_aborted", "after_consume_token", "after_tr_clear", "after_put", "after_api_call",
     "after_post", "before_delete", "after_delete",
 ]
 

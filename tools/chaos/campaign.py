@@ -2,7 +2,9 @@
 
 Each run takes a few random orders of the sample (TPC-H sf=0.001), starts the service as
 processes (`eo serve --endpoint payments`, one gateway, two orders consumers, one ledger
-consumer) on PostgreSQL, RabbitMQ and one moto S3 server, and injects faults:
+consumer) on PostgreSQL, RabbitMQ, one moto S3 server and one carrier (the orders' third-party
+API: a fake provider process with Stripe-like idempotency keys, tools/fake_provider.py), and
+injects faults:
 
 - failpoints (protocol 10) in the processes' `EO_FAILPOINTS`: `crash` (the process exits at
   once; the campaign restarts it, as an orchestrator would, without the failpoint), `raise`,
@@ -14,14 +16,18 @@ consumer) on PostgreSQL, RabbitMQ and one moto S3 server, and injects faults:
 - duplicates: copies published at once (concurrent copies), copies published late, and after
   quiescence copies of processed commands re-published (long after: the gateway's inbox
   rows drop them);
-- out-of-order input: the commands of all orders are shuffled.
+- out-of-order input: the commands of all orders are shuffled;
+- the carrier answers some requests 503 and takes its time (protocol 12's retries with the
+  same key, and copies of a follow-up meeting 409 on the other orders process).
 
 The campaign runs on a database and a virtual host of its own (tools/scratch.py),
 created at its start and removed at its end; it never touches what it did not create.
 
 Then quiescence (queues empty, no committed transaction left unfinished, no progress), a
 graceful stop, the final sweep, and the checks: the sample's oracle on the
-run's orders (tools/tpch/oracle.py), I1/I2/I7 from the processes' logs, nothing
+run's orders (tools/tpch/oracle.py: each confirmed order's shipment booked, the carrier's
+executions one per confirmed order, each idempotency key executed once), I1/I2/I7 from the
+processes' logs, nothing
 left at rest (I8, I9), no dead letter and every order settled (I10; the fault budget per run is
 bounded and every rule fires at most twice, below the attempt limit).
 
@@ -33,6 +39,7 @@ are real processes); the plan is printed with each run so a violation can be rep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -60,9 +67,10 @@ from application.codec import encode
 from application.envelope import Envelope
 from application.failpoints import NAMES
 from application.observability import FAULT_INJECTED
+from domain.sample.orders import CARRIER
 from entrypoints.faults import CRASH_EXIT
 from entrypoints.operations import migrate_all
-from entrypoints.settings import Service, Settings
+from entrypoints.settings import ApiSettings, Service, Settings
 from tools.chaos.broker import ConsumerGaps, close_all_connections
 from tools.chaos.checks import (
     at_rest,
@@ -84,6 +92,7 @@ from tools.demo.local import (
     settled_orders,
 )
 from tools.demo.run import PAYMENTS
+from tools.fake_provider import FakeProvider, fake_provider
 from tools.scratch import own_database, own_vhost
 from tools.settings import ToolSettings
 from tools.tpch.data import TpchSample
@@ -115,7 +124,8 @@ CONSUMER_POINTS: tuple[str, ...] = (
 CALLEE_POINTS: tuple[str, ...] = ("callee.after_commit", "callee.before_reply")
 #: The HTTP caller's points fire in the orders processes only (the sample's HTTP caller).
 HTTP_CALLER_POINTS = frozenset({"after_put", "after_post", "before_delete", "after_delete",
-                                "after_register:http_request", "after_create:http_request"})
+                                "after_register:http_request", "after_create:http_request",
+                                "after_api_call"})
 #: Points each endpoint's processes reach: the gateway (outbox path) loads no token, makes
 #: neither blobs nor HTTP calls and publishes one message per command; the ledger sends
 #: nothing.
@@ -147,7 +157,10 @@ class RunPlan:
     - `shuffle_seed`: the publication order of the commands;
     - `broker_closes`: settled orders reached at which the broker closes every connection
       of the campaign's virtual host (drawn from a stream of their own, so adding them left
-      every other fault of a (seed, run) as it was).
+      every other fault of a (seed, run) as it was);
+    - `carrier_failures`, `carrier_latency_s`: the carrier (the sample's third-party API, a
+      fake provider process: protocol 12) answers that many requests 503 first, and takes
+      that long per booking (their own stream too).
     """
 
     seed: int
@@ -159,6 +172,8 @@ class RunPlan:
     republish: int
     shuffle_seed: int
     broker_closes: tuple[int, ...] = ()
+    carrier_failures: int = 0
+    carrier_latency_s: float = 0.0
 
 
 def _rng(seed: int, run: int, stream: str = "") -> random.Random:
@@ -206,10 +221,12 @@ def plan_run(seed: int, run: int, order_keys: list[int], orders_per_run: int = 2
         other = _rng(seed, run, "broker-closes")
         count = other.choices([0, 1, 2], weights=[2, 2, 1])[0]
         closes = tuple(sorted(other.randint(0, max(0, len(orders) - 1)) for _ in range(count)))
+    carrier = _rng(seed, run, "carrier")
     return RunPlan(seed=seed, run=run, orders=orders, failpoints=failpoints,
                    kills=tuple(sorted(kills)), duplicate_rate=rng.choice([0.1, 0.2, 0.3]),
                    republish=rng.randint(0, 5), shuffle_seed=rng.getrandbits(32),
-                   broker_closes=closes)
+                   broker_closes=closes, carrier_failures=carrier.choice([0, 0, 1, 3]),
+                   carrier_latency_s=carrier.choice([0.0, 0.0, 0.3, 1.0]))
 
 
 @dataclass
@@ -234,6 +251,9 @@ class RunResult:
     #: where the run's process logs are kept: the log directory given, or, for a run with
     #: a violation and none given, `KEPT_LOGS`/seed-<s>-run-<k> (a replay may not fail)
     logs: Path | None = None
+    #: the carrier's requests answered and bookings executed (one per confirmed order)
+    carrier_requests: int = 0
+    carrier_executions: int = 0
 
 
 @dataclass
@@ -273,6 +293,8 @@ class CampaignReport:
                              "faults": dict(r.faults), "violations": r.violations,
                              "deliveries_published": r.deliveries_published,
                              "confirmed": r.confirmed, "rejected": r.rejected,
+                             "carrier_requests": r.carrier_requests,
+                             "carrier_executions": r.carrier_executions,
                              "consumer_gaps_s": {k: round(v, 2)
                                                  for k, v in r.consumer_gaps.items()},
                              "restart_gaps_s": {k: round(v, 2)
@@ -348,12 +370,16 @@ async def _campaign(settings: ToolSettings, service: Service, sample: TpchSample
     """`run_campaign`'s runs, into `report`, on the stores `settings` name (its own)."""
     started = time.monotonic()
     moto = MotoServer()
-    settings = settings.model_copy(update={
-        "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
-        "s3_secret_key": SecretStr("local")})
     temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
     root = log_root or temp
     assert root is not None
+    await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    stack = contextlib.ExitStack()
+    carrier = stack.enter_context(fake_provider(root / "carrier.log"))
+    settings = settings.model_copy(update={
+        "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
+        "s3_secret_key": SecretStr("local"),
+        "apis": {**settings.apis, CARRIER: ApiSettings.model_validate({"url": carrier.url})}})
     try:
         await migrate_all(settings)  # the campaign's own database, new
         pool = await create_pool(settings.database(), max_size=2)
@@ -366,7 +392,7 @@ async def _campaign(settings: ToolSettings, service: Service, sample: TpchSample
                 plan = plan_run(seed, index, keys, orders_per_run, broker_closes=closes)
                 result = await _one_run(settings, service, sample, plan, pool,
                                         root / f"run-{index}",
-                                        run_timeout_s)
+                                        run_timeout_s, carrier)
                 result.logs = root / f"run-{index}" if temp is None else None
                 if result.violations and temp is not None:  # a timing may not come again
                     kept = KEPT_LOGS / f"seed-{seed}-run-{index}"
@@ -382,6 +408,7 @@ async def _campaign(settings: ToolSettings, service: Service, sample: TpchSample
             await pool.close()
     finally:
         moto.stop()
+        stack.close()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
 
@@ -396,11 +423,13 @@ async def _prepare(settings: ToolSettings, service: Service, pool: asyncpg.Pool,
 
 async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, plan: RunPlan,
                    pool: asyncpg.Pool,
-                   log_dir: Path, timeout_s: float) -> RunResult:
+                   log_dir: Path, timeout_s: float, carrier: FakeProvider) -> RunResult:
     started = time.monotonic()
     result = RunResult(plan=plan)
     sample = full.subset(plan.orders)
     await _prepare(settings, service, pool, sample)
+    await asyncio.to_thread(carrier.reset)  # this run's keys and counts only
+    await asyncio.to_thread(carrier.faults, plan.carrier_failures, plan.carrier_latency_s)
     await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
     fleet = Fleet(settings, log_dir, 0.0, extra_env={
         "EO_MAX_ATTEMPTS": str(settings.max_attempts),
@@ -417,6 +446,9 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
         await topology.declare(rabbit, endpoint, settings.retry_delays_s,
                                settings.delivery_limit)
     faults: Counter[str] = Counter()
+    faults["carrier 503 (injected)"] += plan.carrier_failures
+    if plan.carrier_latency_s:
+        faults["carrier slow (latency injected)"] += 1
     try:
         fleet.start(PAYMENTS, PAYMENTS, {"EO_FAILPOINTS": plan.failpoints[PAYMENTS]})
         await fleet.wait_for_payments()
@@ -457,7 +489,7 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
     finally:
         fleet.stop_all()
         await rabbit.close()
-    await _check(settings, service, sample, pool, log_dir, result)
+    await _check(settings, service, sample, pool, log_dir, result, carrier)
     # the run declared them (on the campaign's own virtual host, or on the URL's, where
     # there were none): the next run starts from nothing
     await topology.delete_queues(settings.amqp(), list(QUEUES), len(settings.retry_delays_s))
@@ -556,12 +588,15 @@ def _consuming(fleet: Fleet, name: str) -> bool:
 
 async def _check(settings: ToolSettings, service: Service, sample: TpchSample,
                  pool: asyncpg.Pool, log_dir: Path,
-                 result: RunResult) -> None:
+                 result: RunResult, carrier: FakeProvider) -> None:
     states = await business_states(service, pool)
     async with bucket_client(settings) as client:
         blobs = await S3BlobStore(client, settings.bucket()).keys()
+    booked = await asyncio.to_thread(carrier.stats)
+    result.carrier_requests = int(booked["requests"])
+    result.carrier_executions = sum(booked["executions"].values())
     oracle = check_oracle(sample, states["orders"], states["ledger"], states[PAYMENTS],
-                          blobs, settings.credit_limit)
+                          blobs, settings.credit_limit, booked["executions"])
     result.confirmed, result.rejected = oracle.confirmed, oracle.rejected
     result.violations += [f"oracle: {v}" for v in oracle.violations]
     records = read_logs(log_dir)

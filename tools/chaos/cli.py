@@ -102,7 +102,10 @@ def _print_run(result: RunResult) -> None:
     console.print(f"run {plan.run}: {len(plan.orders)} orders, {result.deliveries_published} "
                   f"deliveries, {result.confirmed} confirmed / {result.rejected} rejected, "
                   f"{result.seconds:.1f} s, {verdict}; failpoints {rules}; kill -9 {kills}; "
-                  f"broker closes {closes}; longest without a consumer {gap:.1f} s")
+                  f"broker closes {closes}; longest without a consumer {gap:.1f} s; carrier "
+                  f"{result.carrier_executions} bookings executed, {result.carrier_requests} "
+                  f"requests ({plan.carrier_failures} 503s, {plan.carrier_latency_s:g} s "
+                  "latency)")
     for violation in result.violations:
         console.print(f"  [red]{violation}[/red]")
     if result.violations:
@@ -118,6 +121,10 @@ def _print_summary(report: CampaignReport) -> None:
     deliveries = sum(r.deliveries_published for r in report.runs)
     table.add_row("runs", f"{len(report.runs)}")
     table.add_row("orders / deliveries published", f"{orders:,} / {deliveries:,}")
+    confirmed = sum(r.confirmed for r in report.runs)
+    table.add_row("carrier: bookings executed / confirmed orders / requests",
+                  f"{sum(r.carrier_executions for r in report.runs):,} / {confirmed:,} / "
+                  f"{sum(r.carrier_requests for r in report.runs):,}")
     for kind, n in sorted(report.faults.items()):
         table.add_row(f"faults: {kind}", f"{n:,}")
     for queue, gap in sorted(report.consumer_gaps.items()):

@@ -190,6 +190,8 @@ def _print_report(report: DemoReport, sf: float, workers: str,
         ("handler runs", f"{report.handler_runs:,}"),
         ("orders confirmed / rejected", f"{report.oracle.confirmed:,} / "
                                         f"{report.oracle.rejected:,} of {report.orders:,}"),
+        *([("carrier bookings executed (one per confirmed order)",
+            f"{report.oracle.bookings:,}")] if report.oracle.bookings is not None else []),
         *((f"{name} left", str(n)) for name, n in report.leftovers.items()),
         ("oracle", "PASS" if report.ok else "FAIL"),
     ]

@@ -127,6 +127,9 @@ class Fleet:
                     "EO_CALLEES__PAYMENTS__TOKEN": self.token,
                     "EO_SERVICE": settings.service,
                     "EO_POOL_SIZE": "3"}
+        for name, api in settings.apis.items():  # third-party APIs at a shared provider
+            if api.url is not None:
+                self.env[f"EO_APIS__{name.upper()}__URL"] = api.url
         self.env.pop("EO_TOKEN_DSN", None)  # the co-located path unless extra_env says
         self.env.update(extra_env or {})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

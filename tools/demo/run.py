@@ -22,7 +22,7 @@ from application.settlement import Consumer
 from domain.sample.payments import open_account
 from entrypoints.system import System
 from tools.tpch.data import TpchSample
-from tools.tpch.oracle import OracleResult, check_oracle
+from tools.tpch.oracle import OracleResult, check_oracle, sandbox_executions
 
 #: The sample's boundary endpoint (the commands' queue) and its HTTP callee.
 GATEWAY, PAYMENTS = "gateway", "payments"
@@ -168,7 +168,8 @@ async def _report(system: System, sample: TpchSample, duplicates: DuplicatingDis
     stores: dict[str, Any] = system.stores
     blob_keys = await system.blobs.keys() if system.blobs is not None else []
     oracle = check_oracle(sample, stores["orders"].states(), stores["ledger"].states(),
-                          stores[PAYMENTS].states(), blob_keys, credit_limit)
+                          stores[PAYMENTS].states(), blob_keys, credit_limit,
+                          sandbox_executions(system.apis))
     leftovers = {
         "tokens": await system.tokens.count(),
         "unfinished transaction records": sum([await s.unfinished_count()

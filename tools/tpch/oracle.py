@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from adapters.memory.apis import SandboxApis
 from application.registry import Registry
 from domain.sample.ledger import CustomerLedger
 from domain.sample.orders import CONFIRMED, REJECTED, Order
 from domain.sample.payments import Account
 from entrypoints.settings import SettingsError
+from entrypoints.system import RoutedApis
 from tools.tpch.data import TpchSample
 
 
@@ -21,6 +24,8 @@ class OracleResult:
     violations: list[str] = field(default_factory=list)
     confirmed: int = 0
     rejected: int = 0
+    #: the carrier's executions in all (protocol 12), when the caller could read them
+    bookings: int | None = None
 
     def fail(self, message: str) -> None:
         """Record a violation (at most 20 are kept, then a count)."""
@@ -37,10 +42,14 @@ def check_oracle(
     accounts: dict[str, Account],
     blob_keys: list[str],
     credit_limit: Decimal,
+    carrier: Mapping[str, int] | None = None,
 ) -> OracleResult:
     """Every order equals the oracle, is confirmed or rejected exactly once, payments debits
     = confirmed totals = ledger revenue per customer, exactly one invoice per order and no
-    other object. Checks of leftovers (tokens, TRs, requests) are the caller's."""
+    other object; every confirmed order's shipment booked (a 2xx from the carrier and its
+    shipment ID), no rejected order's. `carrier`: the carrier's executions per idempotency
+    key, when the caller can read them: each key executed once, one key per confirmed
+    order. Checks of leftovers (tokens, TRs, requests) are the caller's."""
     r = OracleResult()
     confirmed_total: dict[int, Decimal] = defaultdict(Decimal)
     for order_key, expected in sample.expected.items():
@@ -55,8 +64,14 @@ def check_oracle(
         if order.status == CONFIRMED:
             r.confirmed += 1
             confirmed_total[sample.order_customers[order_key]] += order.total or Decimal(0)
+            status = order.shipment_status
+            if status is None or not 200 <= status < 300 or order.shipment_id is None:
+                r.fail(f"order {order_key} confirmed, its shipment not booked (carrier "
+                       f"status {status}, shipment {order.shipment_id})")
         elif order.status == REJECTED:
             r.rejected += 1
+            if order.shipment_status is not None:
+                r.fail(f"order {order_key} rejected, yet a shipment was booked")
         else:
             r.fail(f"order {order_key} is {order.status}, neither confirmed nor rejected")
     outcomes = Counter[int]()
@@ -83,7 +98,23 @@ def check_oracle(
                f"{len(sample.expected)} orders; unexpected: "
                f"{sorted(set(blob_keys) - invoices)[:3]}, missing: "
                f"{sorted(invoices - set(blob_keys))[:3]}")
+    if carrier is not None:
+        r.bookings = sum(carrier.values())
+        twice = {key: n for key, n in carrier.items() if n != 1}
+        if twice:
+            r.fail(f"the carrier executed {len(twice)} bookings more than once: "
+                   f"{sorted(twice.items())[:3]}")
+        if len(carrier) != r.confirmed:
+            r.fail(f"the carrier executed {len(carrier)} bookings for {r.confirmed} confirmed "
+                   "orders")
     return r
+
+
+def sandbox_executions(apis: object, api: str = "carrier") -> dict[str, int] | None:
+    """The executions per idempotency key of `api`'s in-process sandbox in `apis` (a
+    `System.apis`), or None when `api` is not served by one."""
+    route = apis.routes.get(api) if isinstance(apis, RoutedApis) else None
+    return dict(route.provider.executions) if isinstance(route, SandboxApis) else None
 
 
 #: The sample's endpoints: what the demo, the campaign and the pipeline drive.

@@ -60,6 +60,7 @@ from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import TransientError
 from domain.sample.ledger import CustomerLedger
+from domain.sample.orders import CARRIER
 from domain.sample.payments import open_account
 from entrypoints.faults import CRASH_EXIT
 from entrypoints.local import postgres_stores
@@ -78,6 +79,7 @@ from tools.chaos.checks import (
     rerun_violations,
 )
 from tools.demo.local import Fleet, final_sweep
+from tools.fake_provider import fake_provider
 from tools.settings import ToolSettings
 from tools.tpch.data import Command, TpchSample, generate
 from tools.tpch.oracle import check_oracle
@@ -231,8 +233,11 @@ class Cluster:
     module-scoped fixture owns it); `Run` does the async work of one test."""
 
     def __init__(self, base: ToolSettings, log_dir: Path, general_path: bool,
-                 zygote: Zygote) -> None:
+                 zygote: Zygote, carrier: contextlib.ExitStack | None = None) -> None:
+        """`carrier`: holds the fake carrier process (`base.apis`' URL), closed by
+        `destroy`."""
         self.log_dir = log_dir
+        self.carrier = carrier
         self.general_path = general_path
         self.settings = base
         self.service: Service = resolve_service(base, REGISTRY)
@@ -315,6 +320,8 @@ class Cluster:
     def destroy(self) -> None:
         """Stop every process, drop the run's databases and delete its virtual host."""
         self.stop_all()
+        if self.carrier is not None:
+            self.carrier.close()
         asyncio.run(drop_database(self.settings.database()))
         if self.general_path:
             asyncio.run(drop_database(self.settings.tokens_database()))
@@ -347,16 +354,20 @@ def make_cluster(tmp_dir: Path, zygote: Zygote, general_path: bool = False
     asyncio.run(_delete_queues(amqp))
     moto = MotoServer()  # port 0: the OS picks a free one while binding it
     endpoint = moto.start()
+    log_dir = tmp_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # one carrier for every orders process: they share its idempotency keys, as they would
+    # share a real provider's (a sandbox of each process's own would not)
+    carrier = contextlib.ExitStack()
+    provider = carrier.enter_context(fake_provider(log_dir / "carrier.log"))
     settings = ToolSettings.model_validate(dict(
         profile="local", database_dsn=dsn, amqp_url=amqp, token_dsn=token_dsn,
         s3_endpoint_url=endpoint, s3_access_key="local", s3_secret_key="local",
         blob_store="s3", blob_dir=tmp_dir / "blobs",
         retry_delays_s=RETRY_DELAYS, max_attempts=MAX_ATTEMPTS, stale_after_s=1.0,
         sweep_interval_s=1.0, credit_limit=CREDIT_LIMIT, pool_size=2, failpoints="",
-        duplicate_rate=0.0, callees={}))
-    log_dir = tmp_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    return Cluster(settings, log_dir, general_path, zygote), moto
+        duplicate_rate=0.0, callees={}, apis={CARRIER: {"url": provider.url}}))
+    return Cluster(settings, log_dir, general_path, zygote, carrier), moto
 
 
 # ---------------------------------------------------------------------------------------------

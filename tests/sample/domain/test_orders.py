@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from domain.context import Context, HttpResponse
-from domain.decisions import Decision, Outgoing
+from domain.decisions import CallApi, Decision, Outgoing
 from domain.documents import Document
 from domain.errors import Rejected
 from domain.sample.messages import (
@@ -20,6 +20,7 @@ from domain.sample.messages import (
     PaymentResult,
     PlaceOrder,
     RemoveItem,
+    ShipmentBooked,
     SubmitOrder,
 )
 from domain.sample.orders import MAX_LINES, ORDERS, Order, handle
@@ -155,12 +156,30 @@ def test_order_with_every_line_removed_totals_zero() -> None:
     assert str(order.total) == "0.00"
 
 
-def test_payment_200_confirms_and_tells_the_ledger() -> None:
+def test_payment_200_confirms_tells_the_ledger_and_books_the_shipment() -> None:
     order = finalised()
     decision = handle(order, PaymentResult(K), paid(200, {"status": "approved"}))
     assert decision.state.status == "confirmed"
-    event = OrderConfirmed(K, 42, Decimal("200.00"), CTX.artifact_key("invoices"))
+    invoice = CTX.artifact_key("invoices")
+    event = OrderConfirmed(K, 42, Decimal("200.00"), invoice)
     assert decision.outgoing == (Outgoing("ledger", event),)
+    assert decision.api_call == CallApi("carrier", "POST", "/v1/shipments", {
+        "order_key": K, "customer_key": 42, "invoice_key": invoice},
+        follow_up=ShipmentBooked(K))
+    assert decision.state.shipment_status is None
+
+
+@pytest.mark.parametrize(("status", "shipment"), [(201, "s-1"), (400, None)])
+def test_the_carriers_answer_is_kept_a_refusal_included(status: int, shipment: str | None
+                                                        ) -> None:
+    confirmed = handle(finalised(), PaymentResult(K), paid(200, {})).state
+    booked = handle(confirmed, ShipmentBooked(K), paid(status, {"id": "s-1"})).state
+    assert (booked.status, booked.shipment_status, booked.shipment_id) == (
+        "confirmed", status, shipment)
+    with pytest.raises(Rejected):  # once only
+        handle(booked, ShipmentBooked(K), paid(status, {"id": "s-1"}))
+    with pytest.raises(Rejected):  # not before the confirmation
+        handle(finalised(), ShipmentBooked(K), paid(201, {"id": "s-1"}))
 
 
 def test_payment_409_rejects_with_the_reason() -> None:
@@ -256,6 +275,7 @@ def test_endpoint_definition() -> None:
         "RemoveItem",
         "SubmitOrder",
         "PaymentResult",
+        "ShipmentBooked",
     }
 
 

@@ -52,8 +52,9 @@ def _context(**kw: Any) -> Context:
 
 
 def settle(sample: TpchSample, order_keys: list[int]) -> World:
-    """Drive each order's commands through the orders handler, its payment through payments
-    and its outcome through the ledger, as the service would (one attempt each)."""
+    """Drive each order's commands through the orders handler, its payment through payments,
+    its shipment through a carrier answering 201, and its outcome through the ledger, as the
+    service would (one attempt each)."""
     world = World(sample, order_keys)
     world.accounts = {c: open_account(c, b, CREDIT_LIMIT) for c, b in sample.customers}
     chosen = set(order_keys)
@@ -82,6 +83,11 @@ def settle(sample: TpchSample, order_keys: list[int]) -> World:
         response = HttpResponse(paid.reply.status, paid.reply.body)
         result = orders_endpoint.handle(order, PaymentResult(key), _context(http_response=response))
         world.orders[key] = result.state
+        if result.api_call is not None:  # the carrier books the paid order's shipment
+            booked_answer = HttpResponse(201, {"id": f"shipment-{key}"})
+            world.orders[key] = orders_endpoint.handle(
+                result.state, result.api_call.follow_up,
+                _context(http_response=booked_answer)).state
         for out in result.outgoing:
             customer = out.message.customer_key  # type: ignore[attr-defined]
             booked = ledger_endpoint.handle(world.ledgers.get(customer), out.message, _context())

@@ -52,4 +52,4 @@ def sample_system(
     return System(service, settings, system.clock, system.ids, system.events,
                   system.dispatcher, system.tokens, system.stores, system.requests,
                   system.inboxes, system.streams, system.blobs, failpoints, http=http,
-                  urls=urls, renderer=system.renderer)
+                  urls=urls, renderer=system.renderer, apis=system.apis)

@@ -1,13 +1,17 @@
 """A fake third-party API with Stripe-like idempotency keys, served over HTTP by uvicorn in a
-process of its own: `python -m tests.support.fake_provider [--window-s S] [--latency-s S]`.
+process of its own: `python -m tools.fake_provider [--window-s S] [--latency-s S]`. `eo chaos`
+calls it as the sample's carrier, the framework's process tests as theirs, and a developer
+may point `EO_APIS__<NAME>__URL` at it for local runs with competing consumers (they share
+its keys, which per-process sandboxes would not).
 
 It answers every path (`adapters.memory.apis.IdempotentProvider`: a stored answer per
 `Idempotency-Key` for the window, 409 while the key's first request runs, 422 for a key
 reused with another request), on 127.0.0.1 and a free port, which it prints as one JSON line
-(`{"event": "provider.serving", "url": ...}`). Tests steer and read it under `/_fake`:
+(`{"event": "provider.serving", "url": ...}`). Its users steer and read it under `/_fake`:
 `POST /_fake/faults` (`{"fail_next": n, "latency_s": s}`: the next n requests answer 503
-before anything runs; each execution takes s seconds) and `GET /_fake/stats` (requests
-answered, executions per key). `FakeProvider` starts one and talks to it."""
+before anything runs; each execution takes s seconds), `POST /_fake/reset` (forget every
+key and count) and `GET /_fake/stats` (requests answered, executions per key).
+`fake_provider()` starts one; `FakeProvider` talks to it."""
 
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from fastapi.responses import JSONResponse
 
 from adapters.memory.apis import IdempotentProvider
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def create_app(provider: IdempotentProvider) -> FastAPI:
@@ -44,6 +48,13 @@ def create_app(provider: IdempotentProvider) -> FastAPI:
         provider.fail_next = int(body.get("fail_next", provider.fail_next))
         provider.latency_s = float(body.get("latency_s", provider.latency_s))
         return {"fail_next": provider.fail_next, "latency_s": provider.latency_s}
+
+    @app.post("/_fake/reset")
+    async def reset() -> dict[str, Any]:
+        provider.keys.clear()
+        provider.executions.clear()
+        provider.requests, provider.fail_next, provider.latency_s = 0, 0, 0.0
+        return {"reset": True}
 
     @app.get("/_fake/stats")
     async def stats() -> dict[str, Any]:
@@ -99,6 +110,10 @@ class FakeProvider:
         """Answer the next `fail_next` requests 503; each execution takes `latency_s`."""
         self._call("POST", "/_fake/faults", {"fail_next": fail_next, "latency_s": latency_s})
 
+    def reset(self) -> None:
+        """Forget every key, count and fault."""
+        self._call("POST", "/_fake/reset", {})
+
     def stats(self) -> dict[str, Any]:
         """`requests` answered and `executions` per key so far."""
         return self._call("GET", "/_fake/stats")
@@ -109,7 +124,7 @@ def fake_provider(log: Path, window_s: float = 24 * 3600.0) -> Iterator[FakeProv
     """A fake provider process (its output in `log`), killed on exit."""
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.fake_provider", "--window-s", str(window_s)],
+            [sys.executable, "-m", "tools.fake_provider", "--window-s", str(window_s)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=out, stdin=subprocess.DEVNULL)
     try:
         assert popen.stdout is not None
