@@ -70,8 +70,8 @@ def add_endpoints(project: Path) -> dict[str, int]:
     text = registry.read_text()
     before = text.count("\n")
     text = text.replace(
-        "from application.registry import Registration, Registry\n",
-        "from application.registry import Registration, Registry, Role\n"
+        "from application.registry import Registration, Registry, ThirdPartyApi\n",
+        "from application.registry import Registration, Registry, Role, ThirdPartyApi\n"
         "from domain.parcels import PARCELS, TRACKING\n")
     text = text.replace(
         "ENDPOINTS: tuple[Registration, ...] = (\n",
