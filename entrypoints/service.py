@@ -205,10 +205,7 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         # one vocabulary: what the source dead-lettered before processing is dead-lettered
         settled[str(Outcome.DEAD_LETTERED)] += source.dead_lettered
         log.info("consumer.stopped", endpoint=endpoint, **settled, restarts=source.restarts)
-        for task in background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled(background)
         if server is not None:
             await server.stop()
     finally:
@@ -221,6 +218,24 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
 
 #: how often a consumer that was told to stop says what it still waits for (seconds)
 STOPPING_REPORT_S = 10.0
+#: how long a cancelled background task gets to end before it is cancelled again (seconds)
+CANCEL_AGAIN_S = 1.0
+
+
+async def cancelled(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel `tasks` and wait until every one has ended, cancelling again each one still
+    running after `CANCEL_AGAIN_S`: a cancellation that arrives while a library call is in
+    progress may be swallowed by it (seen: a dead-letter round finishing after its task was
+    cancelled, then sleeping on), and a task that ignored one must not hold the stop for
+    ever. Their results and errors are dropped (they are the process's upkeep)."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 def _suspended_at(task: asyncio.Task[object]) -> str:
@@ -290,9 +305,7 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
         log.info("callee.serving", endpoint=endpoint,
                  url=f"http://{own.host}:{bound_port(sock)}")
         await server.serve(sockets=[sock])
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        await cancelled([sweeper])
     finally:
         await shutdown_resources(container)
 
