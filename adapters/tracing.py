@@ -21,7 +21,8 @@ from application.ports import SpanKind, SpanValue
 
 _KINDS = {SpanKind.INTERNAL: trace.SpanKind.INTERNAL,
           SpanKind.CONSUMER: trace.SpanKind.CONSUMER,
-          SpanKind.PRODUCER: trace.SpanKind.PRODUCER}
+          SpanKind.PRODUCER: trace.SpanKind.PRODUCER,
+          SpanKind.CLIENT: trace.SpanKind.CLIENT}
 #: the instrumentation scope of the protocol's spans
 SCOPE = "eo"
 

@@ -32,7 +32,15 @@ from application.envelope import API_CALL_HEADER, API_DEADLINE_HEADER, Envelope
 from application.errors import PermanentError, TransientError
 from application.failpoints import Failpoints
 from application.observability import API_CALLED
-from application.ports import ApiPolicy, ApiResult, Clock, EventSink, ThirdPartyApis
+from application.ports import (
+    ApiPolicy,
+    ApiResult,
+    Clock,
+    EventSink,
+    SpanKind,
+    ThirdPartyApis,
+    Tracer,
+)
 from domain.context import HttpResponse
 from domain.decisions import CallApi
 
@@ -143,9 +151,12 @@ class ApiCaller:
     def __init__(self, endpoint: str, apis: ThirdPartyApis | None,
                  policies: Mapping[str, ApiPolicy], clock: Clock, events: EventSink,
                  failpoints: Failpoints | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 tracer: Tracer | None = None) -> None:
+        """`tracer`: a `call <api>` span per send (kind client), with its answer's status."""
         self.endpoint, self.apis, self.policies = endpoint, apis, dict(policies)
         self.clock, self.events, self._fp, self._sleep = clock, events, failpoints, sleep
+        self._tracer = tracer
 
     def deadline(self, request: ApiRequest) -> datetime:
         """When `request` must no longer be sent: its preparation plus the key retention.
@@ -158,6 +169,17 @@ class ApiCaller:
             raise PermanentError(f"third-party API {api!r} is not configured for endpoint "
                                  f"{self.endpoint} (Registration.apis)")
         return policy
+
+    async def _send(self, apis: ThirdPartyApis, request: ApiRequest, content: bytes | None,
+                    key: str, tried: int) -> ApiResult:
+        if self._tracer is None:
+            return await apis.send(request.api, request.method, request.path, content, key)
+        with self._tracer.span(f"call {request.api}", SpanKind.CLIENT, {
+                "eo.api": request.api, "http.request.method": request.method,
+                "url.path": request.path, "eo.idempotency_key": key, "eo.send": tried}) as span:
+            result = await apis.send(request.api, request.method, request.path, content, key)
+            span.set("http.response.status_code", result.status)
+        return result
 
     async def _pause(self, policy: ApiPolicy, tried: int, seconds: float) -> None:
         """Wait before the next try (none after the last)."""
@@ -177,7 +199,8 @@ class ApiCaller:
         committed = deadline_of(stored)  # the window the commit promised: never longer
         if committed is not None:
             deadline = min(deadline, committed)
-        if self.apis is None:
+        apis = self.apis
+        if apis is None:
             raise PermanentError(f"third-party API {request.api!r}: no client is configured")
         key, content = stored.id_text, request.content()
         failure = "no try made"
@@ -185,8 +208,7 @@ class ApiCaller:
             if self.clock.now() >= deadline:
                 raise WindowExpired(request.api, deadline)
             try:
-                result = await self.apis.send(request.api, request.method, request.path,
-                                              content, key)
+                result = await self._send(apis, request, content, key, tried)
             except TransientError as exc:
                 failure = str(exc)
                 await self._pause(policy, tried, _backoff(policy, tried))

@@ -102,7 +102,7 @@ def build_processor(
     else:
         finisher = build_finisher(name, ports, failpoints, cleanup_grace, strategy)
         api = (ApiCaller(name, ports.apis, ports.api_policies, ports.clock, ports.events,
-                         failpoints) if ports.api_policies else None)
+                         failpoints, tracer=ports.tracer) if ports.api_policies else None)
         preparation = Preparation(name, ports.store, outgoing_tokens(ports), ports.clock,
                                   ports.ids, failpoints, ports.blobs, ports.http,
                                   ports.services, ports.renderer, ports.token_receivers,

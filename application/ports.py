@@ -487,11 +487,13 @@ class EventSink(Protocol):
 
 class SpanKind(enum.StrEnum):
     """What a span stands for, as OpenTelemetry's span kinds: a message processed
-    (`CONSUMER`), a message published (`PRODUCER`), a step inside either (`INTERNAL`)."""
+    (`CONSUMER`), a message published (`PRODUCER`), a request to another service
+    (`CLIENT`), a step inside either (`INTERNAL`)."""
 
     INTERNAL = "internal"
     CONSUMER = "consumer"
     PRODUCER = "producer"
+    CLIENT = "client"
 
 
 #: A span attribute's value (OpenTelemetry's primitive attribute types).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import timedelta
 from types import MappingProxyType
 
 import pytest
@@ -15,13 +16,16 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from adapters.memory.apis import SandboxApis
 from application.assembly import build_processor
 from application.envelope import TOKEN_HEADER, TRACEPARENT_HEADER, Envelope
 from application.errors import PermanentError
 from application.outcome import Outcome
+from application.ports import ApiPolicy
 from application.processor import Processor
 from entrypoints.tracing import Tracing, tracing_from
 from tests.support.counter import COUNTER, PLAIN_COUNTER
+from tests.support.shipping import SHIPPING, Ship
 from tests.support.world import World
 
 #: a W3C trace context an upstream sender's attempt would have written
@@ -154,3 +158,20 @@ async def test_without_a_tracer_nothing_is_traced_and_outputs_carry_no_trace_con
     assert exporter.get_finished_spans() == ()
     [(_, output)] = world.dispatcher.sent
     assert TRACEPARENT_HEADER not in output.headers
+
+
+async def test_a_third_party_call_is_a_client_span_in_the_follow_ups_trace(
+        exported: tuple[Tracing, InMemorySpanExporter]) -> None:
+    tracing, exporter = exported
+    world = World(SHIPPING, seed=7, apis=SandboxApis(),
+                  api_policies={"carrier": ApiPolicy(timedelta(hours=1))})
+    ship = await world.send(Ship("o-1", 10))
+    assert await _processor(world, tracing).process(ship) is Outcome.PROCESSED
+    [follow_up] = [e for _, e in world.dispatcher.sent if e.type == "Booked"]
+    assert await _processor(world, tracing).process(follow_up) is Outcome.PROCESSED
+    [call] = _by_name(exporter.get_finished_spans(), "call carrier")
+    attributes = dict(call.attributes or {})
+    assert attributes["eo.idempotency_key"] == follow_up.id_text
+    assert attributes["http.response.status_code"] == 201
+    assert _trace_of(follow_up.headers[TRACEPARENT_HEADER]) == format(
+        call.context.trace_id, "032x")
