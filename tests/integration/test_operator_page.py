@@ -21,7 +21,6 @@ from types import MappingProxyType
 import asyncpg
 import pytest
 
-from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
@@ -31,7 +30,6 @@ from tests.support.processes import (
     Rabbit,
     Where,
     fresh_fleet,
-    publisher,
     states,
     until,
     where_for,
@@ -56,21 +54,6 @@ def where() -> Iterator[Where]:
 async def fleet(where: Where, tmp_path: Path) -> AsyncIterator[Fleet]:
     async with fresh_fleet(where, tmp_path) as started:
         yield started
-
-
-@pytest.fixture
-async def rabbit(where: Where) -> AsyncIterator[Rabbit]:
-    async with publisher(where) as connected:
-        yield connected
-
-
-@pytest.fixture
-async def pool(where: Where) -> AsyncIterator[asyncpg.Pool]:
-    created = await create_pool(where.dsn, max_size=2)
-    try:
-        yield created
-    finally:
-        await created.close()
 
 
 async def test_an_operator_sees_a_dead_letter_and_replays_it_after_the_fix(
