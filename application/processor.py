@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any, Protocol
 
@@ -94,18 +95,17 @@ class Processor:
         once."""
         results: dict[int, Outcome | BaseException] = {}
         tracer = self.tracer
-        if tracer is None or self.batch is None:
+        # a batch's own events in its span (once per batch), each message's in the message's
+        batch_span: AbstractContextManager[object] = nullcontext()
+        if tracer is not None and self.batch is not None:
+            batch_span = tracer.span(f"process batch {self.endpoint}", SpanKind.CONSUMER,
+                                     {"messaging.destination.name": self.endpoint,
+                                      "messaging.batch.message_count": len(envelopes)},
+                                     links=[e.headers for e in envelopes])
+        with batch_span:
             for envelope in envelopes:
                 self._received(envelope)
             if self.batch is not None:
-                results = await self.batch.run(envelopes)
-        else:  # the batch's events in its span, each message's own in the message's
-            with tracer.span(f"process batch {self.endpoint}", SpanKind.CONSUMER,
-                             {"messaging.destination.name": self.endpoint,
-                              "messaging.batch.message_count": len(envelopes)},
-                             links=[e.headers for e in envelopes]):
-                for envelope in envelopes:
-                    self._received(envelope)
                 results = await self.batch.run(envelopes)
         singles = [i for i in range(len(envelopes)) if i not in results]
         attempts = self._attempts if tracer is None else partial(self._traced, tracer)
