@@ -35,7 +35,7 @@ from application.ports import BlobStore, Clock, HttpRequests, ThirdPartyApis
 from application.registry import Registry, Role
 from application.strategy import Strategy
 from entrypoints.faults import failpoints_from, with_duplicates
-from entrypoints.logging import StructlogEventSink
+from entrypoints.logs import StructlogEventSink
 from entrypoints.settings import Service, Settings, SettingsError
 from entrypoints.status import Metrics
 from entrypoints.system import RoutedApis, System

@@ -24,7 +24,7 @@ from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, reconnecting, redacted,
 from adapters.rabbitmq.connection import translated as broker_translated
 from application.errors import PermanentError, TransientError
 from entrypoints.local import LocalContainer, init_resources, shutdown_resources
-from entrypoints.logging import configure_logging
+from entrypoints.logs import configure_logging
 from entrypoints.settings import Service, Settings
 
 log = structlog.get_logger("eo.service")

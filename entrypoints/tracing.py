@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from adapters.tracing import Instrumentation, OtelTracer
-from entrypoints.logging import log_trace_ids
+from entrypoints.logs import log_trace_ids
 from entrypoints.settings import SettingsError
 
 #: the exporters `OTEL_TRACES_EXPORTER` may name

@@ -21,7 +21,7 @@ from application.envelope import Envelope
 from application.errors import TransientError
 from application.observability import CountingSink
 from entrypoints.embedded import EmbeddedContainer
-from entrypoints.logging import StructlogEventSink, configure_logging
+from entrypoints.logs import StructlogEventSink, configure_logging
 from entrypoints.settings import Service, SettingsError, resolve_service
 from tools.demo.local import demo_settings, run_local_demo
 from tools.demo.run import DemoReport, DuplicatingDispatcher, run_demo

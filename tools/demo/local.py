@@ -40,7 +40,7 @@ from application.envelope import Envelope
 from application.strategy import Strategy
 from domain.sample.payments import open_account
 from entrypoints.local import LocalContainer, postgres_stores
-from entrypoints.logging import configure_logging
+from entrypoints.logs import configure_logging
 from entrypoints.operations import migrate_all
 from entrypoints.settings import CalleeSettings, Service, Settings
 from tools.chaos.checks import at_rest, audit_logs, dead_letters, queue_depth, read_logs

@@ -155,3 +155,18 @@ def test_a_tool_whose_dependencies_are_missing_says_which_group_to_sync(
     assert code == 2
     assert "`eo ghost` needs the `dev` dependency group" in output
     assert "uv sync --group dev" in output
+
+
+def test_cli_runs_as_a_script_whose_folder_leads_the_path(tmp_path: Path) -> None:
+    """`spark-submit entrypoints/cli.py ...` (docs/sample/pipeline.md) runs the file as a
+    script from another directory: its folder then leads `sys.path`, so a module there named
+    after a standard one (`logging.py` once) would shadow it and the command would crash."""
+    shadowing = sorted(path.stem for path in (ROOT / "entrypoints").glob("*.py")
+                       if path.stem in sys.stdlib_module_names)
+    assert shadowing == []
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "entrypoints" / "cli.py"), "settings"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "EO_PROFILE=embedded" in result.stdout

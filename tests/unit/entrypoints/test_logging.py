@@ -6,7 +6,7 @@ import io
 import json
 import uuid
 
-from entrypoints.logging import StructlogEventSink, configure_logging
+from entrypoints.logs import StructlogEventSink, configure_logging
 from tests.support.counter import COUNTER, Add
 from tests.support.world import World
 

@@ -12,7 +12,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from entrypoints.logging import StructlogEventSink, configure_logging
+from entrypoints.logs import StructlogEventSink, configure_logging
 from entrypoints.settings import SettingsError
 from entrypoints.tracing import exporters, tracing_from
 
