@@ -15,7 +15,8 @@ class ToolSettings(Settings):
 
     - `credit_limit`: the sample's payments accounts open with TPC-H `c_acctbal` plus this
       (the demo, the chaos campaign and the audit's oracle);
-    - `spark_master`, `spark_driver_memory`, `spark_jdbc_jar`: `eo pipeline`'s Spark;
+    - `spark_master`, `spark_driver_memory`, `spark_jdbc_jar`, `spark_python`: `eo
+      pipeline`'s Spark;
     - `audit_older_than_s`: the audit's threshold for orphans, tokens and unfinished TRs.
     """
 
@@ -27,6 +28,10 @@ class ToolSettings(Settings):
                                      description="spark.driver.memory, e.g. 1g")
     spark_jdbc_jar: Path | None = Field(
         None, description="PostgreSQL JDBC driver jar; default: Debian's libpostgresql-jdbc-java")
+    spark_python: str | None = Field(
+        None, min_length=1,
+        description="the executors' Python (spark.pyspark.python); default: PYSPARK_PYTHON, "
+                    "else this driver's interpreter")
     audit_older_than_s: float = Field(
         3600.0, ge=0, description="audit: orphans, tokens and unfinished TRs older than this")
 

@@ -128,7 +128,7 @@ def _session(settings: ToolSettings, master: str | None, jar: Path, app_name: st
         with console.status("starting Spark"):
             spark = stack.enter_context(session_scope(
                 master or settings.spark_master, app_name, settings.spark_driver_memory, jar,
-                shuffle_partitions, extra=_SPARK_QUIET))
+                shuffle_partitions, extra=_SPARK_QUIET, python=settings.spark_python))
         yield spark
 
 
@@ -208,6 +208,8 @@ def audit_command(
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
+        from tools.pipeline.spark import spark_failure
+
         try:
             with _progress(console) as progress:
                 task = progress.add_task("audit", total=None)
@@ -217,8 +219,7 @@ def audit_command(
         except InputError as exc:
             raise _fail(str(exc), 2) from exc
         except (Py4JJavaError, PySparkException) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise _fail(f"audit failed in Spark: {first[:500]}", 3) from exc
+            raise _fail(f"audit failed in Spark: {spark_failure(exc)}", 3) from exc
     summary = write_summary(result)
     _annotate(summary, bucket=settings.bucket(), inventory=str(inventory or ""),
               input=str(input_dir), database=redacted_dsn(settings.database()))

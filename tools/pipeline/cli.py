@@ -51,11 +51,13 @@ def ingest_command(
     """Derive the sample's boundary commands (natural message IDs) from TPC-H with Spark and
     add them to the gateway's inbox; re-running adds nothing. The gateway relays them."""
     import asyncpg
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     from entrypoints.settings import SettingsError
     from tools.pipeline.ingest import InboxUnavailable, check_inbox, ingest, table_paths
     from tools.pipeline.sources import InputError
-    from tools.pipeline.spark import JdbcDriverMissing, session_scope
+    from tools.pipeline.spark import JdbcDriverMissing, session_scope, spark_failure
     from tools.pipeline.spark import jdbc_jar as jar_of
     from tools.settings import load_tool_settings
 
@@ -87,7 +89,7 @@ def ingest_command(
             spark = stack.enter_context(session_scope(
                 master or settings.spark_master, "eo-pipeline-ingest",
                 settings.spark_driver_memory, jar,
-                extra={"spark.ui.showConsoleProgress": "false"}))
+                extra={"spark.ui.showConsoleProgress": "false"}, python=settings.spark_python))
         try:
             report = ingest(spark, input_dir, settings.database(), fmt, console=console)
         except InputError as exc:
@@ -96,6 +98,9 @@ def ingest_command(
         except (OSError, asyncpg.PostgresError) as exc:
             err.print(f"[red]ingest failed: {type(exc).__name__}: {exc} "
                       "(run `eo migrate`?)[/red]")
+            raise typer.Exit(3) from exc
+        except (Py4JJavaError, PySparkException) as exc:
+            err.print(f"[red]ingest failed in Spark: {spark_failure(exc)}[/red]")
             raise typer.Exit(3) from exc
     console.print(f"commands derived: {report.staged:,}; new in the gateway's inbox: "
                   f"{report.new:,}; already there: {report.already_present:,} "

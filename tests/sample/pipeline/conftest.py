@@ -20,3 +20,12 @@ def spark() -> Iterator[SparkSession]:
                             shuffle_partitions=4)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone Spark master and worker (tests/sample/pipeline/cluster.py): the URL."""
+    from tests.sample.pipeline.cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as master:
+        yield master

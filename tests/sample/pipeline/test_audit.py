@@ -22,6 +22,7 @@ from adapters.s3.moto_server import MotoServer
 from domain.context import Context
 from domain.sample.orders import CONFIRMED
 from tests.sample.pipeline import audit_data as data
+from tests.sample.pipeline.cluster import eo_elsewhere
 from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.audit import (
@@ -373,3 +374,33 @@ def test_a_ledger_on_the_state_strategy_is_read_from_its_newest_entry(clean: Sce
     rows = asyncio.run(_ledger_stream_rows(clean.dsn))
     assert [(r["customer_key"], r["revenue"], r["confirmed"], r["rejected"]) for r in rows] == [
         (77, "3.00", [5, 6], [7])]
+
+
+def _findings(out: Path) -> dict[str, list[str]]:
+    """Each finding's rows, as sorted JSON lines."""
+    return {name: sorted(json.dumps(r, sort_keys=True, default=str)
+                         for r in read_rows(out / name)) for name in FINDINGS}
+
+
+def test_on_a_standalone_cluster_from_another_directory_the_audit_equals_local(
+        injected: Scenario, moto: str, input_dir: Path, tmp_path: Path,
+        spark_cluster: str) -> None:
+    """The injected scenario audited by `eo` started outside the project, on `local[2]` and
+    on the cluster (the listing's tasks need the project's code): the same findings."""
+    env = {"EO_PROFILE": "local", "EO_DATABASE_DSN": injected.dsn, "EO_S3_ENDPOINT_URL": moto,
+           "EO_S3_BUCKET": injected.bucket, "EO_S3_ACCESS_KEY": "test",
+           "EO_S3_SECRET_KEY": "test"}
+    found = {}
+    for name, master in (("local", "local[2]"), ("cluster", spark_cluster)):
+        out = tmp_path / name
+        result = eo_elsewhere(tmp_path, [
+            "pipeline", "audit", "--input", str(input_dir), "--output", str(out),
+            "--older-than", "0", "--no-dead-letters", "--partitions", "2",
+            "--list-splits", "8", "--master", master], env)
+        assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+        assert "FAIL: 10 violation(s)" in result.stdout
+        found[name] = _findings(out)
+    assert found["cluster"] == found["local"]
+    assert {name: len(rows) for name, rows in found["local"].items()} == {
+        "orders": 3, "outcomes": 1, "customers": 2, "orphans": 1, "missing_objects": 1,
+        "stale_tokens": 1, "stale_transactions": 1}

@@ -18,6 +18,7 @@ from adapters.postgres.admin import drop_database, ensure_database, with_databas
 from adapters.postgres.migrate import upgrade_async
 from application.codec import encode
 from entrypoints.cli import app
+from tests.sample.pipeline.cluster import eo_elsewhere, spark_submit_elsewhere
 from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.cli import pipeline_app
@@ -173,3 +174,47 @@ def test_an_unmigrated_database_exits_3_before_spark_starts(tpch: dict[str, Path
     finally:
         asyncio.run(drop_database(bare))
         services.close()
+
+
+def test_on_a_standalone_cluster_from_another_directory_the_ingest_equals_local(
+    spark_cluster: str, tpch: dict[str, Path], expected: set[Command], tmp_path: Path,
+) -> None:
+    """`eo pipeline ingest --master spark://...` started outside the project: the same rows
+    as `local[*]` gives (test_ingest_twice_leaves_each_command_once); a re-run, through
+    `spark-submit entrypoints/cli.py` (whose folder then leads the path), adds none."""
+    services = discover(rabbitmq=False)
+    database = with_database(services.postgres_dsn, this_run("eo_ingest_cluster_test"))
+    try:
+        asyncio.run(_recreate(database))
+        env = {"EO_PROFILE": "local", "EO_DATABASE_DSN": database,
+               "EO_SPARK_MASTER": spark_cluster}
+        args = ["pipeline", "ingest", "--input", str(tpch["parquet"])]
+        first = eo_elsewhere(tmp_path, args, env)
+        assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+        assert f"new in the gateway's inbox: {len(expected):,};" in " ".join(first.stdout.split())
+        again = spark_submit_elsewhere(tmp_path, spark_cluster, args, env)
+        assert again.returncode == 0, again.stdout + again.stderr[-3000:]
+        assert "new in the gateway's inbox: 0;" in " ".join(again.stdout.split())
+        rows, staging = asyncio.run(_inbox(database, "gateway"))
+        assert len(rows) == len(expected)
+        assert set(rows) == expected
+        assert staging == []
+    finally:
+        asyncio.run(drop_database(database))
+        services.close()
+
+
+def test_an_executor_failure_is_reported_by_its_cause(
+    spark_cluster: str, tpch: dict[str, Path], dsn: str, tmp_path: Path,
+) -> None:
+    """Executors that cannot start the Python named for them: exit 3 and the cause, not
+    PySpark's "An exception was thrown from the Python worker" or a traceback."""
+    result = eo_elsewhere(tmp_path, ["pipeline", "ingest", "--input", str(tpch["parquet"]),
+                                     "--master", spark_cluster],
+                          {"EO_PROFILE": "local", "EO_DATABASE_DSN": dsn,
+                           "EO_SPARK_PYTHON": str(tmp_path / "no-python")})
+    assert result.returncode == 3, result.stdout + result.stderr[-3000:]
+    last = " ".join(result.stderr.strip().split("ingest failed in Spark:")[-1].split())
+    assert last.startswith(f'Cannot run program "{tmp_path / "no-python"}"'), result.stderr
+    assert "set EO_SPARK_PYTHON" in last
+    assert "Traceback" not in result.stderr
