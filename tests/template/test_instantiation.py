@@ -92,9 +92,11 @@ def ship(parcel: str, grams: int, message_id: str, destination: str = "lyon") ->
 def service(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A service made from the template without the sample, with the fixture's endpoints
     added, committed in a git repository of its own (as a team would keep it)."""
-    project = tmp_path_factory.mktemp("made") / "parcel-service"
-    copier("copy", "--defaults", "--vcs-ref", "HEAD", "--data", "service_name=parcel-service",
-           "--data", "keep_sample=false", str(ROOT), str(project))
+    made = tmp_path_factory.mktemp("made")
+    project = made / "parcel-service"
+    # the README's first command, from another directory (the name is relative to it)
+    run([str(ROOT / "dev"), "new", "parcel-service", "--defaults", "--data",
+         "service_name=parcel-service", "--data", "keep_sample=false"], made, env=clean_env())
     added = add_endpoints(project)
     print(f"\nadding the fixture's endpoints took: {added}")
     # as the README says after registering endpoints: their Kubernetes objects (generated)
