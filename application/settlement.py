@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from application import defaults
 from application.errors import PermanentError, TransientError
@@ -153,7 +153,7 @@ class Consumer:
         try:
             async for delivery in deliveries:
                 await slots.acquire()
-                task = asyncio.create_task(self._guarded(delivery, self.settle(delivery), slots))
+                task = asyncio.create_task(self._guarded(delivery, slots))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:  # the source ended or failed: the deliveries in flight finish either way
@@ -237,16 +237,21 @@ class Consumer:
             results = await self.processor.process_batch([d.envelope for d in batch])
         except Exception as exc:  # noqa: BLE001 - every delivery of the batch is retried
             results = [exc] * len(batch)
-        await asyncio.gather(*(self._guarded(d, self._settle(d, r), slots)
+        await asyncio.gather(*(self._guarded(d, slots, r)
                                for d, r in zip(batch, results, strict=True)))
 
-    async def _guarded(self, delivery: Delivery, settling: Awaitable[Outcome],
-                       slots: asyncio.Semaphore) -> None:
-        """Await `settling`; a failure to settle (the connection went away) leaves the
-        delivery to the broker, which redelivers it, and the protocol makes the second
-        processing a no-op. Frees `delivery`'s slot in every case."""
+    async def _guarded(self, delivery: Delivery, slots: asyncio.Semaphore,
+                       result: Outcome | BaseException | None = None) -> None:
+        """Process and settle `delivery` (`settle`), or only settle it with the `result` of
+        its batch; a failure to settle (the connection went away) leaves the delivery to the
+        broker, which redelivers it, and the protocol makes the second processing a no-op.
+        Frees `delivery`'s slot in every case. The work starts here, not in the caller, so a
+        task cancelled before it ran (a process stopped) leaves no coroutine behind."""
         try:
-            await settling
+            if result is None:
+                await self.settle(delivery)
+            else:
+                await self._settle(delivery, result)
         except TransientError as exc:
             self.processor.events.emit(
                 SETTLEMENT_FAILED, endpoint=self.processor.endpoint,

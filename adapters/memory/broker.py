@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -201,6 +201,13 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
         """No ready message, none in flight, no delayed retry pending."""
         return (not self._in_flight and self._delayed == 0
                 and all(not q.ready for q in self._queues.values()))
+
+    def pending(self) -> dict[str, Any]:
+        """What keeps this broker from being idle: ready messages and deliveries in flight
+        per queue (non-zero only), and how many delayed retries are waiting."""
+        in_flight = Counter(d._queue for d in self._in_flight.values())
+        return {"ready": {n: len(q.ready) for n, q in self._queues.items() if q.ready},
+                "in flight": dict(in_flight), "delayed retries": self._delayed}
 
     def depth(self, queue_name: str) -> int:
         """Ready messages in `queue_name`."""

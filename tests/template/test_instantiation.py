@@ -63,7 +63,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def add_endpoints(project: Path) -> dict[str, int]:
     """What a user does to add the fixture's two endpoints: its domain package, two
-    registrations and their imports. Returns the lines added per file."""
+    registrations and their imports, and a test of them. Returns the lines added per
+    file."""
     package = project / "domain" / "parcels"
     shutil.copytree(FIXTURE / "parcels", package)
     registry = project / "service" / "registry.py"
@@ -79,8 +80,11 @@ def add_endpoints(project: Path) -> dict[str, int]:
         "    Registration(PARCELS, role=Role.GATEWAY, blobs=True),\n"
         "    Registration(TRACKING),\n")
     registry.write_text(text)
+    # the team's own tests of their endpoints, written with the framework's test API
+    shutil.copy(FIXTURE / "test_parcels.py", project / "tests" / "test_parcels.py")
     return {"domain/parcels/__init__.py": (package / "__init__.py").read_text().count("\n"),
-            "service/registry.py": text.count("\n") - before}
+            "service/registry.py": text.count("\n") - before,
+            "tests/test_parcels.py": (FIXTURE / "test_parcels.py").read_text().count("\n")}
 
 
 def ship(parcel: str, grams: int, message_id: str, destination: str = "lyon") -> str:

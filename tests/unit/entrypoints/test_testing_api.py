@@ -1,0 +1,96 @@
+"""The public test API (entrypoints/testing.py) on the counters service: messages sent as
+domain objects or raw bodies, states read as domain objects, and the same final states under
+every fault it injects (copies, redeliveries, out-of-order deliveries, several consumers,
+crashes that kill the whole service mid-way) as without them, with nothing left at rest."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+
+from entrypoints.testing import EmbeddedService, Faults
+from tests.support.counters.endpoints import Add
+from tests.support.counters.registry import REGISTRY
+
+NOTHING_AT_REST = {"tokens": 0, "unfinished transaction records": 0, "side-effect records": 0,
+                   "deferred clean-ups": 0, "requests on callees": 0,
+                   "unrelayed inbox rows": 0}
+#: Crashes of the whole service at several steps of the token path and the gateway's.
+CRASHES = ("after_commit=crash@3;after_create:blob=crash@4;before_ack=crash@6;"
+           "after_consume_token=crash@8;after_publish_all=crash@10;after_tr_clear=crash@12")
+
+
+async def test_send_run_and_read_the_states_as_domain_objects() -> None:
+    async with EmbeddedService.start(REGISTRY) as service:
+        first = await service.send("front", Add("c1", 2))
+        await service.send("front", Add("c1", 2), message_id=first)  # a producer's retry
+        await service.send("front", {"counter": "c1", "amount": 3}, type_name="Add")
+        await service.send("front", b"{not json", type_name="Add")  # dead-lettered
+        report = await service.run_until_quiet()
+        counter = service.states("counter")["c1"]
+        assert counter.total == 5  # each message once, the retried copy dropped
+        # the gateway re-publishes its stored output for the retry: one message, two copies
+        sent = service.outputs(to="counter")
+        assert (len(sent), len({s.message_id for s in sent})) == (3, 2)
+        [letter] = service.dead_letters("front")
+        assert letter.type == "Add"
+        assert "JSON" in letter.reason
+    assert report.settled["front"]["duplicate"] == 1
+    assert report.at_rest == NOTHING_AT_REST
+    assert len(report.blobs) == 2  # one receipt per applied Add
+
+
+async def test_a_message_a_queue_does_not_take_is_refused_by_name() -> None:
+    async with EmbeddedService.start(REGISTRY) as service:
+        with pytest.raises(KeyError, match="no queue 'nowhere'"):
+            await service.send("nowhere", Add("c1", 1))
+        with pytest.raises(ValueError, match="audit does not take Add"):
+            await service.send("audit", Add("c1", 1))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("duplicates", 1.0), ("redeliveries", -0.1), ("workers", 0), ("failpoints", "nope=crash")])
+def test_bad_faults_are_refused_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=field if field != "failpoints" else "nope"):
+        Faults(**{field: value})
+
+
+def _workload(seed: int) -> list[tuple[str, Add]]:
+    """40 Adds to the gateway for 5 counters, a quarter of them sent twice (one ID)."""
+    rng = random.Random(seed)
+    sends = []
+    for _ in range(40):
+        message_id = str(uuid.UUID(int=rng.getrandbits(128)))
+        add = Add(f"c{rng.randrange(5)}", rng.randrange(1, 100))
+        sends.append((message_id, add))
+        if rng.random() < 0.25:
+            sends.append((message_id, add))
+    return sends
+
+
+async def _run(faults: Faults) -> tuple[dict[str, Any], int, int]:
+    """The counters' totals and applied counts, the blob count and the crashes of a run."""
+    async with EmbeddedService.start(REGISTRY, faults=faults, retry_delays_s=[0.01]) as service:
+        for message_id, add in _workload(7):
+            await service.send("front", add, message_id=message_id)
+        report = await service.run_until_quiet(timeout_s=30)
+        assert report.at_rest == NOTHING_AT_REST, faults
+        assert report.dead_letters == {}, faults
+        # the gateway gives each relayed message an ID of its own: compare how many
+        totals = {key: (state.total, len(state.applied))
+                  for key, state in service.states("counter").items()}
+    return totals, len(report.blobs), report.crashes
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_every_fault_leaves_the_fault_free_states(seed: int) -> None:
+    expected, blobs, _ = await _run(Faults())
+    faults = Faults(seed=seed, duplicates=0.2, redeliveries=0.2, out_of_order=True, workers=2,
+                    failpoints=CRASHES)
+    found, found_blobs, crashes = await _run(faults)
+    assert found == expected
+    assert found_blobs == blobs  # no receipt orphaned, none missing
+    assert crashes == 6  # every crash fired, and the service came back after each
