@@ -39,7 +39,7 @@ import json
 import random
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, is_dataclass
 from datetime import datetime, timedelta
@@ -209,13 +209,12 @@ def _json(body: bytes) -> Any:
         return body.decode(errors="replace")
 
 
-def _generation_task_factory(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-                             **kwargs: Any) -> asyncio.Task[Any]:
+def _generation_task_factory(loop: asyncio.AbstractEventLoop, coro: Any,
+                             context: contextvars.Context | None = None) -> asyncio.Task[Any]:
     """The event loop's task factory while a service runs: a task created by a task of a
-    consumers' generation joins that generation."""
-    task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
-    generation = kwargs["context"].get(_GENERATION) if kwargs.get("context") else \
-        _GENERATION.get()
+    consumers' generation (or in its context) joins that generation."""
+    task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
+    generation = context.get(_GENERATION) if context is not None else _GENERATION.get()
     if generation is not None:
         generation.add(task)
         task.add_done_callback(lambda done: _forget(generation, done))
