@@ -1,10 +1,11 @@
 """What keeps the template a template: `copier copy` of this repository without the sample
-makes a service that passes its own checks (`./dev test`: lint, types, layer contracts, its
-tests), takes a new endpoint by its domain package and its registry alone, and runs that
-endpoint on the embedded profile and on PostgreSQL and RabbitMQ; and `copier update` later
-brings a change of the template into it without losing the service's own code.
+(`./dev new`) makes a service that passes its own checks (`./dev test`: lint, types, layer
+contracts, its tests but the template's process suites), takes a new endpoint by its domain
+package and its registry alone, and runs that endpoint on the embedded profile, with the test
+API, and on PostgreSQL and RabbitMQ; and `copier update` later brings a change of the template
+into it without losing the service's own code.
 
-Slow (a new environment, the new service's whole suite): `pytest -m template` runs it alone.
+Slow (a new environment, the new service's suite): `pytest -m template` runs it alone.
 """
 
 from __future__ import annotations
@@ -126,8 +127,14 @@ def test_the_new_service_has_no_sample_and_passes_its_own_checks(service: Path) 
     # the sample's groups are gone; `bench` is the framework's tool (eo bench's references)
     assert set(project["dependency-groups"]) == {"dev", "bench"}
     started = time.monotonic()
-    done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider"], service,
-               env=clean_env())
+    # its checks (ruff, mypy, import contracts, docs) and its tests but the process suites
+    # (tests/integration, tests/tools): those are the template's own, unchanged by copier,
+    # and ran on this code earlier in the same suite (the service's renamed processes run
+    # in test_the_new_endpoint_runs_on_postgresql_and_rabbitmq)
+    done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider", "-rA",
+                "--ignore=tests/integration", "--ignore=tests/tools"], service, env=clean_env())
+    # the team's own tests of its endpoints (the test API, with faults) ran and passed
+    assert "PASSED tests/test_parcels.py::test_faults_change_nothing[2]" in done.stdout
     print(f"\nthe new service's ./dev test: {time.monotonic() - started:.0f} s\n"
           f"{done.stdout[-1500:]}")
 
