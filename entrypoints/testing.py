@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, is_dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -51,6 +51,7 @@ from dependency_injector import providers
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
+from adapters.system.clock import OffsetClock
 from application.codec import encode, to_jsonable
 from application.envelope import (
     REASON_HEADER,
@@ -64,7 +65,7 @@ from application.envelope import (
 from application.errors import Crash, MalformedMessage
 from application.failpoints import Failpoints
 from application.outcome import Outcome
-from application.ports import BlobStore, Clock
+from application.ports import BlobStore
 from application.registry import Registry, Role
 from application.settlement import Consumer
 from application.strategy import Strategy
@@ -182,16 +183,6 @@ class _Recording:
     async def dispatch(self, destination: str, envelope: Envelope) -> None:
         self.sent.append((destination, envelope))
         await self.broker.dispatch(destination, envelope)
-
-
-class _Later:
-    """A clock `offset` ahead: the final sweep acts as if every grace period had passed."""
-
-    def __init__(self, clock: Clock, offset: timedelta) -> None:
-        self.clock, self.offset = clock, offset
-
-    def now(self) -> datetime:
-        return self.clock.now() + self.offset
 
 
 def _body(value: Any) -> bytes:
@@ -392,8 +383,8 @@ class EmbeddedService:
 
     async def _run_until_quiet(self, quiet_polls: int) -> EmbeddedReport:
         await self._until_quiet(quiet_polls)
-        later = _Later(self.system.clock, self.system.grace
-                       + timedelta(seconds=self.settings.stale_after_s + 1))
+        later = OffsetClock(self.system.clock, self.system.grace
+                            + timedelta(seconds=self.settings.stale_after_s + 1))
         for name in self.system.registry.names():
             await self._surviving(lambda name=name: self.system.sweeper(name, later).sweep())
         for name in self.system.registry.names(Role.GATEWAY):

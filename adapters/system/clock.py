@@ -30,6 +30,17 @@ class ManualClock(Clock):
         self.current += delta
 
 
+class OffsetClock(Clock):
+    """`clock` moved `offset` ahead: a final sweep with it acts as if every grace period had
+    passed (quiescence in `eo embedded`, the test API, the demo and `eo chaos`)."""
+
+    def __init__(self, clock: Clock, offset: timedelta) -> None:
+        self.clock, self.offset = clock, offset
+
+    def now(self) -> datetime:
+        return self.clock.now() + self.offset
+
+
 def uuid4_ids() -> IdGenerator:
     """Production IDs: `uuid.uuid4`."""
     return uuid.uuid4

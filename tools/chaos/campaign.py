@@ -81,16 +81,8 @@ from tools.chaos.checks import (
     read_logs,
     rerun_violations,
 )
-from tools.demo.local import (
-    Fleet,
-    bucket_client,
-    business_states,
-    empty_bucket,
-    final_sweep,
-    open_accounts,
-    publish_commands,
-    settled_orders,
-)
+from tools.chaos.fleet import Fleet, bucket_client, business_states, empty_bucket, final_sweep
+from tools.demo.local import open_accounts, publish_commands, settled_orders
 from tools.demo.run import PAYMENTS
 from tools.fake_provider import FakeProvider, fake_provider
 from tools.scratch import own_database, own_vhost
@@ -451,7 +443,7 @@ async def _one_run(settings: ToolSettings, service: Service, full: TpchSample, p
         faults["carrier slow (latency injected)"] += 1
     try:
         fleet.start(PAYMENTS, PAYMENTS, {"EO_FAILPOINTS": plan.failpoints[PAYMENTS]})
-        await fleet.wait_for_payments()
+        await fleet.wait_for_callee(PAYMENTS)
         for name, endpoint in PROCESSES.items():
             if name != "payments":
                 fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
@@ -536,7 +528,7 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool,
                         f"{name} exited with {proc.returncode} during the run")
                 fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
                 if name == "payments":
-                    await fleet.wait_for_payments()
+                    await fleet.wait_for_callee(PAYMENTS)
         settled = await settled_orders(pool)
         while marks.kills and marks.kills[0][0] <= settled:
             _, name = marks.kills.pop(0)
@@ -545,7 +537,7 @@ async def _quiesce(settings: Settings, fleet: Fleet, pool: asyncpg.Pool,
             faults["kill -9"] += 1
             fleet.start(name, PROCESSES[name], {"EO_FAILPOINTS": ""})
             if name == "payments":
-                await fleet.wait_for_payments()
+                await fleet.wait_for_callee(PAYMENTS)
         while marks.closes and marks.closes[0] <= settled:
             marks.closes.pop(0)
             await asyncio.to_thread(close_all_connections, settings.amqp())

@@ -5,46 +5,40 @@ broker, and one consumer killed and restarted."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import random
-import secrets
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
-from datetime import timedelta
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import asyncpg
-import httpx
 from pydantic import SecretStr
 
 from adapters.postgres.admin import database_name
 from adapters.postgres.pool import create_pool
-from adapters.postgres.state_stream import PostgresStateStream
 from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
-from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
+from adapters.s3.blob_store import S3BlobStore
 from adapters.s3.moto_server import MotoServer
 from adapters.system.clock import SystemClock
 from application.codec import encode
 from application.envelope import Envelope
-from application.strategy import Strategy
 from domain.sample.payments import open_account
-from entrypoints.local import LocalContainer, postgres_stores
-from entrypoints.logs import configure_logging
+from entrypoints.local import postgres_stores
 from entrypoints.operations import migrate_all
-from entrypoints.settings import CalleeSettings, Service, Settings
+from entrypoints.settings import Service, Settings
 from tools.chaos.checks import at_rest, audit_logs, dead_letters, queue_depth, read_logs
-from tools.demo.run import GATEWAY, PAYMENTS, DemoReport, _Later
+from tools.chaos.fleet import (
+    Fleet,
+    bucket_client,
+    business_states,
+    empty_bucket,
+    final_sweep,
+)
+from tools.demo.run import GATEWAY, PAYMENTS, DemoReport
 from tools.demo.spark_ingest import ingest_twice
 from tools.scratch import own_database, own_vhost
 from tools.settings import ToolSettings
@@ -66,164 +60,6 @@ def demo_settings(base: S, blob_dir: Path) -> S:
     and broker `base` names, never the ones it names."""
     return base.model_copy(update={"profile": "local", "token_dsn": None,
                                    "s3_bucket": DEMO_BUCKET, "blob_dir": blob_dir})
-
-
-def _secret(value: SecretStr | None) -> str:
-    return value.get_secret_value() if value is not None else ""
-
-
-def bucket_client(settings: Settings) -> AbstractAsyncContextManager[Any]:
-    """An S3 client of the run's endpoint and credentials (settings'), for its bucket."""
-    return s3_client_resource(settings.s3_endpoint_url, settings.s3_region,
-                              _secret(settings.s3_access_key), _secret(settings.s3_secret_key))
-
-
-async def empty_bucket(settings: Settings) -> None:
-    """Create the run's bucket when missing, and delete every object in it: the oracle wants
-    one invoice per order and no other object."""
-    async with bucket_client(settings) as client:
-        await ensure_bucket(client, settings.bucket())
-        blobs = S3BlobStore(client, settings.bucket())
-        for key in await blobs.keys():
-            await blobs.delete(key)
-
-
-def serving_url(log: Path) -> str | None:
-    """The URL a callee process logged in `callee.serving`, or None (not yet)."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if '"callee.serving"' in line:
-            with contextlib.suppress(ValueError):
-                return str(json.loads(line)["url"])
-    return None
-
-
-class Fleet:
-    """The service's processes (`eo consume --endpoint X`, `eo serve --endpoint payments`),
-    their logs, kill and restart. The payments callee starts on a free port it reports
-    (`wait_for_payments` reads it from its log: `payments_url`); its restarts keep that
-    port, and the consumers started after it call it there."""
-
-    def __init__(self, settings: Settings, log_dir: Path, duplicate_rate: float,
-                 extra_env: dict[str, str] | None = None) -> None:
-        self.log_dir = log_dir
-        self.payments_url: str | None = None
-        self.payments_port = 0
-        self.token = secrets.token_urlsafe(24)
-        self.env = {**os.environ, "EO_PROFILE": "local",
-                    "EO_DATABASE_DSN": settings.database(), "EO_AMQP_URL": settings.amqp(),
-                    "EO_BLOB_DIR": str(settings.blob_dir), "EO_METRICS_PORT": "0",
-                    "EO_LOG_LEVEL": "INFO", "EO_SWEEP_INTERVAL_S": "1",
-                    "EO_DUPLICATE_RATE": str(duplicate_rate), "EO_FAILPOINTS": "",
-                    "EO_S3_ENDPOINT_URL": settings.s3_endpoint_url or "",
-                    "EO_S3_BUCKET": settings.bucket(),
-                    "EO_S3_ACCESS_KEY": _secret(settings.s3_access_key),
-                    "EO_S3_SECRET_KEY": _secret(settings.s3_secret_key),
-                    "EO_STRATEGIES": json.dumps({k: str(v)
-                                                 for k, v in settings.strategies.items()}),
-                    "EO_CALLEES__PAYMENTS__TOKEN": self.token,
-                    "EO_SERVICE": settings.service,
-                    "EO_POOL_SIZE": "3"}
-        for name, api in settings.apis.items():  # third-party APIs at a shared provider
-            if api.url is not None:
-                self.env[f"EO_APIS__{name.upper()}__URL"] = api.url
-        self.env.pop("EO_TOKEN_DSN", None)  # the co-located path unless extra_env says
-        self.env.update(extra_env or {})
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.starts: Counter[str] = Counter()
-
-    def start(self, name: str, endpoint: str, env: Mapping[str, str | None] | None = None
-              ) -> None:
-        """Start (or restart) process `name` consuming `endpoint` (`payments`: the callee),
-        with `env` over the fleet's environment (e.g. `EO_FAILPOINTS` for this process; a
-        None value unsets the variable)."""
-        self.starts[name] += 1
-        log = (self.log_dir / f"{name}.{self.starts[name]}.jsonl").open("wb")
-        command = [sys.executable, "-c", "from entrypoints.cli import main; main()",
-                   *self.args(endpoint)]
-        self.procs[name] = subprocess.Popen(command, env=self.env_of(endpoint, env),
-                                            stdout=log, stderr=log)
-
-    @staticmethod
-    def args(endpoint: str) -> list[str]:
-        """The `eo` arguments of a process of `endpoint`."""
-        verb = "serve" if endpoint == PAYMENTS else "consume"
-        return [verb, "--endpoint", endpoint]
-
-    def env_of(self, endpoint: str, env: Mapping[str, str | None] | None = None
-               ) -> dict[str, str]:
-        """The environment of a process of `endpoint`: the fleet's, the callee's port (the
-        one it first got, on a restart) or its URL for a caller, then `env` (None: unset)."""
-        own = {"EO_CALLEES__PAYMENTS__PORT": str(self.payments_port)}
-        if endpoint != PAYMENTS and self.payments_url is not None:
-            own = {"EO_CALLEES__PAYMENTS__URL": self.payments_url}
-        merged = {**self.env, **own, **(env or {})}
-        return {k: v for k, v in merged.items() if v is not None}
-
-    def caller_settings(self, settings: S) -> S:
-        """`settings` calling the fleet's payments process over HTTP (the final sweep's)."""
-        url = self.payments_url
-        if url is None:
-            return settings
-        callee = CalleeSettings.model_validate({"url": url, "token": self.token})
-        return settings.model_copy(update={"callees": {**settings.callees, PAYMENTS: callee}})
-
-    async def wait_for_payments(self, timeout_s: float = 60.0) -> None:
-        """Until the payments callee has logged its URL (`callee.serving`) and answers
-        /health; RuntimeError if it died or never did."""
-        deadline = time.monotonic() + timeout_s
-        log = self.log_dir / f"payments.{self.starts['payments']}.jsonl"
-        async with httpx.AsyncClient() as client:
-            while time.monotonic() < deadline:
-                if self.procs["payments"].poll() is not None:
-                    raise RuntimeError("the payments process exited: see its log in "
-                                       f"{self.log_dir}")
-                url = serving_url(log)
-                try:
-                    if url and (await client.get(f"{url}/health")).status_code == 200:
-                        self.payments_url = url
-                        self.payments_port = int(url.rsplit(":", 1)[1])
-                        return
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.2)
-        raise RuntimeError(f"payments did not answer within {timeout_s} s")
-
-    def kill(self, name: str) -> None:
-        """SIGKILL: no clean-up, no ack; its deliveries go back to the queue."""
-        self.procs[name].send_signal(signal.SIGKILL)
-        self.procs[name].wait()
-
-    def stop_all(self, timeout_s: float = 30.0, keep: tuple[str, ...] = ()
-                 ) -> dict[str, int | None]:
-        """SIGTERM every process but `keep` (graceful), then SIGKILL stragglers; returns
-        their exit codes."""
-        procs = {n: p for n, p in self.procs.items() if n not in keep}
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        codes: dict[str, int | None] = {}
-        for name, proc in procs.items():
-            try:
-                codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes[name] = None
-        return codes
-
-    def events(self) -> Counter[tuple[str, str]]:
-        """Protocol events per (endpoint, event) over every log, killed processes' too."""
-        counts: Counter[tuple[str, str]] = Counter()
-        for path in self.log_dir.glob("*.jsonl"):
-            for line in path.read_text(errors="replace").splitlines():
-                if line.startswith("{"):
-                    record = json.loads(line)
-                    counts[(record.get("endpoint", ""), record.get("event", ""))] += 1
-        return counts
 
 
 async def run_local_demo(
@@ -297,7 +133,7 @@ async def _run(settings: ToolSettings, service: Service, sample: TpchSample,
                                settings.delivery_limit)
     fleet = Fleet(settings, log_dir, duplicates)
     fleet.start(PAYMENTS, PAYMENTS)
-    await fleet.wait_for_payments()
+    await fleet.wait_for_callee(PAYMENTS)
     fleet.start("gateway", "gateway")
     fleet.start("ledger", "ledger")
     for i in range(orders_consumers):
@@ -383,34 +219,6 @@ async def open_accounts(pool: asyncpg.Pool, service: Service, sample: TpchSample
     stores = postgres_stores(pool, SystemClock(), service.registry)
     await stores[PAYMENTS].seed_states({
         str(c): open_account(c, b, credit_limit) for c, b in sample.customers})
-
-
-async def final_sweep(settings: Settings, service: Service) -> None:
-    """Every endpoint's sweeper once, as if every grace period had passed (quiescence)."""
-    configure_logging("WARNING")  # the report is the output; the processes' logs are on disk
-    container = LocalContainer(settings=settings.model_copy(update={"duplicate_rate": 0.0}),
-                               service=service)
-    await container.init_resources()  # type: ignore[misc]
-    try:
-        system = await container.system()  # type: ignore[misc]
-        later = _Later(system.clock, timedelta(seconds=settings.cleanup_grace_s
-                                               + settings.stale_after_s + 1))
-        for name in service.registry.names():
-            await system.sweeper(name, later).sweep()
-    finally:
-        await container.shutdown_resources()  # type: ignore[misc]
-
-
-async def business_states(service: Service, pool: asyncpg.Pool) -> dict[str, dict[str, Any]]:
-    """Every endpoint's business state per partition (callees included): the transaction
-    records' states, or the stream's newest snapshots for a `state` endpoint."""
-    stores = postgres_stores(pool, SystemClock(), service.registry)
-    states = {name: await store.states() for name, store in stores.items()}
-    for r in service.registry:
-        if service.strategy(r.name) is Strategy.STATE:
-            states[r.name] = await PostgresStateStream(pool, r.name, r.endpoint.state_type,
-                                                       SystemClock()).states()
-    return states
 
 
 async def _report(settings: ToolSettings, service: Service, sample: TpchSample,

@@ -8,16 +8,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
 from adapters.memory.broker import MemoryBroker
+from adapters.system.clock import OffsetClock
 from application.codec import encode
 from application.envelope import Envelope
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
-from application.ports import Clock
 from application.settlement import Consumer
 from domain.sample.payments import open_account
 from entrypoints.system import System
@@ -52,16 +52,6 @@ class DuplicatingDispatcher:
         else:
             return
         self.injected += 1
-
-
-class _Later:
-    """A clock `offset` ahead: the final sweep acts as if every grace period had passed."""
-
-    def __init__(self, clock: Clock, offset: timedelta) -> None:
-        self.clock, self.offset = clock, offset
-
-    def now(self) -> datetime:
-        return self.clock.now() + self.offset
 
 
 @dataclass
@@ -152,8 +142,8 @@ async def run_demo(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    later = _Later(system.clock, timedelta(seconds=settings.cleanup_grace_s
-                                           + settings.stale_after_s + 1))
+    later = OffsetClock(system.clock, timedelta(seconds=settings.cleanup_grace_s
+                                                + settings.stale_after_s + 1))
     for name in system.registry.names():
         await system.sweeper(name, later).sweep()
     report = await _report(system, sample, duplicates, workers, time.monotonic() - started,

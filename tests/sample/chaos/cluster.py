@@ -78,7 +78,7 @@ from tools.chaos.checks import (
     read_logs,
     rerun_violations,
 )
-from tools.demo.local import Fleet, final_sweep
+from tools.chaos.fleet import Fleet, final_sweep
 from tools.fake_provider import fake_provider
 from tools.settings import ToolSettings
 from tools.tpch.data import Command, TpchSample, generate
@@ -519,7 +519,8 @@ class Run:
         cluster = self.cluster
         for name in names:
             if cluster.specs[name].endpoint == "payments":
-                await cluster.fleet.wait_for_payments(max(1.0, deadline - time.monotonic()))
+                await cluster.fleet.wait_for_callee(
+                    "payments", max(1.0, deadline - time.monotonic()))
                 continue
             while not any(e.get("event") == "consumer.started"
                           for e in log_events(cluster.log_of(name))):

@@ -217,7 +217,7 @@ async def test_poison_message_dead_lettered_then_a_valid_message_on_its_partitio
     await chaos.start("orders-a", "orders", "", {"EO_MAX_ATTEMPTS": "3"})
     await asyncio.to_thread(chaos.cluster.stop, "payments")
     [order_key] = ONE_ORDER.expected
-    url = f"{chaos.cluster.fleet.payments_url}/requests/{uuid.uuid4()}"
+    url = f"{chaos.cluster.fleet.callee_urls['payments']}/requests/{uuid.uuid4()}"
     poison = await chaos.send_with_token("orders", PaymentResult(order_key),
                                          headers={REQUEST_URL_HEADER: url})
     deadline = time.monotonic() + 60
