@@ -27,7 +27,8 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     "demo": ("tools.demo.cli", "demo_app",
              "The sample end to end with duplicates and faults, checked by its oracle."),
     "chaos": ("tools.chaos.cli", "chaos_app",
-              "Randomized fault campaign on the sample with real processes."),
+              "Randomized fault campaign with real processes, on your service's workload "
+              "(--messages, --workload) or the sample's."),
     "bench": ("tools.bench.cli", "bench_app",
               "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
     "pipeline": ("tools.pipeline.cli", "pipeline_app",
@@ -39,7 +40,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
                   "Generate the Kubernetes objects of the registry's endpoints (deploy/k8s)."),
 }
 #: The dependency group each tool needs beyond the service's own.
-TOOL_GROUPS = {"demo": "demo", "chaos": "demo", "bench": "dev", "pipeline": "pipeline",
+TOOL_GROUPS = {"demo": "demo", "chaos": "dev", "bench": "dev", "pipeline": "pipeline",
                "local-services": "dev", "manifests": "dev"}
 
 

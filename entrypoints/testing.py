@@ -49,6 +49,7 @@ from typing import Any
 from dependency_injector import providers
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
+from adapters.memory.apis import SandboxApis
 from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from adapters.system.clock import OffsetClock
@@ -473,7 +474,26 @@ class EmbeddedService:
                 loop.call_later(self._rng.uniform(0.0, 0.02), self.broker.drop_consumer, tag)
             yield delivery
 
+    def seed_states(self, endpoint: str, states: Mapping[str, Any]) -> None:
+        """Write initial states of `endpoint`'s partitions (`states`: partition key -> the
+        domain's state), as a service's data existing before the test (accounts opened).
+        Raises KeyError for an unknown endpoint, ValueError for a `state`-strategy endpoint
+        (its states are a stream's snapshots)."""
+        if self.service.strategy(endpoint) is Strategy.STATE:
+            raise ValueError(f"{endpoint} keeps its states in a stream (the state strategy): "
+                             "seed a transactional endpoint")
+        store: Any = self.system.stores[endpoint]
+        for partition, state in states.items():
+            store.seed_state(partition, state)
+
     # --- reading ---------------------------------------------------------------------------
+
+    def api_executions(self) -> dict[str, dict[str, int]]:
+        """Per third-party API, the executions per idempotency key at its in-process
+        sandbox provider (each key once: the provider's idempotency held)."""
+        routes = getattr(self.system.apis, "routes", {})
+        return {name: dict(route.provider.executions) for name, route in routes.items()
+                if isinstance(route, SandboxApis)}
 
     def states(self, endpoint: str) -> dict[str, Any]:
         """The states of `endpoint` by partition key, as its domain objects (a `state`

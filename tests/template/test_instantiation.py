@@ -218,6 +218,33 @@ def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
 
 
+def test_the_new_service_passes_a_chaos_campaign(service: Path, tmp_path: Path) -> None:
+    """`./dev chaos` on the new service's own messages (no sample there): one run of real
+    processes with faults, checked against the fault-free embedded run, 0 violations."""
+    services = discover()
+    lines = [ship(f"p-{n}", 100 + n, str(uuid.uuid4()), ("lyon", "paris")[n % 2])
+             for n in range(16)]
+    lines += [lines[3], ship("p-x", -1, str(uuid.uuid4()))]  # a producer's retry; refused
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text("\n".join(lines) + "\n")
+    report = tmp_path / "chaos.json"
+    try:
+        done = run(["./dev", "chaos", "--messages", str(messages), "--seed", "1", "--run",
+                    "0", "--report", str(report)], service,
+                   env=clean_env(EO_DATABASE_DSN=services.postgres_dsn,
+                                 EO_AMQP_URL=services.amqp_url), check=False)
+    finally:
+        services.close()
+    print(f"\n./dev chaos: {done.stdout[-1500:]}")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    result = json.loads(report.read_text())
+    [one] = result["per_run"]
+    assert result["violations"] == []
+    assert one["commits"] == one["expected_commits"] == 2 * 16 + 1  # parcels, tracking
+    assert one["dead_letters"] == 1  # p-x, as in the fault-free run
+    assert one["blobs"] == 16  # a label per parcel, each named by a parcel's state
+
+
 async def _tracked(dsn: str, want: int, timeout_s: float) -> dict[str, list[str]]:
     conn = await asyncpg.connect(dsn)
     try:

@@ -1,4 +1,6 @@
-"""`eo chaos`: the randomized fault campaign's command line (tools/chaos/campaign.py)."""
+"""`eo chaos`: the randomized fault campaign's command line: for any service with
+`--messages FILE` or `--workload module:name` (tools/chaos/engine.py), else the sample's
+(tools/chaos/campaign.py, when the sample is there)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import asyncpg
 import typer
@@ -15,18 +17,13 @@ from rich.console import Console
 from rich.table import Table
 
 from application.errors import TransientError
-from entrypoints.settings import SettingsError, resolve_service
-from tools.chaos.campaign import (
-    CAMPAIGN_DATABASE,
-    CampaignReport,
-    RunResult,
-    campaign_settings,
-    run_campaign,
-)
+from entrypoints.settings import SettingsError, load_settings, resolve_service
+from tools.chaos.engine import ENGINE_DATABASE, EngineReport, EngineRun, engine_settings, run_engine
+from tools.chaos.workload import WorkloadError, load_workload
 from tools.guard import refuse_production
-from tools.settings import load_tool_settings
-from tools.tpch.data import generate
-from tools.tpch.oracle import require_sample
+
+if TYPE_CHECKING:
+    from tools.chaos.campaign import CampaignReport, RunResult
 
 console = Console()
 chaos_app = typer.Typer(add_completion=False)
@@ -44,18 +41,47 @@ def chaos(
         help="keep each run's process logs here (default: a temp dir, removed)")] = None,
     report: Annotated[Path | None, typer.Option(
         help="write the campaign report (plans, faults, violations) as JSON here")] = None,
-    database: Annotated[str, typer.Option(
+    database: Annotated[str | None, typer.Option(
         help="prefix of the campaign's own database, created as <prefix>_<pid>_<hex> on "
-             "EO_DATABASE_DSN's server and dropped at the end")] = CAMPAIGN_DATABASE,
+             "EO_DATABASE_DSN's server and dropped at the end (default: eo_chaos_campaign "
+             "for the sample, eo_chaos otherwise)")] = None,
+    messages: Annotated[Path | None, typer.Option(
+        help="your service's workload: messages in the outside producers' format (JSON "
+             "lines, as `eo embedded` reads them), all published each run")] = None,
+    workload: Annotated[str | None, typer.Option(
+        help="your service's workload: module:name of a generator it declares "
+             "(tools/chaos/workload.py)")] = None,
+    check: Annotated[str | None, typer.Option(
+        help="with --messages: module:function, the domain's check of a run's final "
+             "states (a list of violations)")] = None,
+    size: Annotated[int, typer.Option(min=1, help="with --workload: its draw per run")] = 20,
+    workers: Annotated[int, typer.Option(
+        min=1, help="with --messages or --workload: consumer processes per endpoint")] = 2,
 ) -> None:
-    """Randomized fault campaign on the TPC-H sample with real processes: kill -9 and
-    restarts, failpoints (crash, raise, sleep, drop_conn), broker-side connection closes (a
-    virtual host of its own when the broker is local), duplicates and shuffled input;
-    after each run the oracle and the invariants. Exits 1 on any violation, 2 on a bad
-    setting, 3 when a service is unreachable. Uses the local profile's PostgreSQL and
-    RabbitMQ (EO_DATABASE_DSN and EO_AMQP_URL name the server and the broker): the campaign
-    creates a database and a virtual host of its own there and removes them at the end; it
-    never touches the ones they name (docs/sample/chaos.md)."""
+    """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
+    (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
+    own when the broker is local), duplicates and shuffled input; after each run the
+    protocol's invariants for every endpoint (and the domain's check). On your service's
+    workload with --messages or --workload; on the TPC-H sample (its oracle) without.
+    Exits 1 on any violation, 2 on a bad setting or workload, 3 when a service is
+    unreachable. Uses the local profile's PostgreSQL and RabbitMQ (EO_DATABASE_DSN and
+    EO_AMQP_URL name the server and the broker): the campaign creates a database and a
+    virtual host of its own there and removes them at the end; it never touches the ones
+    they name (docs/fault-injection.md)."""
+    if messages is not None or workload is not None or check is not None:
+        _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
+                     messages, workload, check, size, workers)
+        return
+    try:
+        from tools.chaos.campaign import CAMPAIGN_DATABASE, campaign_settings, run_campaign
+        from tools.settings import load_tool_settings
+        from tools.tpch.data import generate
+        from tools.tpch.oracle import require_sample
+    except ImportError as exc:  # a service made without the sample
+        Console(stderr=True).print(
+            f"[red]no sample here ({exc}): give your service's workload with --messages "
+            "FILE or --workload module:name[/red]")
+        raise typer.Exit(2) from exc
     try:
         refuse_production("chaos")
         base = load_tool_settings(profile="local")
@@ -77,7 +103,7 @@ def chaos(
     try:
         result = asyncio.run(run_campaign(settings, service, sample, seed, duration, run,
                                           orders_per_run, log_dir, _print_run,
-                                          database=database))
+                                          database=database or CAMPAIGN_DATABASE))
     except SettingsError as exc:  # EO_AMQP_URL's virtual host holds the sample's queues
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -90,6 +116,77 @@ def chaos(
         console.print(f"report: {report}")
     if result.violations:
         raise typer.Exit(1)
+
+
+def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,
+                 report: Path | None, database: str, messages: Path | None,
+                 workload: str | None, check: str | None, size: int, workers: int) -> None:
+    """The campaign on the service `EO_SERVICE` names, with its workload."""
+    err = Console(stderr=True)
+    try:
+        refuse_production("chaos")
+        base = load_settings(profile="local")
+        service = resolve_service(base)
+        load = load_workload(messages, workload, check)
+    except (SettingsError, WorkloadError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    logging.getLogger("adapters.rabbitmq").setLevel(logging.ERROR)
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    settings = engine_settings(base, Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-")))
+    console.print(f"eo chaos: {service.registry.service}, seed {seed}, {duration:.0f} s, "
+                  f"{workers} consumers per endpoint" + (f", run {run} only" if run is not None
+                                                         else ""))
+    try:
+        result = asyncio.run(run_engine(settings, service, load, seed, duration, run, size,
+                                        workers, log_dir, _print_engine_run,
+                                        database=database))
+    except SettingsError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    except (OSError, asyncpg.PostgresError, TransientError, TimeoutError) as exc:
+        err.print(f"[red]campaign failed: {type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(3) from exc
+    _print_engine_summary(result)
+    if report is not None:
+        report.write_text(json.dumps(result.as_json(), indent=2, default=str))
+        console.print(f"report: {report}")
+    if result.violations:
+        raise typer.Exit(1)
+
+
+def _print_engine_run(result: EngineRun) -> None:
+    plan = result.plan
+    rules = "; ".join(f"{n}: {r}" for n, r in plan.failpoints.items() if r) or "none"
+    kills = ", ".join(f"{n}@{k:.0%}" for k, n in plan.kills) or "none"
+    closes = ", ".join(f"@{k:.0%}" for k in plan.broker_closes) or "none"
+    verdict = "[green]ok[/green]" if not result.violations else "[red]VIOLATION[/red]"
+    console.print(f"run {plan.run}: {result.messages} messages, {result.deliveries_published} "
+                  f"deliveries, {result.commits}/{result.expected_commits} commits, "
+                  f"{result.dead_letters} dead letters, {result.blobs} blobs, "
+                  f"{result.api_executions} API executions, {result.seconds:.1f} s, {verdict};"
+                  f" failpoints {rules}; kill -9 {kills}; broker closes {closes}")
+    for violation in result.violations:
+        console.print(f"  [red]{violation}[/red]")
+    if result.violations:
+        console.print(f"  replay: eo chaos ... --seed {plan.seed} --run {plan.run}")
+        if result.logs is not None:
+            console.print(f"  the run's process logs: {result.logs}")
+
+
+def _print_engine_summary(report: EngineReport) -> None:
+    table = Table(title=f"eo chaos: {report.service}, seed {report.seed}, {len(report.runs)} "
+                        f"runs in {report.seconds:.0f} s", show_header=False)
+    table.add_row("runs", f"{len(report.runs)}")
+    table.add_row("messages / deliveries published",
+                  f"{sum(r.messages for r in report.runs):,} / "
+                  f"{sum(r.deliveries_published for r in report.runs):,}")
+    table.add_row("commits / expected", f"{sum(r.commits for r in report.runs):,} / "
+                                        f"{sum(r.expected_commits for r in report.runs):,}")
+    for kind, n in sorted(report.faults.items()):
+        table.add_row(f"faults: {kind}", f"{n:,}")
+    table.add_row("violations", str(len(report.violations)))
+    console.print(table)
 
 
 def _print_run(result: RunResult) -> None:

@@ -1,0 +1,136 @@
+"""`eo chaos` for any service (tools/chaos/engine.py) on the counters service: its processes
+and failpoints derived from the registry, plans replayable from the seed, workloads refused by
+name, and one run with real processes on PostgreSQL, RabbitMQ and moto that finds no
+violation, says what it injected and leaves a user's database and virtual host alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from entrypoints.settings import load_settings, resolve_service
+from tests.support.counters.registry import REGISTRY, SPEC
+from tests.support.processes import this_run
+from tests.support.services import discover
+from tests.support.users_stores import (
+    MARKER,
+    databases_like,
+    queued,
+    untouched_database,
+    users_database,
+    users_vhost,
+)
+from tools.chaos.engine import ENGINE_DATABASE, plan_run, topology_of
+from tools.chaos.workload import WorkloadError, load_workload, read_messages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _layout(workers: int = 2):  # type: ignore[no-untyped-def]
+    return topology_of(resolve_service(load_settings(), REGISTRY), workers)
+
+
+def test_the_processes_and_failpoints_come_from_the_registry() -> None:
+    layout = _layout()
+    assert layout.processes == {"front-0": "front", "front-1": "front",
+                                "counter-0": "counter", "counter-1": "counter",
+                                "audit-0": "audit", "audit-1": "audit", "bank": "bank"}
+    assert layout.queues == ("front", "counter", "audit")
+    assert layout.callees == ("bank",)
+    assert layout.points["bank"] == ("callee.after_commit", "callee.before_reply")
+    # the counter writes receipts and calls the bank; the gateway and the audit do neither
+    assert {"after_create:blob", "after_put", "after_create:http_request"} <= set(
+        layout.points["counter"])
+    assert not {"after_create:blob", "after_put"} & set(layout.points["front"])
+    assert "after_state_load" not in layout.points["audit"]  # not on the state strategy
+
+
+def test_a_plan_is_a_function_of_the_seed_and_the_run() -> None:
+    layout = _layout()
+    assert plan_run(7, 3, layout, 20) == plan_run(7, 3, layout, 20)
+    plans = [plan_run(7, run, layout, 20) for run in range(8)]
+    assert len({json.dumps(p.failpoints, sort_keys=True) for p in plans}) > 1
+    for plan in plans:
+        for process, rules in plan.failpoints.items():
+            for rule in filter(None, rules.split(";")):
+                point = rule.split("=")[0]
+                assert point in layout.points[layout.processes[process]], (process, rule)
+    # half the runs stall a finisher while its endpoint's other consumer goes on
+    assert any("after_publish_all=sleep:1500" in r for p in plans for r in p.failpoints.values())
+
+
+def _line(queue: str, message_id: str, type_: str, body: object) -> str:
+    return json.dumps({"queue": queue, "message_id": message_id, "type": type_, "body": body})
+
+
+def test_a_workload_that_cannot_be_used_is_named(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match="give --messages FILE"):
+        load_workload(None, None, None)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(_line("front", str(uuid.uuid4()), "Add", {}) + "\n{\"queue\": \"front\"}\n")
+    with pytest.raises(WorkloadError, match=r"bad\.jsonl:2: no message_id, type"):
+        read_messages(bad)
+    with pytest.raises(WorkloadError, match="--workload 'nowhere:thing': cannot import"):
+        load_workload(None, "nowhere:thing", None)
+    with pytest.raises(WorkloadError, match="--check goes with --messages"):
+        load_workload(None, "tools.chaos.workload:FileWorkload", "x:y")
+
+
+def _workload(path: Path) -> int:
+    """Adds to the gateway for five counters, one message with a bad ID (dead-lettered as
+    the fault-free run dead-letters it) and one Spend (the bank callee); returns the count."""
+    rng = random.Random(3)
+    lines = [_line("front", str(uuid.UUID(int=rng.getrandbits(128))), "Add",
+                   {"counter": f"c{rng.randrange(5)}", "amount": rng.randrange(1, 50)})
+             for _ in range(30)]
+    lines.append(_line("front", "not-a-uuid", "Add", {"counter": "c1", "amount": 1}))
+    lines.append(_line("front", str(uuid.UUID(int=7)), "Spend", {"counter": "c1", "amount": 5}))
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users_stores_alone(
+        tmp_path: Path) -> None:
+    services = discover()
+    messages = tmp_path / "messages.jsonl"
+    count = _workload(messages)
+    try:
+        async with users_database(services.postgres_dsn, this_run("eo_chaos_user")) as dsn, \
+                users_vhost(services.amqp_url, this_run("eo-chaos-user", "-"), "front") as url:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("EO_")}
+            env.update({"EO_SERVICE": SPEC, "EO_DATABASE_DSN": dsn, "EO_AMQP_URL": url,
+                        "PYTHONPATH": str(ROOT)})
+            report = tmp_path / "report.json"
+            campaign = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "from entrypoints.cli import main; main()", "chaos",
+                "--messages", str(messages), "--seed", "1", "--run", "0", "--report",
+                str(report), "--log-dir", str(tmp_path / "logs"),
+                cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(campaign.communicate(), 400)
+            assert campaign.returncode == 0, (out[-4000:] + err[-4000:]).decode(
+                errors="replace")
+            result = json.loads(report.read_text())
+            assert await untouched_database(dsn) == (["user_marker"], [MARKER])
+            assert await queued(url, "front") == 1
+        # the campaign's own database (named with its process ID) was dropped
+        assert await databases_like(services.postgres_dsn,
+                                    f"{ENGINE_DATABASE}_{campaign.pid}") == []
+    finally:
+        services.close()
+    assert result["violations"] == []
+    [run] = result["per_run"]
+    assert run["messages"] == count
+    assert run["commits"] == run["expected_commits"] > count  # the gateway's and downstream
+    assert run["dead_letters"] == 1  # "not-a-uuid", as in the fault-free run
+    assert run["blobs"] > 0  # the counter's receipts, each named by a state
+    assert result["faults"]["duplicate (published twice)"] > 0
+    assert sum(n for kind, n in result["faults"].items()
+               if kind.startswith(("failpoint", "kill", "broker"))) > 0

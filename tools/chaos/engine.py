@@ -1,0 +1,711 @@
+"""`eo chaos` for any service: a randomized fault campaign on the registry's endpoints, run as
+real processes on PostgreSQL, RabbitMQ and an S3 API, with the protocol's invariants checked
+for every endpoint (docs/fault-injection.md, "eo chaos for your service").
+
+Each run draws its messages from the workload (tools/chaos/workload.py: a JSON-lines file in
+the outside producers' format, or a generator the service declares), runs them once through
+the fault-free embedded service (the test API, entrypoints/testing.py: the *reference*), then
+starts the service as processes (`workers` consumers per consuming endpoint, one `eo serve`
+per callee, a fake provider per third-party API) on a database and a virtual host of the
+campaign's own, publishes the messages (shuffled unless the workload says otherwise) and
+injects faults:
+
+- failpoints (protocol 10) drawn among those each endpoint reaches, in its processes'
+  `EO_FAILPOINTS`: `crash` (the process exits; the campaign restarts it without the rule),
+  `raise`, `sleep:<ms>`, `drop_conn`;
+- `kill -9` of a random process at a random point of progress, then a restart;
+- the broker closing every connection of the campaign's virtual host at random points;
+- duplicates: copies published at once, copies published late, and after quiescence copies
+  of processed messages re-published;
+- the third-party APIs' providers answering some requests 503 and taking their time.
+
+Then quiescence, a graceful stop, the final sweep, and the checks, for every endpoint:
+
+- I1, I2, I3, I7 and the handler re-runs from the processes' logs (tools/chaos/checks.py):
+  each message committed at most once per endpoint, every other attempt aborted visibly;
+- each message the endpoints sent received by its destination;
+- nothing at rest: no token, unfinished transaction record, side-effect record, deferred
+  clean-up, callee request or unrelayed inbox row (I8, I9);
+- the same dead letters, queue by queue and reason by reason, as the reference;
+- the same partitions in every endpoint's states as the reference;
+- no orphaned blob (every object in the bucket named by a state) and as many as the
+  reference wrote;
+- each third-party API request executed once by its provider, as many as the reference's;
+- the workload's domain check, when it has one.
+
+The plan of a run is a pure function of (seed, run): `--seed N --run K` replays its faults
+(the processes' timing is not replayed); it is printed with each run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aio_pika
+import asyncpg
+from pydantic import SecretStr
+
+from adapters.postgres.pool import create_pool
+from adapters.rabbitmq import topology as amqp_topology
+from adapters.rabbitmq.connection import RabbitConnection
+from adapters.s3.blob_store import S3BlobStore
+from adapters.s3.moto_server import MotoServer
+from application.failpoints import NAMES
+from application.observability import (
+    FAULT_INJECTED,
+    MESSAGE_RECEIVED,
+    SIDE_EFFECT_PUBLISHED,
+    TRANSACTION_COMMITTED,
+)
+from application.registry import Role
+from application.strategy import Strategy
+from entrypoints.faults import CRASH_EXIT
+from entrypoints.local import postgres_stores
+from entrypoints.operations import migrate_all
+from entrypoints.settings import ApiSettings, Service, Settings
+from entrypoints.testing import EmbeddedReport, EmbeddedService
+from tools.chaos.broker import ConsumerGaps, close_all_connections
+from tools.chaos.checks import (
+    at_rest,
+    audit_logs,
+    crashed_by_failpoint,
+    dead_letters,
+    queue_depth,
+    read_logs,
+    rerun_violations,
+)
+from tools.chaos.fleet import Fleet, bucket_client, business_states, empty_bucket, final_sweep
+from tools.chaos.workload import OutsideMessage, RunOutcome, Workload
+from tools.fake_provider import FakeProvider, fake_provider
+from tools.scratch import own_database, own_vhost
+
+#: The campaign's database is `<this>_<pid>_<hex>` on EO_DATABASE_DSN's server.
+ENGINE_DATABASE = "eo_chaos"
+#: Its virtual host (on a broker this host administers) is `<this>-<pid>-<hex>`.
+ENGINE_VHOST = "eo-chaos"
+#: The state strategy's failpoints (application/state_path.py).
+STATE_POINTS = frozenset({"after_state_load", "before_append", "after_append"})
+CALLEE_POINTS: tuple[str, ...] = ("callee.after_commit", "callee.before_reply")
+HTTP_CALLER_POINTS = frozenset({"after_put", "after_post", "before_delete", "after_delete"})
+TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_deferred_cleanup",
+          "eo_processed_message", "eo_stored_reply", "eo_http_request", "eo_http_tombstone",
+          "eo_state_entry", "eo_inbox", "eo_dead_letter")
+#: Where a run with a violation keeps its process logs when no log directory was given.
+KEPT_LOGS = Path("var/chaos")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What a run starts: process name -> endpoint (consumers, then callees), the queues
+    consumed, the callees, the third-party APIs, and the failpoints each endpoint reaches."""
+
+    processes: dict[str, str]
+    queues: tuple[str, ...]
+    callees: tuple[str, ...]
+    apis: tuple[str, ...]
+    points: dict[str, tuple[str, ...]]
+
+
+def topology_of(service: Service, workers: int = 2) -> Topology:
+    """The processes of `service` (`workers` consumers per consuming endpoint, one process
+    per callee) and the failpoints of protocol 10 each endpoint's path reaches, from its
+    registration: blob and HTTP-request kinds only where it writes blobs or calls callees,
+    the state strategy's points only on that strategy, the API call only with an API."""
+    registry, processes, points = service.registry, {}, {}
+    consumer_base = sorted(n for n in NAMES if not n.startswith("callee.")
+                           and n not in STATE_POINTS and n not in HTTP_CALLER_POINTS
+                           and n != "after_api_call")
+    for r in registry:
+        if r.role is Role.CALLEE:
+            points[r.name] = CALLEE_POINTS
+            continue
+        found = [*consumer_base, "after_register:message", "after_create:message",
+                 "after_publish:1", "after_publish:2"]
+        if service.strategy(r.name) is Strategy.STATE:
+            found += sorted(STATE_POINTS)
+        if r.blobs:
+            found += ["after_register:blob", "after_create:blob"]
+        if r.callees:
+            found += [*sorted(HTTP_CALLER_POINTS), "after_register:http_request",
+                      "after_create:http_request"]
+        if r.apis:
+            found.append("after_api_call")
+        points[r.name] = tuple(found)
+    queues = tuple(registry.consuming())
+    for name in queues:
+        for worker in range(workers):
+            processes[f"{name}-{worker}"] = name
+    callees = tuple(registry.names(Role.CALLEE))
+    for name in callees:
+        processes[name] = name
+    return Topology(processes, queues, callees, tuple(a.name for a in registry.apis), points)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The faults of one run, drawn from (seed, run) alone.
+
+    - `size`: the workload's draw size; `workload_seed`: its draw; `shuffle_seed`: the
+      publication order;
+    - `failpoints`: process name -> `EO_FAILPOINTS` of its first start;
+    - `kills`: (share of the expected commits reached, process) for a SIGKILL;
+    - `broker_closes`: shares of progress at which the broker closes every connection;
+    - `duplicate_rate`: share of messages published twice (half at once, half late);
+    - `republish`: messages re-published after quiescence;
+    - `api_failures`, `api_latency_s`: each third-party API's provider answers that many
+      requests 503 first, and takes that long per execution."""
+
+    seed: int
+    run: int
+    size: int
+    workload_seed: int
+    shuffle_seed: int
+    failpoints: dict[str, str]
+    kills: tuple[tuple[float, str], ...]
+    broker_closes: tuple[float, ...]
+    duplicate_rate: float
+    republish: int
+    api_failures: int = 0
+    api_latency_s: float = 0.0
+
+
+def plan_rng(seed: int, run: int, stream: str = "") -> random.Random:
+    """A random stream of (seed, run, stream), stable across processes and Python versions
+    (hashlib, never `hash()`)."""
+    label = f"eo-chaos/{seed}/{run}" + (f"/{stream}" if stream else "")
+    digest = hashlib.sha256(label.encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def failpoint_rule(rng: random.Random, points: Sequence[str], broker: bool) -> str:
+    """One `EO_FAILPOINTS` rule at a point of `points`: `crash` and `drop_conn` once (no
+    `drop_conn` without a broker connection), `raise` and `sleep` on one hit or the first
+    two."""
+    name = rng.choice(list(points))
+    actions, weights = ["crash", "raise", "sleep", "drop_conn"], [4, 2, 2, 2]
+    if not broker:
+        actions, weights = actions[:3], weights[:3]
+    action = rng.choices(actions, weights=weights)[0]
+    if action == "sleep":
+        action = f"sleep:{rng.choice([50, 200, 800])}"
+    hit = rng.randint(1, 8)
+    mode = "@" if action in ("crash", "drop_conn") or rng.random() < 0.5 else "*"
+    return f"{name}={action}{mode}{hit if mode == '@' else min(hit, 2)}"
+
+
+def plan_run(seed: int, run: int, layout: Topology, size: int, max_faults: int = 5,
+             broker_closes: bool = True) -> EnginePlan:
+    """The plan of run `run` of campaign `seed` on `layout`: up to `max_faults` failpoint
+    rules and kills, in half the runs a finisher stalled while its endpoint's other
+    consumers go on, zero to two broker-side closes (with `broker_closes`), the duplicates'
+    rate and the providers' faults. Deterministic."""
+    rng = plan_rng(seed, run)
+    failpoints = dict.fromkeys(layout.processes, "")
+    kills: list[tuple[float, str]] = []
+    for _ in range(rng.randint(min(2, max_faults), max_faults)):
+        process = rng.choice(list(layout.processes))
+        if rng.random() < 0.3:
+            kills.append((round(rng.random(), 3), process))
+            continue
+        endpoint = layout.processes[process]
+        rule = failpoint_rule(rng, layout.points[endpoint], endpoint not in layout.callees)
+        if rule.split("=")[0] not in failpoints[process]:
+            failpoints[process] = ";".join(filter(None, [failpoints[process], rule]))
+    stall = plan_rng(seed, run, "stall")
+    contended = [p for p, e in layout.processes.items()
+                 if e not in layout.callees and sum(x == e for x in layout.processes.values()) > 1]
+    if contended and stall.random() < 0.5:
+        # a finisher stalls between its publications and its clear (a GC pause, a slow
+        # network) while another consumer of the endpoint takes the partition over: the
+        # fence (protocol 3.1) must keep the late clear from touching the next commit
+        process = stall.choice(contended)
+        rule = f"after_publish_all=sleep:1500@{stall.randint(1, 4)}"
+        if "after_publish_all=" not in failpoints[process]:
+            failpoints[process] = ";".join(filter(None, [failpoints[process], rule]))
+    closes: tuple[float, ...] = ()
+    if broker_closes:
+        other = plan_rng(seed, run, "broker-closes")
+        count = other.choices([0, 1, 2], weights=[2, 2, 1])[0]
+        closes = tuple(sorted(round(other.random(), 3) for _ in range(count)))
+    apis = plan_rng(seed, run, "apis")
+    return EnginePlan(seed=seed, run=run, size=size,
+                      workload_seed=plan_rng(seed, run, "workload").getrandbits(32),
+                      shuffle_seed=rng.getrandbits(32), failpoints=failpoints,
+                      kills=tuple(sorted(kills)), broker_closes=closes,
+                      duplicate_rate=rng.choice([0.1, 0.2, 0.3]),
+                      republish=rng.randint(0, 5), api_failures=apis.choice([0, 0, 1, 3]),
+                      api_latency_s=apis.choice([0.0, 0.0, 0.3, 1.0]))
+
+
+@dataclass
+class EngineRun:
+    """What one run did and found."""
+
+    plan: EnginePlan
+    messages: int = 0
+    seconds: float = 0.0
+    deliveries_published: int = 0
+    expected_commits: int = 0
+    commits: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    consumer_gaps: dict[str, float] = field(default_factory=dict)
+    restart_gaps: dict[str, float] = field(default_factory=dict)
+    planned_deaths: list[Path] = field(default_factory=list)
+    dead_letters: int = 0
+    blobs: int = 0
+    api_executions: int = 0
+    logs: Path | None = None
+
+
+@dataclass
+class EngineReport:
+    """Every run's result; faults and violations summed over runs."""
+
+    seed: int
+    service: str
+    runs: list[EngineRun] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def faults(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for result in self.runs:
+            total.update(result.faults)
+        return total
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"run {r.plan.run}: {v}" for r in self.runs for v in r.violations]
+
+    def as_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (plans included, for replay)."""
+        return {"seed": self.seed, "service": self.service,
+                "seconds": round(self.seconds, 1), "runs": len(self.runs),
+                "faults": dict(self.faults), "violations": self.violations,
+                "per_run": [{**asdict(r.plan), "messages": r.messages,
+                             "seconds": round(r.seconds, 1), "faults": dict(r.faults),
+                             "violations": r.violations,
+                             "deliveries_published": r.deliveries_published,
+                             "commits": r.commits, "expected_commits": r.expected_commits,
+                             "dead_letters": r.dead_letters, "blobs": r.blobs,
+                             "api_executions": r.api_executions,
+                             "consumer_gaps_s": {k: round(v, 2)
+                                                 for k, v in r.consumer_gaps.items()}}
+                            for r in self.runs]}
+
+
+def engine_settings(base: Settings, blob_dir: Path) -> Settings:
+    """`base` with enough attempts that a bounded number of faults never dead-letters, a
+    sweeper that finishes an interrupted transaction within seconds, and a consumer
+    watchdog shorter than a run's quiet period."""
+    return base.model_copy(update={
+        "profile": "local", "token_dsn": None, "blob_dir": blob_dir, "max_attempts": 12,
+        "retry_delays_s": (0.1, 0.5, 1.0, 2.0, 5.0), "stale_after_s": 2.0,
+        "consumer_watchdog_s": 5.0, "blob_store": "s3"})
+
+
+@dataclass
+class _Campaign:
+    """One campaign's fixed parts."""
+
+    settings: Settings
+    service: Service
+    workload: Workload
+    layout: Topology
+    root: Path
+    providers: dict[str, FakeProvider]
+    pool: asyncpg.Pool
+    size: int
+    run_timeout_s: float
+
+
+async def run_engine(settings: Settings, service: Service, workload: Workload, seed: int,
+                     duration_s: float, only_run: int | None = None, size: int = 20,
+                     workers: int = 2, log_root: Path | None = None,
+                     on_run: Callable[[EngineRun], None] = lambda _r: None,
+                     run_timeout_s: float = 240.0, database: str = ENGINE_DATABASE
+                     ) -> EngineReport:
+    """Runs until `duration_s` has passed (at least one run), or only run `only_run`.
+
+    `settings` from `engine_settings`: their database and broker URL name the server and
+    the broker only; the campaign creates a database `<database>_<pid>_<hex>` and, where
+    this host administers the broker, a virtual host of its own (else it uses the URL's,
+    when that holds none of the service's queues), and removes them at the end. Raises
+    `SettingsError` naming `EO_AMQP_URL` when the URL's virtual host holds the service's
+    queues, and what the services raise when they are unreachable; violations are
+    reported, not raised."""
+    started = time.monotonic()
+    layout = topology_of(service, workers)
+    report = EngineReport(seed=seed, service=service.registry.service)
+    async with own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
+                         len(settings.retry_delays_s), "eo chaos") as broker, \
+            own_database(settings.database(), database) as dsn:
+        settings = settings.model_copy(update={"amqp_url": SecretStr(broker.url),
+                                               "database_dsn": SecretStr(dsn)})
+        temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
+        root = log_root or temp
+        assert root is not None
+        await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+        moto = MotoServer()
+        with contextlib.ExitStack() as stack:
+            providers = {api: stack.enter_context(fake_provider(root / f"{api}.log"))
+                         for api in layout.apis}
+            settings = settings.model_copy(update={
+                "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
+                "s3_secret_key": SecretStr("local"),
+                "apis": {**settings.apis, **{
+                    api: ApiSettings.model_validate({"url": p.url})
+                    for api, p in providers.items()}}})
+            try:
+                await migrate_all(settings)
+                pool = await create_pool(settings.database(), max_size=2)
+                try:
+                    campaign = _Campaign(settings, service, workload, layout, root,
+                                         providers, pool, size, run_timeout_s)
+                    k = 0
+                    while True:
+                        index = only_run if only_run is not None else k
+                        plan = plan_run(seed, index, layout, size,
+                                        broker_closes=broker.vhost is not None)
+                        result = await _one_run(campaign, plan, root / f"run-{index}")
+                        result.logs = root / f"run-{index}" if temp is None else None
+                        if result.violations and temp is not None:
+                            kept = KEPT_LOGS / f"seed-{seed}-run-{index}"
+                            await asyncio.to_thread(shutil.copytree, root / f"run-{index}",
+                                                    kept, dirs_exist_ok=True)
+                            result.logs = kept
+                        report.runs.append(result)
+                        on_run(result)
+                        k += 1
+                        if only_run is not None or time.monotonic() - started >= duration_s:
+                            break
+                finally:
+                    await pool.close()
+            finally:
+                moto.stop()
+                if temp is not None:
+                    shutil.rmtree(temp, ignore_errors=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def reference_run(settings: Settings, service: Service, messages: Sequence[OutsideMessage],
+                        seeds: Mapping[str, Mapping[str, Any]]
+                        ) -> tuple[EmbeddedReport, dict[str, dict[str, Any]],
+                                   dict[str, dict[str, int]]]:
+    """`messages`, in this order, through the fault-free embedded service (the test API)
+    with `seeds` written first: its report, its states (the domain's objects) and its
+    third-party API executions per idempotency key."""
+    embedded = settings.model_copy(update={"profile": "embedded", "apis": {},
+                                           "callees": {}, "failpoints": ""})
+    async with EmbeddedService.start(service.registry, settings=embedded) as reference:
+        for endpoint, states in seeds.items():
+            reference.seed_states(endpoint, states)
+        for message in messages:
+            await reference.send_line(message.line())
+        report = await reference.run_until_quiet(timeout_s=120)
+        states = {name: reference.states(name) for name in service.registry.names()}
+        return report, states, reference.api_executions()
+
+
+async def publish_messages(amqp_url: str, messages: Sequence[OutsideMessage], rate: float,
+                           rng: random.Random) -> int:
+    """Publish `messages` as an outside producer does (the URL's user as `user_id`,
+    publisher confirms, persistent); a share `rate` twice: half at once (concurrent copies),
+    half at the end (a late re-send). Returns the copies."""
+    user = unquote(urlsplit(amqp_url).username or "") or "guest"
+    connection = await aio_pika.connect(amqp_url)
+    late: list[OutsideMessage] = []
+    copies = 0
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+
+        async def publish(message: OutsideMessage) -> None:
+            await channel.default_exchange.publish(
+                aio_pika.Message(message.body, message_id=message.message_id,
+                                 type=message.type, user_id=user, headers=dict(message.headers),
+                                 content_type="application/json",
+                                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=message.queue)
+
+        for start in range(0, len(messages), 200):
+            batch: list[OutsideMessage] = []
+            for message in messages[start:start + 200]:
+                batch.append(message)
+                draw = rng.random()
+                if draw < rate / 2:
+                    batch.append(message)
+                    copies += 1
+                elif draw < rate:
+                    late.append(message)
+            await asyncio.gather(*(publish(m) for m in batch))
+        await asyncio.gather(*(publish(m) for m in late))
+    finally:
+        await connection.close()
+    return copies + len(late)
+
+
+_COMMITTED = f'"{TRANSACTION_COMMITTED}"'.encode()
+
+
+class CommitCounter:
+    """The distinct (endpoint, message ID) commits logged so far by the processes of a
+    run (`transaction.committed`), read from their logs as they grow: the run's progress."""
+
+    def __init__(self, log_dir: Path, endpoints: Iterable[str]) -> None:
+        self.log_dir, self.endpoints = log_dir, frozenset(endpoints)
+        self._offsets: dict[Path, int] = {}
+        self._seen: set[tuple[str, str]] = set()
+
+    def count(self) -> int:
+        for path in sorted(self.log_dir.glob("*.jsonl")):
+            with path.open("rb") as log:
+                log.seek(self._offsets.get(path, 0))
+                data = log.read()
+            end = data.rfind(b"\n") + 1  # a line being written waits for the next look
+            self._offsets[path] = self._offsets.get(path, 0) + end
+            for line in data[:end].splitlines():
+                if _COMMITTED not in line or not line.startswith(b"{"):
+                    continue
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if record.get("endpoint") in self.endpoints:
+                        self._seen.add((record["endpoint"], str(record.get("message_id"))))
+        return len(self._seen)
+
+
+async def _seed(campaign: _Campaign, seeds: Mapping[str, Mapping[str, Any]]) -> None:
+    from adapters.system.clock import SystemClock
+
+    stores = postgres_stores(campaign.pool, SystemClock(), campaign.service.registry)
+    for endpoint, states in seeds.items():
+        await stores[endpoint].seed_states(dict(states))
+
+
+async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> EngineRun:
+    started = time.monotonic()
+    settings, service, layout = campaign.settings, campaign.service, campaign.layout
+    result = EngineRun(plan=plan)
+    messages = campaign.workload.draw(random.Random(plan.workload_seed), plan.size)
+    if getattr(campaign.workload, "shuffle", True):
+        random.Random(plan.shuffle_seed).shuffle(messages)
+    result.messages = len(messages)
+    seed_states = getattr(campaign.workload, "seed_states", None)
+    seeds: Mapping[str, Mapping[str, Any]] = seed_states() if seed_states else {}
+    reference, reference_states, reference_apis = await reference_run(
+        settings, service, messages, seeds)
+    result.expected_commits = sum(reference.settled[q]["processed"] for q in layout.queues)
+    await campaign.pool.execute("TRUNCATE " + ", ".join(TABLES))
+    await _seed(campaign, seeds)
+    await empty_bucket(settings)
+    for provider in campaign.providers.values():
+        await asyncio.to_thread(provider.reset)
+        await asyncio.to_thread(provider.faults, plan.api_failures, plan.api_latency_s)
+    await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
+    fleet = Fleet(settings, log_dir, 0.0, callees=layout.callees, extra_env={
+        "EO_MAX_ATTEMPTS": str(settings.max_attempts),
+        "EO_RETRY_DELAYS_S": json.dumps(list(settings.retry_delays_s)),
+        "EO_STALE_AFTER_S": str(settings.stale_after_s),
+        "EO_CONSUMER_WATCHDOG_S": str(settings.consumer_watchdog_s),
+        "EO_BLOB_STORE": "s3"})
+    rabbit = RabbitConnection(settings.amqp())
+    await rabbit.start()
+    for endpoint in layout.queues:
+        await amqp_topology.declare(rabbit, endpoint, settings.retry_delays_s,
+                                    settings.delivery_limit)
+    faults = result.faults
+    if campaign.providers:
+        faults["API provider 503 (injected)"] += plan.api_failures * len(campaign.providers)
+    try:
+        for name in layout.callees:
+            fleet.start(name, name, {"EO_FAILPOINTS": plan.failpoints[name]})
+            await fleet.wait_for_callee(name)
+        for name, endpoint in layout.processes.items():
+            if endpoint not in layout.callees:
+                fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
+        rng = random.Random(plan.shuffle_seed)
+        copies = await publish_messages(settings.amqp(), messages, plan.duplicate_rate, rng)
+        result.deliveries_published = len(messages) + copies
+        faults["duplicate (published twice)"] += copies
+        gaps = ConsumerGaps()
+        progress = CommitCounter(log_dir, layout.queues)
+        marks = _Marks([(share * result.expected_commits, p) for share, p in plan.kills],
+                       [share * result.expected_commits for share in plan.broker_closes])
+        await _quiesce(campaign, fleet, rabbit, progress, result, marks, gaps, started)
+        if plan.republish and result.commits >= result.expected_commits:
+            late = rng.sample(messages, min(plan.republish, len(messages)))
+            await publish_messages(settings.amqp(), late, 0.0, rng)
+            faults["duplicate (re-published after processing)"] += len(late)
+            result.deliveries_published += len(late)
+            await _quiesce(campaign, fleet, rabbit, progress, result, _Marks([], []), gaps,
+                           time.monotonic())
+        gaps.finish()
+        result.consumer_gaps, result.restart_gaps = gaps.longest_s, gaps.while_restarting_s
+        codes = fleet.stop_all(keep=layout.callees)
+        await final_sweep(fleet.caller_settings(settings), service)
+        result.violations += [f"{n} exited {c} on SIGTERM" for n, c in codes.items()
+                              if c not in (0, -signal.SIGTERM)]
+    finally:
+        fleet.stop_all()
+        await rabbit.close()
+    if result.commits < result.expected_commits:
+        result.violations.append(
+            f"I10: {result.commits} of {result.expected_commits} expected commits logged when "
+            "the service went quiet")
+    await _check(campaign, messages, log_dir, result, reference, reference_states,
+                 reference_apis)
+    await amqp_topology.delete_queues(settings.amqp(), list(layout.queues),
+                                      len(settings.retry_delays_s))
+    for record in read_logs(log_dir):
+        if record.get("event") == FAULT_INJECTED:
+            faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1
+    result.seconds = time.monotonic() - started
+    return result
+
+
+@dataclass
+class _Marks:
+    """Progress marks still to come: kills (commits reached, process) and broker-side
+    closes (commits reached)."""
+
+    kills: list[tuple[float, str]]
+    closes: list[float]
+
+
+async def _quiesce(campaign: _Campaign, fleet: Fleet, rabbit: RabbitConnection,
+                   progress: CommitCounter, result: EngineRun, marks: _Marks,
+                   gaps: ConsumerGaps, started: float) -> None:
+    """Until the service is quiet: the work and retry queues empty, no committed
+    transaction unfinished, no inbox row waiting, and no new commit for 1 s once the
+    reference's count is reached (15 s before: the checks then say what is missing), or
+    the run's timeout. Restarts crashed processes without their failpoints, kills and has
+    the broker close connections at the plan's marks."""
+    settings, layout = campaign.settings, campaign.layout
+    idle, last = 0, -1
+    while time.monotonic() - started < campaign.run_timeout_s:
+        await asyncio.sleep(0.5)
+        await gaps.observe(rabbit, layout.queues, {
+            layout.processes[n] for n, p in fleet.procs.items() if p.poll() is not None})
+        for name, proc in fleet.procs.items():
+            if proc.poll() is None:
+                continue
+            log = fleet.log_dir / f"{name}.{fleet.starts[name]}.jsonl"
+            if proc.returncode == CRASH_EXIT and crashed_by_failpoint(log):
+                result.faults["process exit (crash failpoint)"] += 1
+                result.planned_deaths.append(log)
+            else:
+                result.violations.append(f"{name} exited with {proc.returncode} during the run")
+            fleet.start(name, layout.processes[name], {"EO_FAILPOINTS": ""})
+            if name in layout.callees:
+                await fleet.wait_for_callee(name)
+        result.commits = commits = progress.count()
+        while marks.kills and marks.kills[0][0] <= commits:
+            _, name = marks.kills.pop(0)
+            result.planned_deaths.append(fleet.log_dir / f"{name}.{fleet.starts[name]}.jsonl")
+            fleet.kill(name)
+            result.faults["kill -9"] += 1
+            fleet.start(name, layout.processes[name], {"EO_FAILPOINTS": ""})
+            if name in layout.callees:
+                await fleet.wait_for_callee(name)
+        while marks.closes and marks.closes[0] <= commits:
+            marks.closes.pop(0)
+            await asyncio.to_thread(close_all_connections, settings.amqp())
+            result.faults["broker closed every connection"] += 1
+        busy = await queue_depth(settings.amqp(), list(layout.queues),
+                                 len(settings.retry_delays_s))
+        busy += int(await campaign.pool.fetchval(
+            "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
+            " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+        idle = idle + 1 if busy == 0 and commits == last else 0
+        last = commits
+        if idle >= (2 if commits >= result.expected_commits else 30):
+            break
+
+
+def _masked(reasons: Iterable[str]) -> Counter[str]:
+    """Reasons with UUIDs (message IDs the run drew anew) masked, counted."""
+    return Counter(_UUID.sub("<id>", r) for r in reasons)
+
+
+def _mentions(states: Mapping[str, Mapping[str, Any]]) -> str:
+    """Every state as JSON text, for finding the blob keys they name."""
+    from application.codec import to_jsonable
+
+    return json.dumps({e: {p: to_jsonable(s) for p, s in by.items()}
+                       for e, by in states.items()}, default=str)
+
+
+async def _check(campaign: _Campaign, messages: Sequence[OutsideMessage], log_dir: Path,
+                 result: EngineRun, reference: EmbeddedReport,
+                 reference_states: Mapping[str, Mapping[str, Any]],
+                 reference_apis: Mapping[str, Mapping[str, int]]) -> None:
+    settings, service, layout = campaign.settings, campaign.service, campaign.layout
+    violations = result.violations
+    records = read_logs(log_dir)
+    violations += audit_logs(records).violations
+    deaths = [read_logs(path.parent, path.name) for path in result.planned_deaths]
+    violations += [f"re-run: {v}" for v in rerun_violations(records, deaths)]
+    received = {str(r.get("message_id")) for r in records if r.get("event") == MESSAGE_RECEIVED}
+    sent = {str(r.get("key")) for r in records
+            if r.get("event") == SIDE_EFFECT_PUBLISHED and r.get("kind") == "message"}
+    violations += [f"delivery: message {m} was sent and never received"
+                   for m in sorted(sent - received)][:10]
+    left = await at_rest(campaign.pool)
+    violations += [f"I8/I9: {n} {name} left at rest" for name, n in left.items() if n]
+    dead = await dead_letters(settings.amqp(), list(layout.queues),
+                              database_dsn=settings.database())
+    result.dead_letters = dead.total
+    for queue in layout.queues:
+        found = _masked(dead.reasons.get(queue, []))
+        expected = _masked(d["reason"] for d in reference.dead_letters.get(queue, []))
+        if found != expected:
+            violations.append(f"I10: {queue} dead-lettered {dict(found - expected) or {}} "
+                              f"more and {dict(expected - found) or {}} fewer than the "
+                              "fault-free run")
+    states = await business_states(service, campaign.pool)
+    for name in service.registry.names():
+        have, want = set(states.get(name, {})), set(reference_states.get(name, {}))
+        if have != want:
+            violations.append(f"states: {name} has partitions {sorted(have - want)[:5]} "
+                              f"the fault-free run has not, and lacks {sorted(want - have)[:5]}")
+    async with bucket_client(settings) as client:
+        blobs = await S3BlobStore(client, settings.bucket()).keys()
+    result.blobs = len(blobs)
+    named = _mentions(states)
+    orphans = [k for k in blobs if k not in named]
+    violations += [f"orphan: object {k} is named by no state" for k in orphans[:10]]
+    if len(blobs) != len(reference.blobs):
+        violations.append(f"blobs: {len(blobs)} objects, the fault-free run wrote "
+                          f"{len(reference.blobs)}")
+    executions: dict[str, dict[str, int]] = {}
+    for api, provider in campaign.providers.items():
+        stats = await asyncio.to_thread(provider.stats)
+        executions[api] = {str(k): int(v) for k, v in stats["executions"].items()}
+        result.api_executions += sum(executions[api].values())
+        violations += [f"API {api}: key {k} executed {n} times"
+                       for k, n in executions[api].items() if n > 1][:10]
+        made = sum(reference_apis.get(api, {}).values())
+        if sum(executions[api].values()) != made:
+            violations.append(f"API {api}: {sum(executions[api].values())} executions, the "
+                              f"fault-free run made {made}")
+    check = getattr(campaign.workload, "check", None)
+    if check is not None:
+        outcome = RunOutcome(states, blobs, executions, messages)
+        violations += [f"domain: {v}" for v in check(outcome)]
