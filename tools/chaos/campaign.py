@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import random
 import shutil
@@ -81,6 +80,7 @@ from tools.chaos.checks import (
     read_logs,
     rerun_violations,
 )
+from tools.chaos.engine import CALLEE_POINTS, STATE_POINTS, failpoint_rule, plan_rng
 from tools.chaos.fleet import Fleet, bucket_client, business_states, empty_bucket, final_sweep
 from tools.demo.local import open_accounts, publish_commands, settled_orders
 from tools.demo.run import PAYMENTS
@@ -102,8 +102,6 @@ CAMPAIGN_CREDIT_LIMIT = Decimal("120000")
 QUEUES = ("gateway", "orders", "ledger")
 PROCESSES: dict[str, str] = {"payments": "payments", "gateway": "gateway",
                              "orders-0": "orders", "orders-1": "orders", "ledger": "ledger"}
-#: The state strategy's failpoints: none of the sample's endpoints uses it by default.
-STATE_POINTS = frozenset({"after_state_load", "before_append", "after_append"})
 #: Failpoints of the consumers (protocol 10) with the suffixes the sample reaches on the
 #: co-located path (the default: outgoing messages' tokens are made by the commit, so no
 #: `after_register:message`): blob and HTTP-request kinds, first and second publication.
@@ -113,7 +111,6 @@ CONSUMER_POINTS: tuple[str, ...] = (
     "after_create:blob", "after_create:http_request",
     "after_publish:1", "after_publish:2",
 )
-CALLEE_POINTS: tuple[str, ...] = ("callee.after_commit", "callee.before_reply")
 #: The HTTP caller's points fire in the orders processes only (the sample's HTTP caller).
 HTTP_CALLER_POINTS = frozenset({"after_put", "after_post", "before_delete", "after_delete",
                                 "after_register:http_request", "after_create:http_request",
@@ -168,33 +165,12 @@ class RunPlan:
     carrier_latency_s: float = 0.0
 
 
-def _rng(seed: int, run: int, stream: str = "") -> random.Random:
-    # a stable seed from hashlib (never hash(): randomised per process, protocol 12)
-    label = f"eo-chaos/{seed}/{run}" + (f"/{stream}" if stream else "")
-    digest = hashlib.sha256(label.encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
-def _rule(rng: random.Random, points: tuple[str, ...], broker: bool) -> str:
-    name = rng.choice(points)
-    actions, weights = ["crash", "raise", "sleep", "drop_conn"], [4, 2, 2, 2]
-    if not broker:  # the callee has no broker connection to drop
-        actions, weights = actions[:3], weights[:3]
-    action = rng.choices(actions, weights=weights)[0]
-    if action == "sleep":
-        action = f"sleep:{rng.choice([50, 200, 800])}"
-    hit = rng.randint(1, 8)
-    # crash and drop_conn once; raise/sleep on one hit or on the first two
-    mode = "@" if action in ("crash", "drop_conn") or rng.random() < 0.5 else "*"
-    return f"{name}={action}{mode}{hit if mode == '@' else min(hit, 2)}"
-
-
 def plan_run(seed: int, run: int, order_keys: list[int], orders_per_run: int = 20,
              max_faults: int = 5, broker_closes: bool = True) -> RunPlan:
     """The fault plan of run `run` of campaign `seed`: `orders_per_run` orders drawn from
     `order_keys`, up to `max_faults` failpoint rules and kills, and (with `broker_closes`)
     zero to two broker-side closes of every connection. Deterministic."""
-    rng = _rng(seed, run)
+    rng = plan_rng(seed, run)
     orders = tuple(sorted(rng.sample(order_keys, min(orders_per_run, len(order_keys)))))
     failpoints = dict.fromkeys(PROCESSES, "")
     faults = rng.randint(min(2, max_faults), max_faults)
@@ -205,15 +181,15 @@ def plan_run(seed: int, run: int, order_keys: list[int], orders_per_run: int = 2
             kills.append((rng.randint(0, max(0, len(orders) - 1)), process))
             continue
         endpoint = PROCESSES[process]
-        rule = _rule(rng, POINTS[endpoint], broker=endpoint != "payments")
+        rule = failpoint_rule(rng, POINTS[endpoint], broker=endpoint != "payments")
         if rule.split("=")[0] not in failpoints[process]:  # one rule per name and process
             failpoints[process] = ";".join(filter(None, [failpoints[process], rule]))
     closes: tuple[int, ...] = ()
     if broker_closes:
-        other = _rng(seed, run, "broker-closes")
+        other = plan_rng(seed, run, "broker-closes")
         count = other.choices([0, 1, 2], weights=[2, 2, 1])[0]
         closes = tuple(sorted(other.randint(0, max(0, len(orders) - 1)) for _ in range(count)))
-    carrier = _rng(seed, run, "carrier")
+    carrier = plan_rng(seed, run, "carrier")
     return RunPlan(seed=seed, run=run, orders=orders, failpoints=failpoints,
                    kills=tuple(sorted(kills)), duplicate_rate=rng.choice([0.1, 0.2, 0.3]),
                    republish=rng.randint(0, 5), shuffle_seed=rng.getrandbits(32),
