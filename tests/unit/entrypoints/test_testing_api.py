@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from entrypoints.testing import EmbeddedService, Faults
-from tests.support.counters.endpoints import Add
+from tests.support.counters.endpoints import Account, Add, AuditLog, Spend
 from tests.support.counters.registry import REGISTRY
 
 NOTHING_AT_REST = {"tokens": 0, "unfinished transaction records": 0, "side-effect records": 0,
@@ -94,3 +94,18 @@ async def test_every_fault_leaves_the_fault_free_states(seed: int) -> None:
     assert found == expected
     assert found_blobs == blobs  # no receipt orphaned, none missing
     assert crashes == 6  # every crash fired, and the service came back after each
+
+
+async def test_seeded_states_are_there_before_the_messages() -> None:
+    async with EmbeddedService.start(REGISTRY) as service:
+        service.seed_states("bank", {"c1": Account(balance=10)})
+        await service.send("front", Spend("c1", 4))
+        await service.send("front", Spend("c2", 4))  # no account: refused by the bank
+        await service.run_until_quiet()
+        assert service.states("bank")["c1"] == Account(balance=6, debits=(4,))
+        assert service.states("counter")["c1"].spent == (4,)
+        assert service.states("counter")["c2"].refused == (4,)
+        assert service.api_executions() == {}  # the counters call no third-party API
+    async with EmbeddedService.start(REGISTRY, strategies={"audit": "state"}) as service:
+        with pytest.raises(ValueError, match="audit keeps its states in a stream"):
+            service.seed_states("audit", {"c1": AuditLog()})
