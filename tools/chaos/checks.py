@@ -183,7 +183,8 @@ def rerun_violations(records: Iterable[Mapping[str, Any]],
                      deaths: Iterable[Sequence[Mapping[str, Any]]]) -> list[str]:
     """Handler runs protocol 3.4 does not allow, from every process's log `records`: at most
     one attempt of a message commits, and every other attempt was aborted visibly, by a
-    `transaction.conflict`, `message.retried` or `attempt.abandoned` of that message, a
+    `transaction.conflict`, `message.retried`, `attempt.abandoned` or `message.dead_lettered`
+    of that message, a
     `message.settlement_failed` of its retry or dead letter (the connection was lost: the
     broker redelivers it), or by a planned death.
 
@@ -203,8 +204,9 @@ def rerun_violations(records: Iterable[Mapping[str, Any]],
             attempts[key].add(str(r.get("attempt_id")))
         elif event == TRANSACTION_COMMITTED:
             committed[key].add(str(r.get("attempt_id")))
-        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, ATTEMPT_ABANDONED):
-            aborts[key] += 1
+        elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, ATTEMPT_ABANDONED,
+                       MESSAGE_DEAD_LETTERED):
+            aborts[key] += 1  # (a dead letter: the attempt ended visibly, never to commit)
         elif event == SETTLEMENT_FAILED and r.get("settlement") in ("retry", "dead_letter"):
             aborts[key] += 1  # its retry could not be published: the broker redelivers it
     for log in deaths:

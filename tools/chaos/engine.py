@@ -70,6 +70,7 @@ from application.observability import (
     FAULT_INJECTED,
     MESSAGE_RECEIVED,
     SIDE_EFFECT_PUBLISHED,
+    TOKEN_CONSUMED,
     TRANSACTION_COMMITTED,
 )
 from application.registry import Role
@@ -462,12 +463,17 @@ async def publish_messages(amqp_url: str, messages: Sequence[OutsideMessage], ra
     return copies + len(late)
 
 
-_COMMITTED = f'"{TRANSACTION_COMMITTED}"'.encode()
+#: The events that show a message's transaction committed: its own commit, and what only a
+#: committed attempt's finish does (whoever finishes it: a process killed after its commit
+#: logged none of its own), publish the attempt's side effects and consume its token.
+COMMIT_EVIDENCE = frozenset({TRANSACTION_COMMITTED, SIDE_EFFECT_PUBLISHED, TOKEN_CONSUMED})
+_EVIDENCE = tuple(f'"{event}"'.encode() for event in COMMIT_EVIDENCE)
 
 
 class CommitCounter:
-    """The distinct (endpoint, message ID) commits logged so far by the processes of a
-    run (`transaction.committed`), read from their logs as they grow: the run's progress."""
+    """The distinct (endpoint, message ID) whose transaction the processes of a run are
+    known to have committed (`COMMIT_EVIDENCE` in their logs), read from the logs as they
+    grow: the run's progress, and at the end what is compared with the reference's."""
 
     def __init__(self, log_dir: Path, endpoints: Iterable[str]) -> None:
         self.log_dir, self.endpoints = log_dir, frozenset(endpoints)
@@ -482,11 +488,12 @@ class CommitCounter:
             end = data.rfind(b"\n") + 1  # a line being written waits for the next look
             self._offsets[path] = self._offsets.get(path, 0) + end
             for line in data[:end].splitlines():
-                if _COMMITTED not in line or not line.startswith(b"{"):
+                if not line.startswith(b"{") or not any(e in line for e in _EVIDENCE):
                     continue
                 with contextlib.suppress(ValueError):
                     record = json.loads(line)
-                    if record.get("endpoint") in self.endpoints:
+                    if record.get("event") in COMMIT_EVIDENCE and record.get(
+                            "endpoint") in self.endpoints:
                         self._seen.add((record["endpoint"], str(record.get("message_id"))))
         return len(self._seen)
 
@@ -567,8 +574,9 @@ async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> Engi
         await rabbit.close()
     if result.commits < result.expected_commits:
         result.violations.append(
-            f"I10: {result.commits} of {result.expected_commits} expected commits logged when "
-            "the service went quiet")
+            f"I10: {result.commits} of {result.expected_commits} messages known committed "
+            "(their commit, publications or token consumed in the logs) when the service "
+            "went quiet")
     await _check(campaign, messages, log_dir, result, reference, reference_states,
                  reference_apis)
     await amqp_topology.delete_queues(settings.amqp(), list(layout.queues),
