@@ -1,4 +1,5 @@
-"""The system clock and uuid4 IDs, plus deterministic stand-ins for tests and the demo."""
+"""The system clock, a clock moved ahead (final sweeps), and deterministic stand-ins for tests
+and the demo."""
 
 from __future__ import annotations
 
@@ -39,11 +40,6 @@ class OffsetClock(Clock):
 
     def now(self) -> datetime:
         return self.clock.now() + self.offset
-
-
-def uuid4_ids() -> IdGenerator:
-    """Production IDs: `uuid.uuid4`."""
-    return uuid.uuid4
 
 
 class SeededIds(IdGenerator):
