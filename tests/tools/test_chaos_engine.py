@@ -134,3 +134,51 @@ async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users
     assert result["faults"]["duplicate (published twice)"] > 0
     assert sum(n for kind, n in result["faults"].items()
                if kind.startswith(("failpoint", "kill", "broker"))) > 0
+
+
+async def test_a_declared_workload_with_states_before_it_and_a_domain_check(
+        tmp_path: Path) -> None:
+    """`--workload`: the counters' generator, their bank accounts opened in the campaign's
+    database before the messages (and in the reference's stores), and the domain's check
+    (totals, debits, balances) on the final states."""
+    services = discover()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EO_")}
+    env.update({"EO_SERVICE": SPEC, "EO_DATABASE_DSN": services.postgres_dsn,
+                "EO_AMQP_URL": services.amqp_url, "PYTHONPATH": str(ROOT)})
+    report = tmp_path / "report.json"
+    try:
+        campaign = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "from entrypoints.cli import main; main()", "chaos",
+            "--workload", "tests.support.counters.chaos:WORKLOAD", "--size", "24", "--seed",
+            "2", "--run", "1", "--report", str(report), cwd=tmp_path, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(campaign.communicate(), 400)
+    finally:
+        services.close()
+    assert campaign.returncode == 0, (out[-4000:] + err[-4000:]).decode(errors="replace")
+    result = json.loads(report.read_text())
+    [run] = result["per_run"]
+    assert result["violations"] == []
+    assert run["messages"] == 24
+    assert run["domain_checked"] is True
+    assert run["commits"] == run["expected_commits"]
+
+
+def test_the_counters_domain_check_names_a_wrong_total_and_a_wrong_account() -> None:
+    from tests.support.counters.chaos import OPENING, WORKLOAD
+    from tests.support.counters.endpoints import Account, Tally
+    from tools.chaos.workload import RunOutcome
+
+    messages = WORKLOAD.draw(random.Random(1), 12)
+    added = {c: sum(json.loads(m.body)["amount"] for m in messages
+                    if m.type == "Add" and json.loads(m.body)["counter"] == c)
+             for c in ("c0", "c1", "c2", "c3", "c4")}
+    right = {c: Tally(total=n) for c, n in added.items()}
+    accounts = {c: Account(balance=OPENING) for c in added}
+    states = {"counter": right, "bank": accounts}
+    assert WORKLOAD.check(RunOutcome(states, [], {}, messages)) == []
+    wrong = {**right, "c0": Tally(total=added["c0"] + 1)}  # an Add applied twice, say
+    debited = {**accounts, "c1": Account(balance=OPENING - 5, debits=(5,))}  # spent nowhere
+    problems = WORKLOAD.check(RunOutcome({"counter": wrong, "bank": debited}, [], {},
+                                         messages))
+    assert [p.split(":")[0] for p in problems] == ["c0", "c1"]

@@ -272,6 +272,8 @@ class EngineRun:
     dead_letters: int = 0
     blobs: int = 0
     api_executions: int = 0
+    #: whether the workload's domain check ran on this run's final states
+    domain_checked: bool = False
     logs: Path | None = None
 
 
@@ -307,6 +309,7 @@ class EngineReport:
                              "commits": r.commits, "expected_commits": r.expected_commits,
                              "dead_letters": r.dead_letters, "blobs": r.blobs,
                              "api_executions": r.api_executions,
+                             "domain_checked": r.domain_checked,
                              "consumer_gaps_s": {k: round(v, 2)
                                                  for k, v in r.consumer_gaps.items()}}
                             for r in self.runs]}
@@ -717,3 +720,4 @@ async def _check(campaign: _Campaign, messages: Sequence[OutsideMessage], log_di
     if check is not None:
         outcome = RunOutcome(states, blobs, executions, messages)
         violations += [f"domain: {v}" for v in check(outcome)]
+        result.domain_checked = True
