@@ -182,3 +182,15 @@ def test_the_counters_domain_check_names_a_wrong_total_and_a_wrong_account() -> 
     problems = WORKLOAD.check(RunOutcome({"counter": wrong, "bank": debited}, [], {},
                                          messages))
     assert [p.split(":")[0] for p in problems] == ["c0", "c1"]
+
+
+def test_orphaned_missing_and_extra_blobs_are_named() -> None:
+    from tools.chaos.engine import blob_findings
+
+    kept, lost, stray = (f"labels/{uuid.uuid5(uuid.uuid4(), 'labels/0')}" for _ in range(3))
+    named = json.dumps({"parcels": {"p-1": {"label": kept}, "p-2": {"label": lost}}})
+    assert blob_findings([kept, lost], named, 2) == []
+    assert blob_findings([kept, stray], named, 2) == [
+        f"orphan: object {stray} is named by no state",
+        f"missing: a state names object {lost}, which is not in the bucket"]
+    assert blob_findings([kept], named, 2)[-1] == "blobs: 1 objects, the fault-free run wrote 2"

@@ -28,8 +28,8 @@ Then quiescence, a graceful stop, the final sweep, and the checks, for every end
   clean-up, callee request or unrelayed inbox row (I8, I9);
 - the same dead letters, queue by queue and reason by reason, as the reference;
 - the same partitions in every endpoint's states as the reference;
-- no orphaned blob (every object in the bucket named by a state) and as many as the
-  reference wrote;
+- no orphaned blob (every object in the bucket named by a state), none missing (every
+  artifact key a state names is in the bucket), and as many as the reference wrote;
 - each third-party API request executed once by its provider, as many as the reference's;
 - the workload's domain check, when it has one.
 
@@ -109,6 +109,9 @@ TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_defe
 #: Where a run with a violation keeps its process logs when no log directory was given.
 KEPT_LOGS = Path("var/chaos")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: An object key `Context.artifact_key` makes, `<prefix>/<uuid5>`, where a state names it.
+_ARTIFACT_KEY = re.compile(
+    r"[\w.-]+(?:/[\w.-]+)*/[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -655,6 +658,21 @@ def _masked(reasons: Iterable[str]) -> Counter[str]:
     return Counter(_UUID.sub("<id>", r) for r in reasons)
 
 
+def blob_findings(blobs: Sequence[str], named: str, reference_count: int) -> list[str]:
+    """The bucket's keys `blobs` against the states' JSON text `named`: objects no state
+    names (orphans), artifact keys a state names that are not in the bucket (missing), and a
+    count other than the fault-free run's; at most 10 lines of each kind."""
+    found = [f"orphan: object {k} is named by no state" for k in blobs if k not in named]
+    present = set(blobs)
+    missing = sorted({k for k in _ARTIFACT_KEY.findall(named) if k not in present})
+    found = found[:10] + [f"missing: a state names object {k}, which is not in the bucket"
+                          for k in missing[:10]]
+    if len(blobs) != reference_count:
+        found.append(f"blobs: {len(blobs)} objects, the fault-free run wrote "
+                     f"{reference_count}")
+    return found
+
+
 def _mentions(states: Mapping[str, Mapping[str, Any]]) -> str:
     """Every state as JSON text, for finding the blob keys they name."""
     from application.codec import to_jsonable
@@ -699,12 +717,7 @@ async def _check(campaign: _Campaign, messages: Sequence[OutsideMessage], log_di
     async with bucket_client(settings) as client:
         blobs = await S3BlobStore(client, settings.bucket()).keys()
     result.blobs = len(blobs)
-    named = _mentions(states)
-    orphans = [k for k in blobs if k not in named]
-    violations += [f"orphan: object {k} is named by no state" for k in orphans[:10]]
-    if len(blobs) != len(reference.blobs):
-        violations.append(f"blobs: {len(blobs)} objects, the fault-free run wrote "
-                          f"{len(reference.blobs)}")
+    violations += blob_findings(blobs, _mentions(states), len(reference.blobs))
     executions: dict[str, dict[str, int]] = {}
     for api, provider in campaign.providers.items():
         stats = await asyncio.to_thread(provider.stats)
