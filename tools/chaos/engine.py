@@ -521,7 +521,7 @@ async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> Engi
         random.Random(plan.shuffle_seed).shuffle(messages)
     result.messages = len(messages)
     seed_states = getattr(campaign.workload, "seed_states", None)
-    seeds: Mapping[str, Mapping[str, Any]] = seed_states() if seed_states else {}
+    seeds: Mapping[str, Mapping[str, Any]] = seed_states(messages) if seed_states else {}
     reference, reference_states, reference_apis = await reference_run(
         settings, service, messages, seeds)
     result.expected_commits = sum(reference.settled[q]["processed"] for q in layout.queues)

@@ -8,10 +8,11 @@ One message is one line of `eo embedded`'s input format (entrypoints/run_embedde
 A service declares a generated workload as a module attribute that `--workload module:name`
 names: an object with `draw(rng, size)` (the messages of one run, drawn from `rng`: the
 campaign's seed replays them) and, optionally, `shuffle` (bool: whether the campaign may
-publish them in any order; default True), `seed_states()` (endpoint -> partition -> state
-written before a run, e.g. accounts opened) and `check(outcome)` (the domain's verdict on a
-run's final states: a list of violations). A file workload (`--messages FILE`) publishes the
-whole file each run; `--check module:function` adds a domain check to it.
+publish them in any order; default True), `seed_states(messages)` (endpoint -> partition ->
+state written before a run of those messages, e.g. accounts opened) and `check(outcome)`
+(the domain's verdict on a run's final states: a list of violations). A file workload
+(`--messages FILE`) publishes the whole file each run; `--check module:function` adds a
+domain check to it.
 """
 
 from __future__ import annotations

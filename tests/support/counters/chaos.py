@@ -33,7 +33,8 @@ class CountersWorkload:
                                            kind, json.dumps(body).encode()))
         return messages
 
-    def seed_states(self) -> dict[str, dict[str, Account]]:
+    def seed_states(self, messages: list[OutsideMessage]) -> dict[str, dict[str, Account]]:
+        """Every counter's bank account, opened with `OPENING` (whatever the run sends)."""
         return {"bank": {c: Account(balance=OPENING) for c in COUNTERS}}
 
     def check(self, outcome: RunOutcome) -> list[str]:
