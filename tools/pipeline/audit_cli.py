@@ -306,12 +306,19 @@ def bench_command(
     shuffle_partitions: Annotated[int, typer.Option(min=1)] = 16,
     master: MasterOption = None,
     jdbc_jar: JarOption = None,
+    audit: Annotated[bool, typer.Option(
+        help="with --jdbc: also the whole audit on the states written (and an inventory of "
+             "their invoice keys), timed end to end and stage by stage")] = False,
 ) -> None:
     """Time the audit's Spark stages on TPC-H (state versus oracle) and on generated
-    side-effect records against a generated listing (orphans); prints rows/s per stage."""
+    side-effect records against a generated listing (orphans); with --jdbc --audit, the
+    whole audit too; prints rows/s per stage."""
     from tools.pipeline.bench import run_bench
     from tools.pipeline.sources import jdbc_of
 
+    if audit and not jdbc:
+        raise typer.BadParameter("the whole audit reads the states through JDBC: add --jdbc",
+                                 param_hint="--audit")
     settings = _pipeline_settings(None)
     console = Console()
     jar = _jar(settings, jdbc_jar)
@@ -330,7 +337,8 @@ def bench_command(
                       shuffle_partitions) as spark, _progress(console) as progress:
             task = progress.add_task("bench", total=None)
             result = run_bench(spark, where, sf, records, keys, database, repeat=repeat,
-                               progress=lambda stage: progress.update(task, description=stage))
+                               progress=lambda stage: progress.update(task, description=stage),
+                               audit=audit)
     table = Table("stage", "rows", "seconds", "rows/s", title="eo pipeline bench")
     for s in result.stages:
         table.add_row(s.name, f"{s.rows:,}" if s.rows else "", f"{s.seconds:.2f}",
@@ -339,14 +347,21 @@ def bench_command(
     console.print(f"line items: {result.line_items:,}; order findings (clean states, must be "
                   f"0): {result.order_findings:,}; orphans found: {result.orphans:,} of "
                   f"{result.expected_orphans:,} generated")
+    if result.audit_counts:
+        console.print("the whole audit's findings (no ledger or payments states: outcomes and "
+                      "customers are all findings): " + ", ".join(
+                          f"{k} {v:,}" for k, v in result.audit_counts.items()))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps({
             "sf": sf, "records": records, "keys": keys, "line_items": result.line_items,
             "order_findings": result.order_findings, "orphans": result.orphans,
+            "audit_findings": result.audit_counts,
             "stages": [{"name": s.name, "rows": s.rows, "seconds": round(s.seconds, 3),
                         "rows_per_s": round(s.rows_per_s)} for s in result.stages]},
             indent=2) + "\n")
-    if result.order_findings or result.orphans != result.expected_orphans:
+    clean = ("orders", "orphans", "missing_objects", "stale_tokens", "stale_transactions")
+    if result.order_findings or result.orphans != result.expected_orphans or any(
+            result.audit_counts.get(name, 0) for name in clean):
         raise _fail("bench sanity check failed: the clean states gave findings, or the "
                     "orphans found differ from those generated", 1)

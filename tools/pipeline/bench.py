@@ -11,6 +11,12 @@
 2. `records` blob side-effect records and a listing of `keys` objects (1% of them orphans)
    are generated inside Spark (spark.range); the audit's orphan search (anti join) runs on
    them. Its rate is counted in records + keys per second.
+3. With `audit` (and a database), the whole audit (`run_audit`, as `eo pipeline audit` runs
+   it) on the states written there, the TPC-H input and an S3 Inventory report of the states'
+   invoice keys (Parquet, in `workdir`): one stage for all of it, then each of its own
+   stages. No ledger or payments states exist, so every order's outcome and every customer
+   are findings (written like any other); the order, orphan and missing-object findings must
+   be 0.
 
 Every stage ends with a full evaluation (a count or a write), so the time covers all the
 work, not a lazy plan.
@@ -23,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tools.pipeline.audit import (
     EXACT,
@@ -55,6 +61,8 @@ class BenchResult:
     order_findings: int = 0
     orphans: int = 0
     expected_orphans: int = 0
+    #: the whole audit's findings per kind (with `audit`), else empty
+    audit_counts: dict[str, int] = field(default_factory=dict)
 
     def stage(self, name: str) -> Stage:
         """The stage called `name`; raises KeyError."""
@@ -129,6 +137,7 @@ def run_bench(
     partitions: int = 4,
     repeat: int = 3,
     progress: Callable[[str], None] = lambda _stage: None,
+    audit: bool = False,
 ) -> BenchResult:
     """Run both benchmarks (module docstring) under `workdir` (TPC-H files, states).
 
@@ -136,8 +145,11 @@ def run_bench(
     rows replaced) and read them back through JDBC with `partitions` parallel reads; None
     keeps them in Spark. The comparison runs `repeat` times (the first one includes the JVM's
     warm-up); a last stage gives the median. `progress` is called with each stage's name as
-    it starts.
+    it starts. `audit` (with a `database`): the whole audit too (module docstring, 3).
+    Raises ValueError for `audit` without a database.
     """
+    if audit and database is None:
+        raise ValueError("the whole audit reads the states through JDBC: give a database")
     from pyspark.sql import functions as F
 
     result = BenchResult()
@@ -191,7 +203,40 @@ def run_bench(
     _timed(result, f"find orphans: {records:,} records vs {keys:,} keys", records + keys,
            lambda: counted.append(found.count()), progress)
     result.orphans, result.expected_orphans = counted[-1], orphans_expected
+    if audit and database is not None:
+        _whole_audit(spark, workdir, tpch, states, database, partitions, result, progress)
     return result
+
+
+def _whole_audit(spark: SparkSession, workdir: Path, tpch: Path, states: DataFrame,
+                 database: Jdbc, partitions: int, result: BenchResult,
+                 progress: Callable[[str], None]) -> None:
+    """`run_audit` on the states in `database`, `tpch` and an inventory of their invoice
+    keys: one stage for the whole, then its own stages prefixed with "audit: "."""
+    from pyspark.sql import functions as F
+
+    from tools.pipeline.audit import AuditConfig, run_audit
+    from tools.pipeline.listing import read_inventory
+
+    inventory = workdir / "inventory"
+    states.select(F.get_json_object("state", "$.invoice_key").alias("key"),
+                  F.lit(1200).cast("bigint").alias("size"),
+                  F.lit(_OLD).alias("last_modified_date")).write.mode("overwrite").parquet(
+        str(inventory))
+    config = AuditConfig(database=database, tokens=database, now=datetime.now(UTC),
+                         older_than_s=0.0, partitions=partitions)
+    done: list[Any] = []
+
+    def whole() -> None:
+        done.append(run_audit(spark, config, read_input(spark, tpch),
+                              read_inventory(spark, inventory), workdir / "audit",
+                              progress=progress))
+
+    _timed(result, "audit end to end (eo pipeline audit's run_audit)", states.count(), whole,
+           progress)
+    audited = done[0]
+    result.stages += [Stage(f"audit: {s.name}", s.seconds, s.rows) for s in audited.stages]
+    result.audit_counts = dict(audited.counts)
 
 
 def _write_states(database: Jdbc, states: DataFrame, result: BenchResult,
