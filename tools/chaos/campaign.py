@@ -80,7 +80,13 @@ from tools.chaos.checks import (
     read_logs,
     rerun_violations,
 )
-from tools.chaos.engine import CALLEE_POINTS, STATE_POINTS, failpoint_rule, plan_rng
+from tools.chaos.engine import (
+    CALLEE_POINTS,
+    STATE_POINTS,
+    RunTotals,
+    failpoint_rule,
+    plan_rng,
+)
 from tools.chaos.fleet import Fleet, bucket_client, business_states, empty_bucket, final_sweep
 from tools.demo.local import open_accounts, publish_commands, settled_orders
 from tools.demo.run import PAYMENTS
@@ -225,23 +231,12 @@ class RunResult:
 
 
 @dataclass
-class CampaignReport:
+class CampaignReport(RunTotals):
     """Every run's result; `faults` and `violations` summed over runs."""
 
     seed: int
     runs: list[RunResult] = field(default_factory=list)
     seconds: float = 0.0
-
-    @property
-    def faults(self) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for result in self.runs:
-            total.update(result.faults)
-        return total
-
-    @property
-    def violations(self) -> list[str]:
-        return [f"run {r.plan.run}: {v}" for r in self.runs for v in r.violations]
 
     @property
     def consumer_gaps(self) -> dict[str, float]:

@@ -65,6 +65,8 @@ from adapters.rabbitmq import topology as amqp_topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.s3.blob_store import S3BlobStore
 from adapters.s3.moto_server import MotoServer
+from adapters.system.clock import SystemClock
+from application.codec import to_jsonable
 from application.failpoints import NAMES
 from application.observability import (
     FAULT_INJECTED,
@@ -280,14 +282,11 @@ class EngineRun:
     logs: Path | None = None
 
 
-@dataclass
-class EngineReport:
-    """Every run's result; faults and violations summed over runs."""
+class RunTotals:
+    """A campaign report's sums over its `runs` (each with `plan.run`, `faults` and
+    `violations`): the engine's and the sample's campaign's."""
 
-    seed: int
-    service: str
-    runs: list[EngineRun] = field(default_factory=list)
-    seconds: float = 0.0
+    runs: Sequence[Any]
 
     @property
     def faults(self) -> Counter[str]:
@@ -299,6 +298,16 @@ class EngineReport:
     @property
     def violations(self) -> list[str]:
         return [f"run {r.plan.run}: {v}" for r in self.runs for v in r.violations]
+
+
+@dataclass
+class EngineReport(RunTotals):
+    """Every run's result; faults and violations summed over runs."""
+
+    seed: int
+    service: str
+    runs: list[EngineRun] = field(default_factory=list)
+    seconds: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (plans included, for replay)."""
@@ -505,8 +514,6 @@ class CommitCounter:
 
 
 async def _seed(campaign: _Campaign, seeds: Mapping[str, Mapping[str, Any]]) -> None:
-    from adapters.system.clock import SystemClock
-
     stores = postgres_stores(campaign.pool, SystemClock(), campaign.service.registry)
     for endpoint, states in seeds.items():
         await stores[endpoint].seed_states(dict(states))
@@ -675,8 +682,6 @@ def blob_findings(blobs: Sequence[str], named: str, reference_count: int) -> lis
 
 def _mentions(states: Mapping[str, Mapping[str, Any]]) -> str:
     """Every state as JSON text, for finding the blob keys they name."""
-    from application.codec import to_jsonable
-
     return json.dumps({e: {p: to_jsonable(s) for p, s in by.items()}
                        for e, by in states.items()}, default=str)
 
