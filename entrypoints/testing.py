@@ -89,12 +89,12 @@ _GENERATION: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars
 class Faults:
     """What the run meets, drawn from `seed`.
 
-    - `duplicates`: the chance (0 <= p < 1) that a delivery is followed by a copy of its
-      message (a producer's retry, a re-publication);
-    - `redeliveries`: the chance (0 <= p < 1) that a delivery's consumer loses its channel
-      a few milliseconds after taking it: every unsettled delivery of that consumer goes
-      back to its queue and is delivered again, maybe while the first copy is still being
-      processed (concurrent attempts);
+    - `duplicates`: the chance (0 <= p < 1) that a message's first delivery to a queue is
+      followed by a copy of it (a producer's retry, a re-publication);
+    - `redeliveries`: the chance (0 <= p < 1) that the consumer taking a message's first
+      delivery to a queue loses its channel a few milliseconds later: every unsettled
+      delivery of that consumer goes back to its queue and is delivered again, maybe while
+      the first copy is still being processed (concurrent attempts);
     - `out_of_order`: each delivery is taken from a random place in its queue;
     - `workers`: consumers per endpoint (>= 1);
     - `failpoints`: `EO_FAILPOINTS` rules (application/failpoints.py), e.g.
@@ -229,6 +229,8 @@ class EmbeddedService:
                  blobs: BlobStore | None) -> None:
         self.settings, self.service, self.faults = settings, service, faults
         self._rng = random.Random(faults.seed)
+        #: (queue, message ID) whose first delivery drew its faults already
+        self._faulted: set[tuple[str, uuid.UUID]] = set()
         self.broker = MemoryBroker(
             shuffle=random.Random(faults.seed + 1) if faults.out_of_order else None,
             dead_letter_max_bytes=settings.dead_letter_max_bytes)
@@ -468,10 +470,18 @@ class EmbeddedService:
         losses."""
         faults, loop = self.faults, asyncio.get_running_loop()
         async for delivery in self.broker.consume(queue, tag):
-            if faults.duplicates and self._rng.random() < faults.duplicates:
-                self.broker.publish(queue, delivery.envelope)
-            if faults.redeliveries and self._rng.random() < faults.redeliveries:
-                loop.call_later(self._rng.uniform(0.0, 0.02), self.broker.drop_consumer, tag)
+            first = (queue, delivery.envelope.message_id) not in self._faulted
+            if first and (faults.duplicates or faults.redeliveries):
+                # a message's first delivery only: faults drawn on every delivery would
+                # breed (each channel loss redelivers the consumer's whole prefetch, each
+                # redelivery a new chance of a copy and of another loss) and, with many
+                # deliveries in flight, never end
+                self._faulted.add((queue, delivery.envelope.message_id))
+                if faults.duplicates and self._rng.random() < faults.duplicates:
+                    self.broker.publish(queue, delivery.envelope)
+                if faults.redeliveries and self._rng.random() < faults.redeliveries:
+                    loop.call_later(self._rng.uniform(0.0, 0.02), self.broker.drop_consumer,
+                                    tag)
             yield delivery
 
     def seed_states(self, endpoint: str, states: Mapping[str, Any]) -> None:

@@ -96,6 +96,23 @@ async def test_every_fault_leaves_the_fault_free_states(seed: int) -> None:
     assert crashes == 6  # every crash fired, and the service came back after each
 
 
+async def test_faults_are_drawn_once_per_message_so_a_heavy_dose_still_ends() -> None:
+    """Copies and channel losses at nine deliveries in ten: drawn on every delivery, each
+    loss would redeliver a whole prefetch, each redelivery draw again, and the run would
+    never go quiet (thousands of copies ready, `run_until_quiet` times out); drawn on a
+    message's first delivery to a queue, each message makes at most one copy and one loss
+    there, and the run ends."""
+    faults = Faults(seed=4, duplicates=0.9, redeliveries=0.9, workers=2)
+    async with EmbeddedService.start(REGISTRY, faults=faults) as service:
+        for n in range(60):
+            await service.send("front", Add(f"c{n % 5}", 1))
+        report = await service.run_until_quiet(timeout_s=30)
+        assert report.at_rest == NOTHING_AT_REST
+        assert sum(s.total for s in service.states("counter").values()) == 60
+    for queue in ("front", "counter"):
+        assert report.settled[queue]["processed"] == 60
+
+
 async def test_seeded_states_are_there_before_the_messages() -> None:
     async with EmbeddedService.start(REGISTRY) as service:
         service.seed_states("bank", {"c1": Account(balance=10)})
