@@ -39,7 +39,7 @@ from application.errors import Crash, MessageIdReused, TransientError
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, CountingSink
 from application.outcome import Outcome
-from application.ports import Ports
+from application.ports import Clear, Ports
 from application.processor import Processor
 from application.strategy import Strategy
 from application.sweeper import Sweeper
@@ -365,6 +365,27 @@ async def test_crash_after_the_commit_is_repaired_without_a_second_handler_run(
     assert world.invoked() == 1
     assert await world.committed_to("p") is None
     await assert_exactly_once(world, [envelope.message_id])
+
+
+async def test_a_clear_on_a_stale_version_leaves_the_next_commit_alone(world: PgWorld) -> None:
+    """The fence's second half (protocol 3.1) in SQL: a finisher that read M1's committed
+    transaction, then stalled while another worker finished it and M2 committed on the same
+    partition, must not clear M2's transaction (nor consume M1's token a second time) when
+    it wakes; M2's redelivery then finishes M2 without a second handler run."""
+    first = await _crash(world, "after_commit")
+    tr, records = await world.store.load_tr_with_records("p")
+    assert tr.message_id == first.message_id
+    stale = Clear("p", tr.version, tuple(records), (), world.clock.now(),
+                  first.message_id if world.colocated else None)
+    assert await world.processor().process(first) is Outcome.DUPLICATE  # finished it
+    second = await world.send(Add("p", 2))
+    with pytest.raises(Crash):
+        await world.processor("after_commit=crash").process(second)
+    assert await world.store.clear(stale) is False
+    assert await world.committed_to("p") == second.message_id
+    assert await world.processor().process(second) is Outcome.DUPLICATE
+    assert world.invoked() == 2
+    await assert_exactly_once(world, [first.message_id, second.message_id])
 
 
 @pytest.mark.parametrize("repair", ["next_message", "sweeper"])

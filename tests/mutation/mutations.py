@@ -102,6 +102,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=(f"{_INTERLEAVINGS}::test_three_workers_find_a_clear_without_its_compare",),
         invariants=("I5",)),
     Mutation(
+        name="postgres-clear-without-compare",
+        guard="3.1: compare-and-clear (the fence's other half) in PostgreSQL's clear statements",
+        file="adapters/postgres/sql.py",
+        before="""   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
+  RETURNING 1)\"\"\"""",
+        after="""   WHERE endpoint = $1 AND partition_key = $2 AND $3::bigint IS NOT NULL
+  RETURNING 1)\"\"\"""",
+        killers=("tests/integration/test_postgres_protocol.py::test_a_clear_on_a_stale_version_"
+                 "leaves_the_next_commit_alone",),
+        invariants=("I1", "I5")),
+    Mutation(
         name="winner-leaves-the-losers-artifacts",
         guard="3.1: finish cleans up the aborted attempts' artifacts",
         file="application/finisher.py",

@@ -21,11 +21,14 @@ import time
 import tomllib
 import uuid
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from adapters.postgres.admin import drop_database, with_database
+from tests.mutation.mutations import MUTATIONS
+from tests.mutation.run import apply
 from tests.support.processes import delete_vhost, private_vhost, this_run
 from tests.support.services import discover
 
@@ -218,31 +221,79 @@ def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
 
 
-def test_the_new_service_passes_a_chaos_campaign(service: Path, tmp_path: Path) -> None:
-    """`./dev chaos` on the new service's own messages (no sample there): one run of real
-    processes with faults, checked against the fault-free embedded run, 0 violations."""
-    services = discover()
+@pytest.fixture(scope="module")
+def chaos_messages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The new service's campaign workload: 16 parcels to two destinations, a producer's
+    retry of one, and one the service refuses."""
     lines = [ship(f"p-{n}", 100 + n, str(uuid.uuid4()), ("lyon", "paris")[n % 2])
              for n in range(16)]
     lines += [lines[3], ship("p-x", -1, str(uuid.uuid4()))]  # a producer's retry; refused
-    messages = tmp_path / "messages.jsonl"
+    messages = tmp_path_factory.mktemp("chaos") / "messages.jsonl"
     messages.write_text("\n".join(lines) + "\n")
-    report = tmp_path / "chaos.json"
+    return messages
+
+
+def chaos(service: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`./dev chaos *args` in `service` on the local PostgreSQL and RabbitMQ; its JSON
+    report."""
+    services = discover()
+    report = service / "var" / f"chaos-{uuid.uuid4().hex[:8]}.json"
+    report.parent.mkdir(exist_ok=True)
     try:
-        done = run(["./dev", "chaos", "--messages", str(messages), "--seed", "1", "--run",
-                    "0", "--report", str(report)], service,
+        done = run(["./dev", "chaos", *args, "--report", str(report)], service,
                    env=clean_env(EO_DATABASE_DSN=services.postgres_dsn,
                                  EO_AMQP_URL=services.amqp_url), check=False)
     finally:
         services.close()
-    print(f"\n./dev chaos: {done.stdout[-1500:]}")
+    print(f"\n./dev chaos {' '.join(args)}: {done.stdout[-2500:]}")
+    result = json.loads(report.read_text()) if report.exists() else {}
+    report.unlink(missing_ok=True)
+    return done, result
+
+
+def test_the_new_service_passes_a_chaos_campaign(service: Path, chaos_messages: Path) -> None:
+    """`./dev chaos` on the new service's own messages (no sample there): the fence
+    scenarios on each endpoint the workload gives two messages of one partition (tracking:
+    parcels sent to one destination), then one run of real processes with faults, each
+    checked against the fault-free embedded run: 0 violations."""
+    done, result = chaos(service, "--messages", str(chaos_messages), "--seed", "1",
+                         "--duration", "0")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    result = json.loads(report.read_text())
-    [one] = result["per_run"]
     assert result["violations"] == []
+    *fenced, one = result["per_run"]
+    assert [r["scenario"] for r in fenced] == ["fence (attempt guard) on tracking",
+                                               "fence (compare-and-clear) on tracking"]
+    # each parcel ships once: no two messages the gateway commits share a partition
+    assert set(result["fence_skipped"]) == {"parcels"}
+    for scenario in fenced:
+        assert scenario["commits"] == scenario["expected_commits"] == 4  # 2 parcels, 2 tracked
+        assert scenario["faults"]["process exit (crash failpoint)"] == 2
+    assert one["scenario"] == ""
     assert one["commits"] == one["expected_commits"] == 2 * 16  # parcels, tracking (not p-x)
     assert one["dead_letters"] == 1  # p-x, as in the fault-free run
     assert one["blobs"] == 16  # a label per parcel, each named by a parcel's state
+
+
+@pytest.mark.parametrize(("name", "half"), [
+    ("finish-without-the-attempt-guard", "attempt guard"),
+    ("postgres-clear-without-compare", "compare-and-clear")])
+def test_a_broken_finish_fence_makes_the_campaign_report_violations(
+        service: Path, chaos_messages: Path, name: str, half: str) -> None:
+    """The template's named mutation of one half of finish's fence (tests/mutation), applied
+    to the new service's copy of the framework: its fence scenario reports the late
+    finisher's damage (the next message committed twice)."""
+    [mutation] = [m for m in MUTATIONS if m.name == name]
+    apply(mutation, service)
+    try:
+        done, result = chaos(service, "--messages", str(chaos_messages), "--seed", "1",
+                             "--fence-only")
+    finally:
+        run(["git", "checkout", "--", *{file for file, _, _ in mutation.edits}], service)
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
+    caught = {r["scenario"] for r in result["per_run"] if r["violations"]}
+    assert caught == {f"fence ({half}) on tracking"}
+    assert any(v.startswith(f"fence ({half}) on tracking: I1: tracking committed ")
+               for v in result["violations"]), result["violations"]
 
 
 async def _tracked(dsn: str, want: int, timeout_s: float) -> dict[str, list[str]]:

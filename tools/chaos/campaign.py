@@ -229,6 +229,11 @@ class RunResult:
     carrier_requests: int = 0
     carrier_executions: int = 0
 
+    @property
+    def label(self) -> str:
+        """How reports name the run."""
+        return f"run {self.plan.run}"
+
 
 @dataclass
 class CampaignReport(RunTotals):

@@ -9,7 +9,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import asyncpg
 import typer
@@ -57,6 +57,13 @@ def chaos(
     size: Annotated[int, typer.Option(min=1, help="with --workload: its draw per run")] = 20,
     workers: Annotated[int, typer.Option(
         min=1, help="with --messages or --workload: consumer processes per endpoint")] = 2,
+    fence: Annotated[bool, typer.Option(
+        help="with --messages or --workload: first the fence scenarios (two scripted runs "
+             "per endpoint that stage a late finisher against the next commit; not with "
+             "--run)")] = True,
+    fence_only: Annotated[bool, typer.Option(
+        help="with --messages or --workload: the fence scenarios only, no random "
+             "run")] = False,
 ) -> None:
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
@@ -70,7 +77,8 @@ def chaos(
     they name (docs/fault-injection.md)."""
     if messages is not None or workload is not None or check is not None:
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
-                     messages, workload, check, size, workers)
+                     messages, workload, check, size, workers,
+                     "only" if fence_only else "first" if fence else "off")
         return
     try:
         from tools.chaos.campaign import CAMPAIGN_DATABASE, campaign_settings, run_campaign
@@ -120,7 +128,8 @@ def chaos(
 
 def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,
                  report: Path | None, database: str, messages: Path | None,
-                 workload: str | None, check: str | None, size: int, workers: int) -> None:
+                 workload: str | None, check: str | None, size: int, workers: int,
+                 fence: Literal["first", "only", "off"]) -> None:
     """The campaign on the service `EO_SERVICE` names, with its workload."""
     err = Console(stderr=True)
     try:
@@ -140,7 +149,7 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
     try:
         result = asyncio.run(run_engine(settings, service, load, seed, duration, run, size,
                                         workers, log_dir, _print_engine_run,
-                                        database=database))
+                                        database=database, fence=fence))
     except SettingsError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -161,6 +170,14 @@ def _print_engine_run(result: EngineRun) -> None:
     kills = ", ".join(f"{n}@{k:.0%}" for k, n in plan.kills) or "none"
     closes = ", ".join(f"@{k:.0%}" for k in plan.broker_closes) or "none"
     verdict = "[green]ok[/green]" if not result.violations else "[red]VIOLATION[/red]"
+    if result.scenario:
+        console.print(f"{result.scenario}: {result.commits}/{result.expected_commits} commits, "
+                      f"{result.seconds:.1f} s, {verdict}")
+        for violation in result.violations:
+            console.print(f"  [red]{violation}[/red]")
+        if result.logs is not None:
+            console.print(f"  the run's process logs: {result.logs}")
+        return
     console.print(f"run {plan.run}: {result.messages} messages, {result.deliveries_published} "
                   f"deliveries, {result.commits}/{result.expected_commits} commits, "
                   f"{result.dead_letters} dead letters, {result.blobs} blobs, "
@@ -185,6 +202,8 @@ def _print_engine_summary(report: EngineReport) -> None:
                                         f"{sum(r.expected_commits for r in report.runs):,}")
     for kind, n in sorted(report.faults.items()):
         table.add_row(f"faults: {kind}", f"{n:,}")
+    for endpoint, why in sorted(report.fence_skipped.items()):
+        table.add_row(f"fence scenarios skipped: {endpoint}", why)
     table.add_row("violations", str(len(report.violations)))
     console.print(table)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import random
@@ -53,7 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import aio_pika
@@ -91,6 +92,15 @@ from tools.chaos.checks import (
     queue_depth,
     read_logs,
     rerun_violations,
+)
+from tools.chaos.fence import (
+    HALVES,
+    FencePair,
+    Script,
+    StepMissed,
+    find_pairs,
+    process_names,
+    stage_fence,
 )
 from tools.chaos.fleet import Fleet, bucket_client, business_states, empty_bucket, final_sweep
 from tools.chaos.workload import OutsideMessage, RunOutcome, Workload
@@ -280,6 +290,13 @@ class EngineRun:
     #: whether the workload's domain check ran on this run's final states
     domain_checked: bool = False
     logs: Path | None = None
+    #: a scripted run's name (tools/chaos/fence.py); empty for a random run
+    scenario: str = ""
+
+    @property
+    def label(self) -> str:
+        """How reports name the run: its scenario, or `run K`."""
+        return self.scenario or f"run {self.plan.run}"
 
 
 class RunTotals:
@@ -297,7 +314,7 @@ class RunTotals:
 
     @property
     def violations(self) -> list[str]:
-        return [f"run {r.plan.run}: {v}" for r in self.runs for v in r.violations]
+        return [f"{r.label}: {v}" for r in self.runs for v in r.violations]
 
 
 @dataclass
@@ -308,13 +325,16 @@ class EngineReport(RunTotals):
     service: str
     runs: list[EngineRun] = field(default_factory=list)
     seconds: float = 0.0
+    #: the endpoints the fence scenarios could not stage, and why
+    fence_skipped: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (plans included, for replay)."""
         return {"seed": self.seed, "service": self.service,
                 "seconds": round(self.seconds, 1), "runs": len(self.runs),
                 "faults": dict(self.faults), "violations": self.violations,
-                "per_run": [{**asdict(r.plan), "messages": r.messages,
+                "fence_skipped": self.fence_skipped,
+                "per_run": [{**asdict(r.plan), "scenario": r.scenario, "messages": r.messages,
                              "seconds": round(r.seconds, 1), "faults": dict(r.faults),
                              "violations": r.violations,
                              "deliveries_published": r.deliveries_published,
@@ -356,9 +376,11 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                      duration_s: float, only_run: int | None = None, size: int = 20,
                      workers: int = 2, log_root: Path | None = None,
                      on_run: Callable[[EngineRun], None] = lambda _r: None,
-                     run_timeout_s: float = 240.0, database: str = ENGINE_DATABASE
-                     ) -> EngineReport:
+                     run_timeout_s: float = 240.0, database: str = ENGINE_DATABASE,
+                     fence: Literal["first", "only", "off"] = "first") -> EngineReport:
     """Runs until `duration_s` has passed (at least one run), or only run `only_run`.
+    `fence`: the fence scenarios (tools/chaos/fence.py) first (not with `only_run`), only
+    them (no random run), or none.
 
     `settings` from `engine_settings`: their database and broker URL name the server and
     the broker only; the campaign creates a database `<database>_<pid>_<hex>` and, where
@@ -395,18 +417,16 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                 try:
                     campaign = _Campaign(settings, service, workload, layout, root,
                                          providers, pool, size, run_timeout_s)
+                    if fence == "only" or (fence == "first" and only_run is None):
+                        await _fence_runs(campaign, seed, report, on_run, temp is not None)
                     k = 0
-                    while True:
+                    while fence != "only":
                         index = only_run if only_run is not None else k
                         plan = plan_run(seed, index, layout, size,
                                         broker_closes=broker.vhost is not None)
                         result = await _one_run(campaign, plan, root / f"run-{index}")
-                        result.logs = root / f"run-{index}" if temp is None else None
-                        if result.violations and temp is not None:
-                            kept = KEPT_LOGS / f"seed-{seed}-run-{index}"
-                            await asyncio.to_thread(shutil.copytree, root / f"run-{index}",
-                                                    kept, dirs_exist_ok=True)
-                            result.logs = kept
+                        await _keep(result, root / f"run-{index}", temp is not None,
+                                    f"seed-{seed}-run-{index}")
                         report.runs.append(result)
                         on_run(result)
                         k += 1
@@ -420,6 +440,35 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                     shutil.rmtree(temp, ignore_errors=True)
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _keep(result: EngineRun, logs: Path, temporary: bool, name: str) -> None:
+    """Where the run's process logs stay: `logs` when the campaign was given a log
+    directory; else, for a run with a violation, a copy in `KEPT_LOGS`/`name`."""
+    result.logs = None if temporary else logs
+    if result.violations and temporary:
+        kept = KEPT_LOGS / name
+        await asyncio.to_thread(shutil.copytree, logs, kept, dirs_exist_ok=True)
+        result.logs = kept
+
+
+async def _fence_runs(campaign: _Campaign, seed: int, report: EngineReport,
+                      on_run: Callable[[EngineRun], None], temporary: bool) -> None:
+    """The fence scenarios (tools/chaos/fence.py), both halves, on every endpoint the
+    workload's draw for run 0 gives a pair of messages; the others in `report.fence_skipped`."""
+    messages = campaign.workload.draw(
+        random.Random(plan_rng(seed, 0, "workload").getrandbits(32)), campaign.size)
+    seed_states = getattr(campaign.workload, "seed_states", None)
+    pairs, report.fence_skipped = await find_pairs(
+        campaign.settings, campaign.service, messages,
+        seed_states(messages) if seed_states else {})
+    for endpoint, pair in pairs.items():
+        for half in HALVES:
+            name = f"fence-{endpoint}-{half.replace(' ', '-')}"
+            result = await _fence_run(campaign, seed, pair, half, campaign.root / name)
+            await _keep(result, campaign.root / name, temporary, f"seed-{seed}-{name}")
+            report.runs.append(result)
+            on_run(result)
 
 
 async def reference_run(settings: Settings, service: Service, messages: Sequence[OutsideMessage],
@@ -521,42 +570,18 @@ async def _seed(campaign: _Campaign, seeds: Mapping[str, Mapping[str, Any]]) -> 
 
 async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> EngineRun:
     started = time.monotonic()
-    settings, service, layout = campaign.settings, campaign.service, campaign.layout
+    settings, layout = campaign.settings, campaign.layout
     result = EngineRun(plan=plan)
     messages = campaign.workload.draw(random.Random(plan.workload_seed), plan.size)
     if getattr(campaign.workload, "shuffle", True):
         random.Random(plan.shuffle_seed).shuffle(messages)
-    result.messages = len(messages)
-    seed_states = getattr(campaign.workload, "seed_states", None)
-    seeds: Mapping[str, Mapping[str, Any]] = seed_states(messages) if seed_states else {}
-    reference, reference_states, reference_apis = await reference_run(
-        settings, service, messages, seeds)
-    result.expected_commits = sum(reference.settled[q]["processed"] for q in layout.queues)
-    await campaign.pool.execute("TRUNCATE " + ", ".join(TABLES))
-    await _seed(campaign, seeds)
-    await empty_bucket(settings)
-    for provider in campaign.providers.values():
-        await asyncio.to_thread(provider.reset)
-        await asyncio.to_thread(provider.faults, plan.api_failures, plan.api_latency_s)
-    await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
-    fleet = Fleet(settings, log_dir, 0.0, callees=layout.callees, extra_env={
-        "EO_MAX_ATTEMPTS": str(settings.max_attempts),
-        "EO_RETRY_DELAYS_S": json.dumps(list(settings.retry_delays_s)),
-        "EO_STALE_AFTER_S": str(settings.stale_after_s),
-        "EO_CONSUMER_WATCHDOG_S": str(settings.consumer_watchdog_s),
-        "EO_BLOB_STORE": "s3"})
-    rabbit = RabbitConnection(settings.amqp())
-    await rabbit.start()
-    for endpoint in layout.queues:
-        await amqp_topology.declare(rabbit, endpoint, settings.retry_delays_s,
-                                    settings.delivery_limit)
+    stage = await _stage(campaign, messages, result, log_dir, plan.api_failures,
+                         plan.api_latency_s)
     faults = result.faults
-    if campaign.providers:
-        faults["API provider 503 (injected)"] += plan.api_failures * len(campaign.providers)
+    fleet = _fleet(campaign, log_dir)
+    rabbit = await _declare(settings, layout)
     try:
-        for name in layout.callees:
-            fleet.start(name, name, {"EO_FAILPOINTS": plan.failpoints[name]})
-            await fleet.wait_for_callee(name)
+        await _start_callees(fleet, layout, plan.failpoints)
         for name, endpoint in layout.processes.items():
             if endpoint not in layout.callees:
                 fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
@@ -576,28 +601,156 @@ async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> Engi
             result.deliveries_published += len(late)
             await _quiesce(campaign, fleet, rabbit, progress, result, _Marks([], []), gaps,
                            time.monotonic())
-        gaps.finish()
-        result.consumer_gaps, result.restart_gaps = gaps.longest_s, gaps.while_restarting_s
-        codes = fleet.stop_all(keep=layout.callees)
-        await final_sweep(fleet.caller_settings(settings), service)
-        result.violations += [f"{n} exited {c} on SIGTERM" for n, c in codes.items()
-                              if c not in (0, -signal.SIGTERM)]
+        await _stop(campaign, fleet, gaps, result)
     finally:
         fleet.stop_all()
         await rabbit.close()
+    await _conclude(campaign, stage, log_dir, result, started)
+    return result
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """A run's messages, the seeds written before them, and the fault-free run of them:
+    its report, states and third-party API executions per idempotency key."""
+
+    messages: Sequence[OutsideMessage]
+    seeds: Mapping[str, Mapping[str, Any]]
+    reference: EmbeddedReport
+    states: dict[str, dict[str, Any]]
+    apis: dict[str, dict[str, int]]
+
+
+async def _stage(campaign: _Campaign, messages: Sequence[OutsideMessage], result: EngineRun,
+                 log_dir: Path, api_failures: int = 0, api_latency_s: float = 0.0) -> _Stage:
+    """The fault-free run of `messages` (with the workload's seeds), then the stores, the
+    bucket and the providers made ready for the processes' run of them."""
+    result.messages = len(messages)
+    seed_states = getattr(campaign.workload, "seed_states", None)
+    seeds: Mapping[str, Mapping[str, Any]] = seed_states(messages) if seed_states else {}
+    reference, states, apis = await reference_run(campaign.settings, campaign.service,
+                                                  messages, seeds)
+    result.expected_commits = sum(reference.settled[q]["processed"]
+                                  for q in campaign.layout.queues)
+    await campaign.pool.execute("TRUNCATE " + ", ".join(TABLES))
+    await _seed(campaign, seeds)
+    await empty_bucket(campaign.settings)
+    for provider in campaign.providers.values():
+        await asyncio.to_thread(provider.reset)
+        await asyncio.to_thread(provider.faults, api_failures, api_latency_s)
+    if campaign.providers:
+        result.faults["API provider 503 (injected)"] += api_failures * len(campaign.providers)
+    await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
+    return _Stage(messages, seeds, reference, states, apis)
+
+
+def _fleet(campaign: _Campaign, log_dir: Path) -> Fleet:
+    settings = campaign.settings
+    return Fleet(settings, log_dir, 0.0, callees=campaign.layout.callees, extra_env={
+        "EO_MAX_ATTEMPTS": str(settings.max_attempts),
+        "EO_RETRY_DELAYS_S": json.dumps(list(settings.retry_delays_s)),
+        "EO_STALE_AFTER_S": str(settings.stale_after_s),
+        "EO_CONSUMER_WATCHDOG_S": str(settings.consumer_watchdog_s),
+        "EO_BLOB_STORE": "s3"})
+
+
+async def _declare(settings: Settings, layout: Topology) -> RabbitConnection:
+    """A connection of the campaign's own, with every consumed queue's topology declared
+    (so messages published before a consumer starts wait in its queue)."""
+    rabbit = RabbitConnection(settings.amqp())
+    await rabbit.start()
+    for endpoint in layout.queues:
+        await amqp_topology.declare(rabbit, endpoint, settings.retry_delays_s,
+                                    settings.delivery_limit)
+    return rabbit
+
+
+async def _start_callees(fleet: Fleet, layout: Topology, failpoints: Mapping[str, str]
+                         ) -> None:
+    for name in layout.callees:
+        fleet.start(name, name, {"EO_FAILPOINTS": failpoints.get(name, "")})
+        await fleet.wait_for_callee(name)
+
+
+async def _stop(campaign: _Campaign, fleet: Fleet, gaps: ConsumerGaps, result: EngineRun
+                ) -> None:
+    """The consumers' graceful stop (each must exit 0 on SIGTERM), then the final sweep."""
+    gaps.finish()
+    result.consumer_gaps, result.restart_gaps = gaps.longest_s, gaps.while_restarting_s
+    codes = fleet.stop_all(keep=campaign.layout.callees)
+    await final_sweep(fleet.caller_settings(campaign.settings), campaign.service)
+    result.violations += [f"{n} exited {c} on SIGTERM" for n, c in codes.items()
+                          if c not in (0, -signal.SIGTERM)]
+
+
+async def _conclude(campaign: _Campaign, stage: _Stage, log_dir: Path, result: EngineRun,
+                    started: float) -> None:
+    """The checks of a stopped run, its queues deleted and its injected faults counted."""
+    settings = campaign.settings
     if result.commits < result.expected_commits:
         result.violations.append(
             f"I10: {result.commits} of {result.expected_commits} messages known committed "
             "(their commit, publications or token consumed in the logs) when the service "
             "went quiet")
-    await _check(campaign, messages, log_dir, result, reference, reference_states,
-                 reference_apis)
-    await amqp_topology.delete_queues(settings.amqp(), list(layout.queues),
+    await _check(campaign, stage, log_dir, result)
+    await amqp_topology.delete_queues(settings.amqp(), list(campaign.layout.queues),
                                       len(settings.retry_delays_s))
     for record in read_logs(log_dir):
         if record.get("event") == FAULT_INJECTED:
-            faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1
+            result.faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1
     result.seconds = time.monotonic() - started
+
+
+async def _fence_run(campaign: _Campaign, seed: int, pair: FencePair, half: str,
+                     log_dir: Path) -> EngineRun:
+    """The fence scenario `half` (tools/chaos/fence.py) on `pair`, checked as a run is."""
+    started = time.monotonic()
+    campaign = dataclasses.replace(campaign, layout=topology_of(campaign.service, 2))
+    settings, layout = campaign.settings, campaign.layout
+    x, y = process_names(pair.endpoint)
+    plan = EnginePlan(seed=seed, run=-1, size=2, workload_seed=0, shuffle_seed=0,
+                      failpoints={x: f"{HALVES[half]}=wait:x@1",
+                                  y: "after_commit=crash@1 (twice)"},
+                      kills=(), broker_closes=(), duplicate_rate=0.0, republish=0)
+    result = EngineRun(plan=plan, scenario=f"fence ({half}) on {pair.endpoint}")
+    stage = await _stage(campaign, [pair.first, pair.second], result, log_dir)
+    gates = log_dir / "gates"
+    await asyncio.to_thread(gates.mkdir, exist_ok=True)
+    fleet = _fleet(campaign, log_dir)
+    rabbit = await _declare(settings, layout)
+    rng = random.Random(seed)
+
+    async def publish(messages: Sequence[OutsideMessage]) -> None:
+        await publish_messages(settings.amqp(), messages, 0.0, rng)
+        result.deliveries_published += len(messages)
+
+    def log(name: str) -> list[dict[str, Any]]:
+        return read_logs(log_dir, f"{name}.{fleet.starts[name]}.jsonl")
+
+    script = Script(start=lambda name, env: fleet.start(name, pair.endpoint, env),
+                    exit_code=lambda name: fleet.procs[name].poll(), log=log,
+                    publish=publish, gates=gates)
+    try:
+        await _start_callees(fleet, layout, {})
+        for endpoint in layout.queues:
+            if endpoint != pair.endpoint:
+                fleet.start(f"{endpoint}-0", endpoint)
+        try:
+            await stage_fence(script, pair, half, CRASH_EXIT, asyncio.sleep)
+        except StepMissed as exc:
+            result.violations.append(f"fence: {exc}")
+        if fleet.starts[y] > 1:  # its crash at step 1 was by plan (step 3's: _quiesce's)
+            result.planned_deaths.append(log_dir / f"{y}.1.jsonl")
+            result.faults["process exit (crash failpoint)"] += 1
+        gaps = ConsumerGaps()
+        progress = CommitCounter(log_dir, layout.queues)
+        await _quiesce(campaign, fleet, rabbit, progress, result, _Marks([], []), gaps,
+                       time.monotonic())
+        await _stop(campaign, fleet, gaps, result)
+    finally:
+        fleet.stop_all()
+        await rabbit.close()
+    await _conclude(campaign, stage, log_dir, result, started)
     return result
 
 
@@ -686,10 +839,9 @@ def _mentions(states: Mapping[str, Mapping[str, Any]]) -> str:
                        for e, by in states.items()}, default=str)
 
 
-async def _check(campaign: _Campaign, messages: Sequence[OutsideMessage], log_dir: Path,
-                 result: EngineRun, reference: EmbeddedReport,
-                 reference_states: Mapping[str, Mapping[str, Any]],
-                 reference_apis: Mapping[str, Mapping[str, int]]) -> None:
+async def _check(campaign: _Campaign, stage: _Stage, log_dir: Path, result: EngineRun
+                 ) -> None:
+    reference, reference_states, reference_apis = stage.reference, stage.states, stage.apis
     settings, service, layout = campaign.settings, campaign.service, campaign.layout
     violations = result.violations
     records = read_logs(log_dir)
@@ -736,6 +888,6 @@ async def _check(campaign: _Campaign, messages: Sequence[OutsideMessage], log_di
                               f"fault-free run made {made}")
     check = getattr(campaign.workload, "check", None)
     if check is not None:
-        outcome = RunOutcome(states, blobs, executions, messages)
+        outcome = RunOutcome(states, blobs, executions, stage.messages)
         violations += [f"domain: {v}" for v in check(outcome)]
         result.domain_checked = True
