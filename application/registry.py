@@ -18,6 +18,8 @@ from domain.decisions import Endpoint
 #: Endpoint names are queue names (`<name>`, `<name>.retry.<i>`, `<name>.dlq`), table keys
 #: and environment-variable parts (`EO_CALLEES__<NAME>__URL`): lower case, digits, `-`, `_`.
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+#: A blob prefix `Context.artifact_key` takes: parts of word characters, dots and dashes
+_PREFIX = re.compile(r"^[\w.-]+(?:/[\w.-]+)*$")
 
 
 class RegistryError(ValueError):
@@ -73,7 +75,13 @@ class Registration:
     - `callees`: the HTTP callees its handler calls (`CallHttp.service`), by endpoint name;
     - `request_type`: a callee's stored-request message type; None means its only message
       type;
-    - `apis`: the third-party APIs its handler calls (`CallApi.api`), by name.
+    - `apis`: the third-party APIs its handler calls (`CallApi.api`), by name;
+    - `blob_prefixes` (with `blobs`): the prefixes its handler gives
+      `Context.artifact_key`: the only objects `eo pipeline audit` may call orphans and
+      `eo pipeline sweep` may delete; empty: the prefixes of the keys its states name;
+    - `blob_fields`: the top-level fields of its state that hold artifact keys (its own
+      blobs' or another endpoint's), read directly by the audit; empty: every artifact key
+      in the state's JSON.
     """
 
     endpoint: Endpoint[Any]
@@ -83,6 +91,8 @@ class Registration:
     callees: tuple[str, ...] = ()
     request_type: str | None = None
     apis: tuple[str, ...] = ()
+    blob_prefixes: tuple[str, ...] = ()
+    blob_fields: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -240,6 +250,13 @@ class Registry:
                 problems.append(f"{r.name}=state sends to {out}, which uses "
                                 f"{str(chosen[out])!r}: a state endpoint's outputs carry no "
                                 "token, so every receiver must use 'outbox' or 'state'")
+        if r.blob_prefixes and not r.blobs:
+            problems.append(f"{r.name}: blob_prefixes name the blobs of an endpoint with "
+                            "blobs=True")
+        for prefix in r.blob_prefixes:
+            if not _PREFIX.match(prefix):
+                problems.append(f"{r.name}: blob prefix {prefix!r} is not a key prefix (letters, "
+                                "digits, '.', '_', '-', '/' between parts, no '/' at an end)")
         for callee in r.callees:
             target = self._by_name.get(callee)
             if target is None or target.role is not Role.CALLEE:

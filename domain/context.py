@@ -46,7 +46,12 @@ class Context:
         return f"{prefix}/{uuid.uuid5(self.attempt_id, f'{prefix}/{index}')}"
 
 
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+#: The name part of an artifact key: `artifact_key`'s uuid5, as text.
+UUID5_TEXT = "[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+#: Any artifact key inside a text (a state's JSON), as group 1: a regular expression that
+#: Python, Java (Spark) and PostgreSQL read alike.
+ARTIFACT_KEY_IN_TEXT = f"([A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*/{UUID5_TEXT})"
+_UUID = re.compile(f"^{UUID5_TEXT}$")
 
 
 def is_artifact_key(key: str, prefixes: Collection[str]) -> bool:

@@ -11,7 +11,8 @@ from domain.sample.payments import PAYMENTS
 
 SAMPLE = (
     Registration(GATEWAY, role=Role.GATEWAY),
-    Registration(ORDERS, blobs=True, callees=("payments",), apis=("carrier",)),
+    Registration(ORDERS, blobs=True, callees=("payments",), apis=("carrier",),
+                 blob_prefixes=("invoices",), blob_fields=("invoice_key",)),
     Registration(LEDGER),
     Registration(PAYMENTS, role=Role.CALLEE, request_type="PaymentRequest"),
 )

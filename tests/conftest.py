@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.processes import leftovers
 from tests.support.services import AMQP_ENV, LOCAL_AMQP, LOCAL_POSTGRES, POSTGRES_ENV
+from tests.support.spark import spark  # noqa: F401 - the pipeline tests' Spark session
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -9,6 +9,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from domain.context import ARTIFACT_KEY_IN_TEXT
+
 _UNFINISHED = """
 SELECT endpoint, count(*) AS n, extract(epoch FROM now() - min(committed_at)) AS age
   FROM eo_transaction_record WHERE message_id IS NOT NULL GROUP BY endpoint"""
@@ -111,24 +113,32 @@ async def stores_at_rest(dsn: str, token_dsn: str) -> StoresAtRest:
     return out
 
 
-_BLOB_KEYS_NAMED = """
+_EVERY_STATE = ("(SELECT endpoint, state FROM eo_transaction_record WHERE state IS NOT NULL "
+                "UNION ALL SELECT endpoint, state FROM eo_state_entry WHERE state IS NOT NULL)")
+_BLOB_KEYS_NAMED = f"""
 SELECT key FROM eo_side_effect_record WHERE kind = 'blob' AND key = ANY($1::text[])
 UNION SELECT key FROM eo_deferred_cleanup WHERE kind = 'blob' AND key = ANY($1::text[])
-UNION SELECT t.state->>f.field FROM eo_transaction_record t
-  JOIN unnest($2::text[], $3::text[]) AS f(endpoint, field) ON t.endpoint = f.endpoint
- WHERE t.state->>f.field = ANY($1::text[])"""
+UNION SELECT s.state->>f.field FROM {_EVERY_STATE} AS s
+  JOIN unnest($2::text[], $3::text[]) AS f(endpoint, field) ON s.endpoint = f.endpoint
+ WHERE s.state->>f.field = ANY($1::text[])
+UNION SELECT m[1] FROM {_EVERY_STATE} AS s, regexp_matches(s.state::text, $5, 'g') AS m
+ WHERE s.endpoint = ANY($4::text[]) AND m[1] = ANY($1::text[])"""
 
 
 async def blob_keys_named(dsn: str, keys: Sequence[str],
-                          state_fields: Sequence[tuple[str, str]] = ()) -> set[str]:
+                          state_fields: Sequence[tuple[str, str]] = (),
+                          searched: Sequence[str] = ()) -> set[str]:
     """Those of `keys` that the database at `dsn` names now: a blob side-effect record, a
-    deferred clean-up, or the top-level JSON field `field` of an endpoint's business state
-    for each `(endpoint, field)` of `state_fields` (e.g. `("orders", "invoice_key")`).
-    Raises asyncpg's errors and OSError when the database does not answer."""
+    deferred clean-up, the top-level JSON field `field` of an endpoint's business state for
+    each `(endpoint, field)` of `state_fields` (e.g. `("orders", "invoice_key")`), or any
+    artifact key (`domain.context.ARTIFACT_KEY_IN_TEXT`) in a state of an endpoint of
+    `searched`; every version of a state stream counts. Raises asyncpg's errors and OSError
+    when the database does not answer."""
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
         rows = await conn.fetch(_BLOB_KEYS_NAMED, list(keys),
-                                [e for e, _ in state_fields], [f for _, f in state_fields])
+                                [e for e, _ in state_fields], [f for _, f in state_fields],
+                                list(searched), ARTIFACT_KEY_IN_TEXT)
         return {r[0] for r in rows if r[0] is not None}
     finally:
         await conn.close()

@@ -27,6 +27,7 @@ import asyncpg
 import pytest
 
 from adapters.postgres.admin import drop_database, with_database
+from adapters.s3.moto_server import MotoServer
 from tests.mutation.mutations import MUTATIONS
 from tests.mutation.run import apply
 from tests.support.processes import delete_vhost, private_vhost, this_run
@@ -126,14 +127,18 @@ def test_the_new_service_has_no_sample_and_passes_its_own_checks(service: Path) 
     project = tomllib.loads(pyproject)
     wanted = [*project["project"]["dependencies"],
               *(str(d) for group in project["dependency-groups"].values() for d in group)]
-    assert not [d for d in wanted if d.startswith(("pyspark", "duckdb", "matplotlib"))]
-    # the sample's groups are gone; `bench` is the framework's tool (eo bench's references)
-    assert set(project["dependency-groups"]) == {"dev", "bench"}
+    # the sample's TPC-H data and its PDF invoices are gone; Spark stays (eo pipeline)
+    assert not [d for d in wanted if d.startswith(("duckdb-extension-tpch", "fpdf2"))]
+    assert any(str(d).startswith("pyspark") for d in project["dependency-groups"]["pipeline"])
+    # the sample's groups are gone; `bench` and `pipeline` are the framework's tools
+    assert set(project["dependency-groups"]) == {"dev", "bench", "pipeline"}
+    assert (service / "tools" / "pipeline" / "audit.py").exists()
+    assert not (service / "tools" / "tpch").exists()
     started = time.monotonic()
     # its checks (ruff, mypy, import contracts, docs) and its tests but the process suites
     # (tests/integration, tests/tools): those are the template's own, unchanged by copier,
     # and ran on this code earlier in the same suite (the service's renamed processes run
-    # in test_the_new_endpoint_runs_on_postgresql_and_rabbitmq)
+    # in test_the_new_endpoint_runs_on_postgresql_and_rabbitmq_and_passes_the_audit)
     done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider", "-rA",
                 "--ignore=tests/integration", "--ignore=tests/tools"], service, env=clean_env())
     # the team's own tests of its endpoints (the test API, with faults) ran and passed
@@ -169,13 +174,20 @@ def test_the_new_endpoint_runs_embedded(service: Path, tmp_path: Path) -> None:
     assert not any(report["at_rest"].values())
 
 
-def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None:
+def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq_and_passes_the_audit(
+        service: Path) -> None:
+    """The fixture's endpoints as processes on PostgreSQL, RabbitMQ and an S3 API, then `eo
+    pipeline audit` of what they left (the protocol's findings for every endpoint, with the
+    prefix the states name: no sample, no declaration): clean, exit 0."""
     services = discover()
     database = this_run("eo_template")
+    moto = MotoServer()
     env = clean_env(EO_PROFILE="local",
                     EO_DATABASE_DSN=with_database(services.postgres_dsn, database),
                     EO_AMQP_URL=private_vhost(services.amqp_url, this_run("eo-template", "-")),
-                    EO_BLOB_STORE="directory", EO_BLOB_DIR=str(service / "var" / "blobs"),
+                    EO_BLOB_STORE="s3", EO_S3_ENDPOINT_URL=moto.start(),
+                    EO_S3_BUCKET="parcel-labels", EO_S3_ACCESS_KEY="local",
+                    EO_S3_SECRET_KEY="local", AWS_EC2_METADATA_DISABLED="true",
                     EO_SWEEP_INTERVAL_S="0.5")
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -206,19 +218,39 @@ def test_the_new_endpoint_runs_on_postgresql_and_rabbitmq(service: Path) -> None
                 if '"consumer.started"' in line}
         print(f"\nlocal profile: tracking {states}; status ports {sorted(urls)}")
         assert len(urls) == 2
+        stop(procs)
+        audit = run(["./dev", "pipeline", "audit", "--output", "var/audit", "--older-than", "0",
+                     "--partitions", "2"], service, env=env, check=False)
+        print(f"\n./dev pipeline audit: {audit.stdout[-2500:]}")
+        assert audit.returncode == 0, audit.stdout[-4000:] + audit.stderr[-4000:]
+        summary = json.loads((service / "var" / "audit" / "summary.json").read_text())
+        assert summary["violations"] == 0
+        assert summary["counts"] == dict.fromkeys(
+            ("orphans", "missing_objects", "stale_tokens", "dead_letter_tokens",
+             "stale_transactions"), 0)
+        assert summary["prefixes"] == ["labels"]  # what the parcels' states name
+        assert summary["dead_letters"] == {"parcels": 0, "tracking": 0}
+        listing = next(s for s in summary["stages"] if s["name"] == "list the bucket")
+        assert listing["rows"] == 2  # p-1's and p-2's labels, each named by its state
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
         asyncio.run(drop_database(env["EO_DATABASE_DSN"]))
         delete_vhost(env["EO_AMQP_URL"])
+        moto.stop()
         services.close()
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process still running, then wait (SIGKILL after 30 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @pytest.fixture(scope="module")

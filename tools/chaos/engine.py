@@ -78,6 +78,7 @@ from application.observability import (
 )
 from application.registry import Role
 from application.strategy import Strategy
+from domain.context import ARTIFACT_KEY_IN_TEXT
 from entrypoints.faults import CRASH_EXIT
 from entrypoints.local import postgres_stores
 from entrypoints.operations import migrate_all
@@ -122,8 +123,7 @@ TABLES = ("eo_token", "eo_transaction_record", "eo_side_effect_record", "eo_defe
 KEPT_LOGS = Path("var/chaos")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 #: An object key `Context.artifact_key` makes, `<prefix>/<uuid5>`, where a state names it.
-_ARTIFACT_KEY = re.compile(
-    r"[\w.-]+(?:/[\w.-]+)*/[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+_ARTIFACT_KEY = re.compile(ARTIFACT_KEY_IN_TEXT)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def demo(
         help="embedded (in-process) or local (RabbitMQ, PostgreSQL, processes)")] = "embedded",
     ingest: Annotated[str, typer.Option(
         help="how the commands enter: publish (to the gateway's queue) or spark (`eo "
-             "pipeline ingest` into the gateway's inbox, twice; the gateway relays)")]
+             "pipeline ingest-tpch` into the gateway's inbox, twice; the gateway relays)")]
         = "publish",
     keep_database: Annotated[bool, typer.Option(
         help="local: keep the run's database (named in the report) for a look or the "

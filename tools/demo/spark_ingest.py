@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from application.envelope import Envelope
-from tools.pipeline.ingest import derive_commands, ingest, read_tables, table_paths
 from tools.pipeline.spark import session_scope
 from tools.settings import ToolSettings
 from tools.tpch.data import export_tables
+from tools.tpch.ingest import derive_commands, ingest, read_tables, table_paths
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

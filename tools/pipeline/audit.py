@@ -1,24 +1,25 @@
-"""The exactly-once audit (`eo pipeline audit`): the independent safety net of protocol 8.
+"""The exactly-once audit (`eo pipeline audit`): the independent safety net of protocol 8,
+for every endpoint of the registry.
 
-Spark compares what the endpoints committed with the oracle of docs/sample-domain.md computed
-from the input dataset, and the bucket with the records that name its objects. Findings, each
-a Parquet dataset of offending rows under the output directory:
+Spark reads the stores at rest and the bucket's listing and writes each finding as a Parquet
+dataset of offending rows under the output directory. The protocol's findings, for any
+service:
 
-- `orders`: an order whose state differs from the oracle (`missing order`, `unexpected
-  order`, `unreadable state`, `missing line`, `doubled line`, `unexpected line`, `wrong
-  total`, `not settled`, `no invoice`);
-- `outcomes`: an order the ledger recorded other than exactly once, or with another outcome
-  than the order's status;
-- `customers`: payments debits, confirmed totals and ledger revenue that disagree, or an
-  account over its credit limit;
-- `orphans`: objects older than the threshold that no committed record names (an order
-  state's invoice key, a blob side-effect record, a deferred clean-up);
-- `missing_objects`: invoice keys of committed order states with no object;
-- `stale_tokens`, `stale_transactions`: tokens and committed-but-unfinished transaction
-  records older than the threshold.
+- `stale_tokens`: tokens older than the threshold that no dead letter keeps: a message that
+  was neither processed nor dead-lettered (or a token left behind);
+- `dead_letter_tokens`: tokens kept by a dead letter still waiting for an operator (`eo
+  dead-letters replay` or `discard`): a message not processed;
+- `stale_transactions`: transaction records committed longer ago than the threshold and
+  never finished;
+- `orphans`: objects older than the threshold under the blob endpoints' prefixes that no
+  state, blob side-effect record or deferred clean-up names;
+- `missing_objects`: artifact keys a committed state names with no object in the bucket.
 
-States are read through JDBC projected by PostgreSQL (jsonb is parsed there already, so Spark
-receives typed columns and only the fields it compares). The dead-letter queues' depths are
+Where a state names blobs comes from the registry (`Registration.blob_fields`, else every
+artifact key in the state's JSON, found by PostgreSQL, in every endpoint's states), and so
+do the prefixes an orphan may have (`Registration.blob_prefixes`, else the prefixes of the
+keys the states and records name). A service adds its own findings with a `DomainAudit`
+(the sample's TPC-H oracle: tools/tpch/audit.py). The dead-letter queues' depths are
 counted by the caller (a broker is no Spark source).
 """
 
@@ -31,18 +32,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tools.pipeline.sources import InputTables, Jdbc, read_query
+from domain.context import ARTIFACT_KEY_IN_TEXT, UUID5_TEXT
+from tools.pipeline.sources import Jdbc, read_query
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
-FINDINGS = ("orders", "outcomes", "customers", "orphans", "missing_objects", "stale_tokens",
+    from entrypoints.settings import Service
+
+FINDINGS = ("orphans", "missing_objects", "stale_tokens", "dead_letter_tokens",
             "stale_transactions")
-#: Exact line amounts have at most 6 decimals (three factors of 2 each); totals are cents.
-EXACT = "decimal(38,6)"
-AMOUNT = "decimal(38,10)"
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ class AuditConfig:
     - `database` / `tokens`: the endpoints' database and the token store (JDBC);
     - `now`, `older_than_s`: orphans, tokens and unfinished transaction records count only
       when older than `now - older_than_s` (UTC);
-    - `ledger_stream`: the ledger keeps its state in `eo_state_entry` (strategy `state`);
+    - `states`: every endpoint -> the state fields naming blobs (empty: any artifact key in
+      the state's JSON): whichever endpoint names an object keeps it from being an orphan;
+    - `prefixes`: the prefixes an orphan may have (None: those of the keys named);
+    - `streams`: endpoints keeping their states in `eo_state_entry` (strategy `state`);
     - `partitions`: parallel JDBC reads per table.
     """
 
@@ -74,13 +78,32 @@ class AuditConfig:
     tokens: Jdbc
     now: datetime
     older_than_s: float
-    ledger_stream: bool = False
+    states: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    prefixes: tuple[str, ...] | None = None
+    streams: frozenset[str] = frozenset()
     partitions: int = 4
 
     @property
     def cutoff(self) -> datetime:
         """`now - older_than_s`, UTC."""
         return self.now.astimezone(UTC) - timedelta(seconds=self.older_than_s)
+
+
+def audit_config(service: Service, database: Jdbc, tokens: Jdbc, now: datetime,
+                 older_than_s: float, partitions: int = 4) -> AuditConfig:
+    """The audit of `service`'s registry (every endpoint's states, the blob endpoints'
+    declared fields and prefixes, the `state`-strategy endpoints) on `database` and
+    `tokens`."""
+    from application.strategy import Strategy
+
+    states = {r.name: r.blob_fields for r in service.registry}
+    declared = [p for r in service.registry if r.blobs for p in r.blob_prefixes]
+    undeclared = any(r.blobs and not r.blob_prefixes for r in service.registry)
+    streams = frozenset(r.name for r in service.registry
+                        if service.strategy(r.name) is Strategy.STATE)
+    return AuditConfig(database, tokens, now, older_than_s, states,
+                       None if undeclared else tuple(sorted(set(declared))), streams,
+                       partitions)
 
 
 @dataclass
@@ -95,6 +118,8 @@ class AuditResult:
     output: Path
     cutoff: datetime
     files: dict[str, Path] = field(default_factory=dict)
+    #: the prefixes orphans were looked for under (declared, or derived from the keys named)
+    prefixes: tuple[str, ...] = ()
 
     @property
     def violations(self) -> int:
@@ -108,22 +133,17 @@ class AuditResult:
             "counts": self.counts,
             "dead_letters": self.dead_letters,
             "cutoff": self.cutoff.isoformat(),
+            "prefixes": list(self.prefixes),
             "stages": [{"name": s.name, "seconds": round(s.seconds, 3), "rows": s.rows,
                         "rows_per_s": round(s.rows_per_s)} for s in self.stages],
             "files": {k: str(v) for k, v in self.files.items()},
         }
 
 
-#: The prefixes of the sample's blob keys (`Context.artifact_key("invoices")`): the only
-#: objects the audit may call orphans and the sweep may delete.
-ARTIFACT_PREFIXES = ("invoices",)
-
-
 def artifact_key_pattern(prefixes: Sequence[str]) -> str:
     """A regular expression (Java's and Python's) for `domain.context.is_artifact_key`."""
     alternatives = "|".join(re.escape(p) for p in prefixes)
-    return (f"^({alternatives})/[0-9a-f]{{8}}-[0-9a-f]{{4}}-5[0-9a-f]{{3}}-[89ab][0-9a-f]{{3}}"
-            "-[0-9a-f]{12}$")
+    return f"^({alternatives})/{UUID5_TEXT}$"
 
 
 def _literal(text: str) -> str:
@@ -141,240 +161,31 @@ def states_source(endpoint: str, stream: bool = False) -> str:
             f"WHERE endpoint = {_literal(endpoint)} AND state IS NOT NULL")
 
 
-def _number(path: str) -> str:
-    return f"CASE WHEN jsonb_typeof({path}) = 'number' THEN ({path})::text::bigint END"
+def named_keys_query(endpoint: str, fields: Sequence[str] = (), stream: bool = False) -> str:
+    """SQL for the blob keys `endpoint`'s states name: endpoint, partition_key, key. From
+    the top-level `fields` when given (strings only), else every artifact key in the state's
+    JSON text (`ARTIFACT_KEY_IN_TEXT`, PostgreSQL's `regexp_matches`)."""
+    source = states_source(endpoint, stream)
+    name = _literal(endpoint)
+    if fields:
+        return " UNION ALL ".join(
+            f"SELECT {name} AS endpoint, partition_key, state->>{_literal(f)} AS key "
+            f"FROM ({source}) AS s WHERE jsonb_typeof(state->{_literal(f)}) = 'string'"
+            for f in fields)
+    return (f"SELECT {name} AS endpoint, partition_key, m[1] AS key FROM ({source}) AS s, "
+            f"regexp_matches(s.state::text, {_literal(ARTIFACT_KEY_IN_TEXT)}, 'g') AS m")
 
 
-def _numbers(path: str) -> str:
-    array = f"CASE WHEN jsonb_typeof({path}) = 'array' THEN {path} ELSE '[]'::jsonb END"
-    return f"ARRAY(SELECT e::text::bigint FROM jsonb_array_elements({array}) AS e)"
+#: Blob keys the protocol's own rows name (in flight or awaiting clean-up): never orphans.
+RECORDED_BLOB_KEYS = ("SELECT key FROM eo_side_effect_record WHERE kind = 'blob' UNION ALL "
+                      "SELECT key FROM eo_deferred_cleanup WHERE kind = 'blob'")
 
 
-def orders_query(stream: bool = False) -> str:
-    """The orders' states projected by PostgreSQL (jsonb is parsed already: Spark receives
-    typed columns, not JSON text): partition_key, order_key, customer_key (bigint, NULL when
-    absent or not a number), status, total, invoice_key (text), line_numbers (bigint[], in
-    stored order, duplicates kept)."""
-    lines = ("CASE WHEN jsonb_typeof(state->'lines') = 'array' THEN state->'lines' "
-             "ELSE '[]'::jsonb END")
-    return ("SELECT partition_key, " + _number("state->'order_key'") + " AS order_key, "
-            + _number("state->'customer_key'") + " AS customer_key, "
-            "state->>'status' AS status, state->>'total' AS total, "
-            "state->>'invoice_key' AS invoice_key, "
-            "ARRAY(SELECT " + _number("l->'line_number'") + f" FROM jsonb_array_elements({lines})"
-            f" AS l) AS line_numbers FROM ({states_source('orders', stream)}) AS s")
-
-
-def ledgers_query(stream: bool = False) -> str:
-    """The ledger's states projected by PostgreSQL: partition_key, customer_key, revenue
-    (text), confirmed and rejected (bigint[], one entry per event)."""
-    return ("SELECT partition_key, " + _number("state->'customer_key'") + " AS customer_key, "
-            "state->>'revenue' AS revenue, " + _numbers("state->'confirmed'") + " AS confirmed, "
-            + _numbers("state->'rejected'") + " AS rejected "
-            f"FROM ({states_source('ledger', stream)}) AS s")
-
-
-def accounts_query() -> str:
-    """Payments' account states projected by PostgreSQL: partition_key, customer_key,
-    balance, credit_limit (text)."""
-    return ("SELECT partition_key, " + _number("state->'customer_key'") + " AS customer_key, "
-            "state->>'balance' AS balance, state->>'credit_limit' AS credit_limit "
-            f"FROM ({states_source('payments')}) AS s")
-
-
-def typed_orders(raw: DataFrame) -> DataFrame:
-    """Rows of `orders_query` -> order_key (from the state, else the partition key),
-    readable (the state names its order), customer_key, status, total (decimal(38,10); NULL
-    before finalising or when not a number), invoice_key, line_numbers."""
+def key_prefix(key: Any) -> Any:
+    """A Spark column: the prefix of artifact key column `key` (all before its last '/')."""
     from pyspark.sql import functions as F
 
-    return raw.select(
-        F.coalesce(F.col("order_key"), F.col("partition_key").try_cast("bigint"))
-        .alias("order_key"),
-        F.col("order_key").isNotNull().alias("readable"), "customer_key", "status",
-        F.col("total").try_cast(AMOUNT).alias("total"), "invoice_key",
-        F.coalesce("line_numbers", F.array().cast("array<bigint>")).alias("line_numbers"))
-
-
-def _kept() -> Any:
-    from pyspark.sql import functions as F
-
-    return F.coalesce(F.col("l_returnflag"), F.lit("")) != "R"
-
-
-def expected_totals(lineitem: DataFrame) -> DataFrame:
-    """Per order with at least one line item: order_key, expected_total = sum over the lines
-    whose l_returnflag is not 'R' of extended_price * (1 - discount) * (1 + tax), exact,
-    rounded half-even to cents (0 when every line is removed), as decimal(38,10)."""
-    from pyspark.sql import functions as F
-
-    price = F.col("l_extendedprice")
-    net = price - price * F.col("l_discount")
-    amount = (net + net * F.col("l_tax")).cast(EXACT)
-    return lineitem.groupBy(F.col("l_orderkey").alias("order_key")).agg(
-        F.bround(F.coalesce(F.sum(F.when(_kept(), amount)), F.lit(0).cast(EXACT)), 2)
-        .cast(AMOUNT).alias("expected_total"))
-
-
-def expected_lines(lineitem: DataFrame) -> DataFrame:
-    """The lines an order keeps: order_key, line_number of every line item whose
-    l_returnflag is not 'R'."""
-    from pyspark.sql import functions as F
-
-    return lineitem.where(_kept()).select(F.col("l_orderkey").alias("order_key"),
-                                          F.col("l_linenumber").alias("line_number"))
-
-
-def oracle(lineitem: DataFrame) -> DataFrame:
-    """The oracle of docs/sample-domain.md as domain/sample/oracle.py states it, from the
-    same expressions the audit compares with: order_key, lines (sorted kept line numbers),
-    expected_total (expected_totals)."""
-    from pyspark.sql import functions as F
-
-    lines = expected_lines(lineitem).groupBy("order_key").agg(
-        F.sort_array(F.collect_list("line_number")).alias("lines"))
-    return (expected_totals(lineitem).join(lines, "order_key", "left")
-            .select("order_key",
-                    F.coalesce("lines", F.array().cast("array<bigint>")).alias("lines"),
-                    "expected_total"))
-
-
-def order_findings(orders: DataFrame, lineitem: DataFrame) -> DataFrame:
-    """Order states (typed_orders) against the oracle computed from `lineitem`: one row per
-    order and problem, columns order_key, problem, line_numbers (the lines concerned, sorted),
-    expected_total, found_total, status.
-
-    Lines are compared as multisets without building per-order arrays: the kept line items
-    and the states' exploded line numbers are counted per (order, line) in one aggregation,
-    and only the (order, line) pairs whose counts differ go on.
-    """
-    from pyspark.sql import functions as F
-
-    empty = F.array().cast("array<bigint>")
-    counted = (expected_lines(lineitem).select("order_key", "line_number",
-                                               F.lit(1).alias("o"), F.lit(0).alias("s"))
-               .unionByName(orders.where("readable").select(
-                   "order_key", F.explode("line_numbers").alias("line_number"),
-                   F.lit(0).alias("o"), F.lit(1).alias("s")))
-               .groupBy("order_key", "line_number").agg(F.sum("o").alias("o"),
-                                                        F.sum("s").alias("s"))
-               .where("o != s"))
-
-    def lines_where(condition: Column) -> Column:
-        return F.sort_array(F.collect_list(F.when(condition, F.col("line_number"))))
-
-    # few rows (only the lines whose counts differ): broadcast to the order-level pass
-    off = counted.groupBy("order_key").agg(
-        lines_where(F.col("s") == 0).alias("missing"),
-        lines_where((F.col("o") == 0) & (F.col("s") > 0)).alias("unexpected"),
-        lines_where((F.col("o") > 0) & (F.col("s") > F.col("o"))).alias("doubled"))
-    joined = (orders.join(expected_totals(lineitem), "order_key", "full_outer")
-              .join(F.broadcast(off), "order_key", "left"))
-    present = F.col("readable").isNotNull()
-    known = F.col("expected_total").isNotNull()
-    ok = present & known & F.coalesce(F.col("readable"), F.lit(False))
-
-    def problem(when: Column, name: str, lines: Column | None = None) -> Column:
-        return F.when(when, F.struct(F.lit(name).alias("problem"),
-                                     (empty if lines is None else lines).alias("line_numbers")))
-
-    def some(lines: str) -> Column:
-        return ok & F.coalesce(F.size(lines) > 0, F.lit(False))
-
-    problems = F.array(
-        problem(~present, "missing order"),
-        problem(present & ~known, "unexpected order"),
-        problem(present & known & ~F.col("readable"), "unreadable state"),
-        problem(some("missing"), "missing line", F.col("missing")),
-        problem(some("doubled"), "doubled line", F.col("doubled")),
-        problem(some("unexpected"), "unexpected line", F.col("unexpected")),
-        problem(ok & ~F.col("total").eqNullSafe(F.col("expected_total")), "wrong total"),
-        problem(ok & ~F.coalesce(F.col("status").isin("confirmed", "rejected"), F.lit(False)),
-                "not settled"),
-        problem(ok & F.col("status").isin("awaiting_payment", "confirmed", "rejected")
-                & F.col("invoice_key").isNull(), "no invoice"),
-    )
-    return (joined.select("order_key", F.explode(problems).alias("p"), "expected_total",
-                          F.col("total").alias("found_total"), "status")
-            .where(F.col("p").isNotNull())
-            .select("order_key", "p.problem", "p.line_numbers", "expected_total",
-                    "found_total", "status"))
-
-
-def typed_ledgers(raw: DataFrame) -> DataFrame:
-    """Rows of `ledgers_query` -> customer_key, revenue (decimal(38,10)), confirmed,
-    rejected (bigint arrays, empty when absent)."""
-    from pyspark.sql import functions as F
-
-    empty = F.array().cast("array<bigint>")
-    return raw.select("customer_key", F.col("revenue").try_cast(AMOUNT).alias("revenue"),
-                      F.coalesce("confirmed", empty).alias("confirmed"),
-                      F.coalesce("rejected", empty).alias("rejected"))
-
-
-def outcome_findings(orders: DataFrame, expected: DataFrame, ledgers: DataFrame) -> DataFrame:
-    """Per order of the oracle (`expected`: its order_key column, e.g. expected_totals) and
-    any other the ledger names: how often the ledger recorded
-    it confirmed and rejected. Offending rows (order_key, problem, ledger_confirmed,
-    ledger_rejected, status): `not recorded once` when the two counts do not add up to 1,
-    `not in the input` for an order the oracle lacks, `ledger disagrees with the order` when
-    the one outcome is not the order's status."""
-    from pyspark.sql import functions as F
-
-    events = (ledgers.select(F.explode("confirmed").alias("order_key"),
-                             F.lit(1).alias("c"), F.lit(0).alias("r"))
-              .unionByName(ledgers.select(F.explode("rejected").alias("order_key"),
-                                          F.lit(0).alias("c"), F.lit(1).alias("r"))))
-    counts = events.groupBy("order_key").agg(F.sum("c").alias("ledger_confirmed"),
-                                             F.sum("r").alias("ledger_rejected"))
-    universe = expected.select("order_key", F.lit(True).alias("in_input"))
-    rows = (universe.join(counts, "order_key", "full_outer")
-            .join(orders.select("order_key", "status"), "order_key", "left")
-            .select("order_key", F.coalesce("in_input", F.lit(False)).alias("in_input"),
-                    F.coalesce("ledger_confirmed", F.lit(0)).alias("ledger_confirmed"),
-                    F.coalesce("ledger_rejected", F.lit(0)).alias("ledger_rejected"), "status"))
-    total = F.col("ledger_confirmed") + F.col("ledger_rejected")
-    problem = (F.when(~F.col("in_input"), "not in the input")
-               .when(total != 1, "not recorded once")
-               .when((F.col("ledger_confirmed") == 1)
-                     != F.coalesce(F.col("status") == "confirmed", F.lit(False)),
-                     "ledger disagrees with the order"))
-    return (rows.withColumn("problem", problem).where(F.col("problem").isNotNull())
-            .select("order_key", "problem", "ledger_confirmed", "ledger_rejected", "status"))
-
-
-def customer_findings(tables: InputTables, orders: DataFrame, ledgers: DataFrame,
-                      accounts: DataFrame) -> DataFrame:
-    """Per input customer: debits (opening c_acctbal - account balance, 0 without an account),
-    the confirmed orders' totals (by the input's o_custkey) and the ledger revenue must be
-    equal, and balance + credit_limit >= 0. Offending rows: customer_key, problem, debits,
-    confirmed_total, revenue, balance, credit_limit."""
-    from pyspark.sql import functions as F
-
-    zero = F.lit(0).cast(AMOUNT)
-    account = accounts.select(F.col("customer_key").alias("c_custkey"),
-                              F.col("balance").try_cast(AMOUNT).alias("balance"),
-                              F.col("credit_limit").try_cast(AMOUNT).alias("credit_limit"))
-    confirmed = (orders.where(F.col("status") == "confirmed")
-                 .join(tables.orders, orders["order_key"] == tables.orders["o_orderkey"])
-                 .groupBy(F.col("o_custkey").alias("c_custkey"))
-                 .agg(F.sum(F.coalesce("total", zero)).cast(AMOUNT).alias("confirmed_total")))
-    revenue = ledgers.select(F.col("customer_key").alias("c_custkey"), "revenue")
-    rows = (tables.customer.join(account, "c_custkey", "left")
-            .join(confirmed, "c_custkey", "left").join(revenue, "c_custkey", "left")
-            .select(F.col("c_custkey").alias("customer_key"),
-                    F.when(F.col("balance").isNull(), zero)
-                    .otherwise((F.col("c_acctbal") - F.col("balance")).cast(AMOUNT))
-                    .alias("debits"),
-                    F.coalesce("confirmed_total", zero).alias("confirmed_total"),
-                    F.coalesce("revenue", zero).alias("revenue"), "balance", "credit_limit"))
-    agree = ((F.col("debits") == F.col("confirmed_total"))
-             & (F.col("confirmed_total") == F.col("revenue")))
-    problem = (F.when(~agree, "debits, confirmations and ledger disagree")
-               .when(F.col("balance") + F.col("credit_limit") < 0, "over the credit limit"))
-    return (rows.withColumn("problem", problem).where(F.col("problem").isNotNull())
-            .select("customer_key", "problem", "debits", "confirmed_total", "revenue",
-                    "balance", "credit_limit"))
+    return F.regexp_extract(key, "^(.*)/[^/]+$", 1)
 
 
 def orphan_objects(listing: DataFrame, named: DataFrame, cutoff: datetime,
@@ -393,16 +204,53 @@ def orphan_objects(listing: DataFrame, named: DataFrame, cutoff: datetime,
     return old.join(named.select("key"), "key", "left_anti")
 
 
-def missing_objects(orders: DataFrame, listing: DataFrame) -> DataFrame:
-    """Invoice keys of order states with no object in `listing`: key, order_key."""
-    from pyspark.sql import functions as F
-
-    invoices = orders.where(F.col("invoice_key").isNotNull()).select(
-        F.col("invoice_key").alias("key"), "order_key")
-    return invoices.join(listing.select("key"), "key", "left_anti")
+def missing_objects(named: DataFrame, listing: DataFrame) -> DataFrame:
+    """Keys of `named` (endpoint, partition_key, key: what the states name) with no object
+    in `listing`: key, endpoint, partition_key."""
+    return named.join(listing.select("key"), "key", "left_anti").select(
+        "key", "endpoint", "partition_key")
 
 
-class _Clock:
+class DomainAudit(Protocol):
+    """A service's own findings beside the protocol's (the sample's: tools/tpch/audit.py).
+
+    `names`: the findings it adds, in report order. `findings(run)`: each as a `Finding`
+    (lazy DataFrames; reads it wants timed go through `run.clock`); it raises `InputError`
+    for bad input of its own (exit 2), Spark's errors unchanged."""
+
+    names: tuple[str, ...]
+
+    def findings(self, run: AuditRun) -> dict[str, Finding]: ...
+
+    def finished(self) -> None:
+        """Called once every finding is written: release what `findings` cached."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding to write: its offending rows, the stage label, and the rows the stage
+    went through (given the finding's count; 0: not counted)."""
+
+    frame: DataFrame
+    label: str
+    rows: Callable[[int], int] = lambda _n: 0
+
+
+@dataclass(frozen=True)
+class AuditRun:
+    """What a `DomainAudit` gets: the session, the config, a partitioned JDBC read of the
+    endpoints' database (`query(sql, split_on)`), the timed stages' clock and the listing."""
+
+    spark: SparkSession
+    config: AuditConfig
+    query: Callable[..., DataFrame]
+    clock: Clock
+    listing: DataFrame
+
+
+class Clock:
+    """Runs the audit's stages, timing each (`stages`) and telling `progress` its name."""
+
     def __init__(self, progress: Callable[[str], None]) -> None:
         self.progress = progress
         self.stages: list[Stage] = []
@@ -476,14 +324,15 @@ def read_rows(path: Path, limit: int | None = None,
 def run_audit(
     spark: SparkSession,
     config: AuditConfig,
-    tables: InputTables,
     listing: DataFrame,
     output: Path,
     dead_letters: Mapping[str, int | None] | None = None,
     progress: Callable[[str], None] = lambda _stage: None,
     sample_rows: int = 10,
+    domain: DomainAudit | None = None,
 ) -> AuditResult:
-    """Run every check and write each finding to `output/<finding>` (Parquet, overwritten).
+    """Run the protocol's checks (and `domain`'s) and write each finding to
+    `output/<finding>` (Parquet, overwritten).
 
     `listing` is the bucket's objects (listing.LISTING_SCHEMA); `dead_letters` the depth of
     each endpoint's dead-letter queue, if counted. `progress` is called with each stage's
@@ -494,71 +343,80 @@ def run_audit(
     output.mkdir(parents=True, exist_ok=True)
     # readable by any Parquet reader (the default, INT96, is Spark's legacy encoding)
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    clock = _Clock(progress)
+    clock = Clock(progress)
     cutoff = config.cutoff
     db, parts = config.database, config.partitions
 
-    def query(sql: str) -> DataFrame:
-        return read_query(spark, db, sql, "partition_key", parts)
+    def query(sql: str, split_on: str = "partition_key") -> DataFrame:
+        return read_query(spark, db, sql, split_on, parts)
 
-    orders = typed_orders(query(orders_query())).cache()
-    expected = expected_totals(tables.lineitem).cache()
-    ledgers = typed_ledgers(query(ledgers_query(config.ledger_stream))).cache()
-    accounts = query(accounts_query())
-    lines = clock.run("read the input's line items", tables.lineitem.count)
-    clock.run("read order states (JDBC)", orders.count)
-    clock.run("oracle from the input", expected.count, lambda _n: lines)
-    clock.run("read ledger states (JDBC)", ledgers.count)
-    blob_records = read_query(
-        spark, db, "SELECT key FROM eo_side_effect_record WHERE kind = 'blob' UNION ALL "
-                   "SELECT key FROM eo_deferred_cleanup WHERE kind = 'blob'", "key", parts)
-    named = orders.where(F.col("invoice_key").isNotNull()).select(
-        F.col("invoice_key").alias("key")).unionByName(blob_records)
     listing = listing.cache()
     objects = clock.run("list the bucket", listing.count)
+    findings: dict[str, Finding] = {}
+    if domain is not None:
+        findings.update(domain.findings(AuditRun(spark, config, query, clock, listing)))
+    named = None
+    if config.states:
+        named = query(" UNION ALL ".join(
+            named_keys_query(e, fields, e in config.streams)
+            for e, fields in sorted(config.states.items()))).cache()
+        clock.run("read the blob keys the states name (JDBC)", named.count)
+    recorded = query(RECORDED_BLOB_KEYS, "key")
+    prefixes = config.prefixes
+    if prefixes is None:  # the prefixes of what the states and the protocol's rows name
+        keys = recorded if named is None else named.select("key").unionByName(recorded)
+        prefixes = tuple(sorted(
+            r[0] for r in keys.select(key_prefix(F.col("key")).alias("p")).distinct().collect()
+            if r[0]))
+    every_named = recorded if named is None else named.select("key").unionByName(recorded)
     stamp = _literal(cutoff.isoformat()) + "::timestamptz"
     tokens = read_query(
         spark, config.tokens,
-        "SELECT message_id::text AS message_id, type, created_at FROM eo_token "
+        "SELECT endpoint, message_id::text AS message_id, type, created_at FROM eo_token "
         f"WHERE created_at < {stamp}", "message_id", parts)
-    unfinished = read_query(
-        spark, db,
+    waiting = query("SELECT DISTINCT endpoint, message_id::text AS message_id, "
+                    "dead_letter_id FROM eo_dead_letter WHERE status = 'dead' AND "
+                    "message_id IS NOT NULL", "message_id")
+    kept = ["endpoint", "message_id"]
+    unfinished = query(
         "SELECT endpoint, partition_key, message_id::text AS message_id, "
         "attempt_id::text AS attempt_id, version, committed_at FROM eo_transaction_record "
-        f"WHERE message_id IS NOT NULL AND committed_at < {stamp}", "partition_key", parts)
-    findings = {
-        "orders": (order_findings(orders, tables.lineitem), "compare order states with the oracle",
-                   lambda _n: lines),
-        "outcomes": (outcome_findings(orders, expected, ledgers),
-                     "count confirmations and rejections", lambda _n: 0),
-        "customers": (customer_findings(tables, orders, ledgers, accounts),
-                      "reconcile payments, confirmations and ledger", lambda _n: 0),
-        "orphans": (orphan_objects(listing, named, cutoff, ARTIFACT_PREFIXES),
-                    "find orphan objects",
-                    lambda _n: objects),
-        "missing_objects": (missing_objects(orders, listing), "find missing invoice objects",
-                            lambda _n: 0),
-        "stale_tokens": (tokens, "find stale tokens (JDBC)", lambda _n: 0),
-        "stale_transactions": (unfinished, "find unfinished transaction records (JDBC)",
-                               lambda _n: 0),
-    }
+        f"WHERE message_id IS NOT NULL AND committed_at < {stamp}")
+    findings.update({
+        "orphans": Finding(orphan_objects(listing, every_named, cutoff, prefixes),
+                           "find orphan objects", lambda _n: objects),
+        "missing_objects": Finding(
+            missing_objects(named, listing) if named is not None else listing.limit(0).select(
+                "key", F.lit(None).cast("string").alias("endpoint"),
+                F.lit(None).cast("string").alias("partition_key")),
+            "find missing objects"),
+        "stale_tokens": Finding(tokens.join(waiting.select(*kept), kept, "left_anti"),
+                                "find stale tokens (JDBC)"),
+        "dead_letter_tokens": Finding(tokens.join(waiting, kept, "left_semi"),
+                                      "find tokens of dead letters (JDBC)"),
+        "stale_transactions": Finding(unfinished,
+                                      "find unfinished transaction records (JDBC)"),
+    })
     counts: dict[str, int] = {}
     files: dict[str, Path] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
-    for name, (frame, label, rows) in findings.items():
+    for name, finding in findings.items():
         path = output / name
 
-        def write(frame: DataFrame = frame, path: Path = path) -> int:
+        def write(frame: DataFrame = finding.frame, path: Path = path) -> int:
             frame.write.mode("overwrite").parquet(str(path))
             return count_rows(path)
 
-        counts[name] = clock.run(label, write, rows)
+        counts[name] = clock.run(finding.label, write, finding.rows)
         files[name] = path
         samples[name] = read_rows(path, sample_rows)
-    for frame in (orders, expected, ledgers, listing):
-        frame.unpersist()
+    for frame in (listing, named):
+        if frame is not None:
+            frame.unpersist()
+    if domain is not None:
+        domain.finished()
     return AuditResult(counts, dict(dead_letters or {}), clock.stages, samples, output, cutoff,
-                       files)
+                       files, prefixes)
 
 
 def write_summary(result: AuditResult) -> Path:

@@ -1,5 +1,5 @@
-"""`eo pipeline audit`, `eo pipeline sweep` and `eo pipeline bench` (registered on the
-pipeline's typer app in tools/pipeline/cli.py).
+"""`eo pipeline audit` and `eo pipeline sweep` (registered on the pipeline's typer app in
+tools/pipeline/cli.py), and the helpers every `eo pipeline` command shares.
 
 Exit codes: 0 clean (audit) or done; 1 the audit found violations; 2 bad input or settings
 (the message names the option or the EO_ variable); 3 a service failed while running.
@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -22,15 +21,14 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from adapters.postgres.admin import redacted_dsn
-from application.strategy import Strategy
-from entrypoints.settings import SettingsError, resolve_service
+from entrypoints.settings import Service, SettingsError, resolve_service
 from tools.settings import ToolSettings, load_tool_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: Endpoints with a work queue, hence a dead-letter queue (payments is an HTTP callee).
-QUEUED_ENDPOINTS = ("gateway", "orders", "ledger")
+    from tools.pipeline.audit import DomainAudit
+
 _SPARK_QUIET = {"spark.ui.showConsoleProgress": "false"}
 
 MasterOption = Annotated[str | None, typer.Option(
@@ -42,18 +40,21 @@ ProfileOption = Annotated[str | None, typer.Option(
     help="local or production: whose EO_DATABASE_DSN and EO_S3_* to audit")]
 
 
-def _fail(message: str, code: int) -> typer.Exit:
+def fail(message: str, code: int) -> typer.Exit:
+    """Print `message` in red on stderr; the `typer.Exit(code)` to raise."""
     Console(stderr=True).print(f"[red]{message}[/red]", highlight=False)
     return typer.Exit(code)
 
 
-def _pipeline_settings(profile: str | None) -> ToolSettings:
+def pipeline_settings(profile: str | None) -> ToolSettings:
+    """The tools' settings of `profile` (the local services for the embedded profile: the
+    pipeline reads PostgreSQL and S3); exits 2 naming the variable of a bad setting."""
     try:
         settings = load_tool_settings(**({"profile": profile} if profile else {}))
         if settings.profile == "embedded":  # the audited stores are the local services
             settings = load_tool_settings(profile="local")
     except SettingsError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     return settings
 
 
@@ -63,7 +64,7 @@ async def _check_database(dsn: str, variable: str) -> None:
     try:
         conn = await asyncpg.connect(dsn, timeout=10)
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        raise _fail(f"database {redacted_dsn(dsn)} unreachable ({type(exc).__name__}: "
+        raise fail(f"database {redacted_dsn(dsn)} unreachable ({type(exc).__name__}: "
                     f"{exc}): check {variable}", 2) from exc
     try:
         found = await conn.fetchval("SELECT to_regclass('eo_transaction_record') IS NOT NULL "
@@ -71,13 +72,15 @@ async def _check_database(dsn: str, variable: str) -> None:
     finally:
         await conn.close()
     if not found:
-        raise _fail(f"database {redacted_dsn(dsn)} has no eo_* tables: check {variable} "
+        raise fail(f"database {redacted_dsn(dsn)} has no eo_* tables: check {variable} "
                     "or run `eo migrate`", 2)
 
 
-async def dead_letter_counts(amqp_url: str, retry_delays: int) -> dict[str, int | None]:
-    """Messages in each endpoint's dead-letter queue (None: the queue does not exist).
-    Raises aio_pika's errors or OSError when the broker does not answer."""
+async def dead_letter_counts(amqp_url: str, retry_delays: int, endpoints: Sequence[str]
+                             ) -> dict[str, int | None]:
+    """Messages in the dead-letter queue of each of `endpoints` (those with a work queue;
+    None: the queue does not exist). Raises aio_pika's errors or OSError when the broker
+    does not answer."""
     import aio_pika
 
     from adapters.rabbitmq.topology import queue_names
@@ -85,7 +88,7 @@ async def dead_letter_counts(amqp_url: str, retry_delays: int) -> dict[str, int 
     counts: dict[str, int | None] = {}
     connection = await aio_pika.connect(amqp_url, timeout=10)
     try:
-        for endpoint in QUEUED_ENDPOINTS:
+        for endpoint in endpoints:
             channel = await connection.channel()
             name = queue_names(endpoint, retry_delays).dead_letter
             try:
@@ -98,28 +101,58 @@ async def dead_letter_counts(amqp_url: str, retry_delays: int) -> dict[str, int 
     return counts
 
 
-def _strategy(settings: ToolSettings, endpoint: str) -> Strategy:
-    """The strategy `endpoint` runs with (the service's registry and `EO_STRATEGIES`); exits
-    2 naming the variable when the service cannot be resolved."""
+def _service(settings: ToolSettings) -> Service:
+    """The service `EO_SERVICE` names, with its strategies; exits 2 naming the variable when
+    it cannot be resolved."""
     try:
-        return resolve_service(settings).strategy(endpoint)
+        return resolve_service(settings)
     except SettingsError as exc:
-        Console(stderr=True).print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+        raise fail(str(exc), 2) from exc
 
 
-def _jar(settings: ToolSettings, jar_path: Path | None) -> Path:
+def _domain(spec: str | None, input_dir: Path | None) -> DomainAudit | None:
+    """The domain check `spec` (module:name, called with `input_dir`); without `spec`, the
+    sample's TPC-H oracle when there is an `input_dir` and a sample. Exits 2 naming the
+    option when it cannot be loaded."""
+    import importlib
+
+    if spec is None:
+        if input_dir is None:
+            return None
+        spec = "tools.tpch.audit:TpchAudit"
+        try:
+            importlib.import_module("tools.tpch.audit")
+        except ImportError as exc:
+            raise fail(f"--input {input_dir}: the input of a domain check; name the check "
+                        "with --domain module:name (this service has no sample)", 2) from exc
+    module_name, _, name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise fail(f"--domain {spec}: cannot load it ({type(exc).__name__}: {exc}); "
+                    "expected module:name of a DomainAudit factory", 2) from exc
+    from tools.pipeline.sources import InputError
+
+    try:
+        return cast("DomainAudit", factory(input_dir))
+    except InputError as exc:  # the check's own input, refused before Spark starts
+        raise fail(str(exc), 2) from exc
+
+
+def driver_jar(settings: ToolSettings, jar_path: Path | None) -> Path:
+    """The PostgreSQL JDBC driver's jar (`--jdbc-jar`, EO_SPARK_JDBC_JAR, Debian's); exits 2
+    saying how to get it."""
     from tools.pipeline.spark import JdbcDriverMissing, jdbc_jar
 
     try:
         return jdbc_jar(jar_path or settings.spark_jdbc_jar)
     except JdbcDriverMissing as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
 
 
 @contextmanager
-def _session(settings: ToolSettings, master: str | None, jar: Path, app_name: str,
-             console: Console, shuffle_partitions: int = 8) -> Iterator[SparkSession]:
+def spark_session(settings: ToolSettings, master: str | None, jar: Path, app_name: str,
+                  console: Console, shuffle_partitions: int = 8) -> Iterator[SparkSession]:
     """A Spark session for one command, stopped afterwards unless it was already running
     (a caller's, e.g. the tests')."""
     from tools.pipeline.spark import session_scope
@@ -132,17 +165,22 @@ def _session(settings: ToolSettings, master: str | None, jar: Path, app_name: st
         yield spark
 
 
-def _progress(console: Console) -> Progress:
+def progress_bar(console: Console) -> Progress:
+    """A transient spinner with the stage's name and the time elapsed."""
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                     console=console, transient=True)
 
 
 def audit_command(
-    input_dir: Annotated[Path, typer.Option(
-        "--input", help="the input dataset: orders, lineitem, customer (.parquet or .csv), "
-                        "as `eo pipeline export-tpch` writes them")],
     output: Annotated[Path, typer.Option(
         help="directory for the findings (Parquet), summary.json, report.md, counts.png")],
+    input_dir: Annotated[Path | None, typer.Option(
+        "--input", help="the domain check's input (the sample's: the TPC-H tables `eo "
+                        "pipeline export-tpch` writes)")] = None,
+    domain: Annotated[str | None, typer.Option(
+        help="module:name of your domain check (a DomainAudit factory, called with --input; "
+             "tools/pipeline/audit.py); default: the sample's TPC-H oracle with --input")
+    ] = None,
     older_than: Annotated[float | None, typer.Option(
         "--older-than", min=0, help="seconds: orphans, tokens and unfinished transaction "
                                     "records count when older (default EO_AUDIT_OLDER_THAN_S)")
@@ -160,23 +198,22 @@ def audit_command(
     jdbc_jar: JarOption = None,
     profile: ProfileOption = None,
 ) -> None:
-    """Audit exactly-once at rest: order states against the oracle, confirmations, payments
-    and ledger per customer, orphan and missing objects, stale tokens and transaction
-    records, dead letters. Exits 1 on any violation, 2 on bad input or settings."""
-    from tools.pipeline.audit import AuditConfig, run_audit, write_summary
+    """Audit exactly-once at rest, for every endpoint of the service: stale tokens, tokens
+    of dead letters, unfinished transaction records, orphan and missing objects, dead
+    letters; plus your domain check (--domain; the sample's TPC-H oracle with --input).
+    Exits 1 on any violation, 2 on bad input or settings, 3 when Spark fails."""
+    from tools.pipeline.audit import audit_config, run_audit, write_summary
     from tools.pipeline.listing import ListingError, S3Location, list_bucket, read_inventory
     from tools.pipeline.report import write_report
-    from tools.pipeline.sources import InputError, input_paths, jdbc_of, read_input
+    from tools.pipeline.sources import InputError, jdbc_of
 
-    settings = _pipeline_settings(profile)
+    settings = pipeline_settings(profile)
+    service = _service(settings)
     console = Console()
-    try:
-        input_paths(input_dir)
-    except InputError as exc:
-        raise _fail(str(exc), 2) from exc
-    jar = _jar(settings, jdbc_jar)
+    check = _domain(domain, input_dir)
+    jar = driver_jar(settings, jdbc_jar)
     if inventory is None and settings.s3_endpoint_url is None and settings.profile == "local":
-        raise _fail("EO_S3_ENDPOINT_URL is not set: in the local profile each service process "
+        raise fail("EO_S3_ENDPOINT_URL is not set: in the local profile each service process "
                     "starts a moto server of its own, which the audit cannot see; set it, or "
                     "pass --inventory", 2)
     asyncio.run(_check_database(settings.database(), "EO_DATABASE_DSN"))
@@ -186,46 +223,49 @@ def audit_command(
     if dead_letters:
         try:
             counts = asyncio.run(dead_letter_counts(settings.amqp(),
-                                                    len(settings.retry_delays_s)))
+                                                    len(settings.retry_delays_s),
+                                                    service.registry.consuming()))
         except Exception as exc:
-            raise _fail(f"RabbitMQ unreachable ({type(exc).__name__}: {exc}): check "
+            raise fail(f"RabbitMQ unreachable ({type(exc).__name__}: {exc}): check "
                         "EO_AMQP_URL, or pass --no-dead-letters", 2) from exc
-    config = AuditConfig(
-        database=jdbc_of(settings.database()), tokens=jdbc_of(settings.tokens_database()),
-        now=datetime.now(UTC),
-        older_than_s=settings.audit_older_than_s if older_than is None else older_than,
-        ledger_stream=_strategy(settings, "ledger") is Strategy.STATE, partitions=partitions)
+    config = audit_config(
+        service, jdbc_of(settings.database()), jdbc_of(settings.tokens_database()),
+        datetime.now(UTC),
+        settings.audit_older_than_s if older_than is None else older_than, partitions)
     location = S3Location(
         settings.bucket(), settings.s3_endpoint_url, settings.s3_region,
         settings.s3_access_key.get_secret_value() if settings.s3_access_key else None,
         settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None)
-    with _session(settings, master, jar, "eo-pipeline-audit", console) as spark:
+    with spark_session(settings, master, jar, "eo-pipeline-audit", console) as spark:
         try:
             listing = (read_inventory(spark, inventory) if inventory is not None
                        else list_bucket(spark, location, list_splits))
         except ListingError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
         from tools.pipeline.spark import spark_failure
 
         try:
-            with _progress(console) as progress:
+            with progress_bar(console) as progress:
                 task = progress.add_task("audit", total=None)
-                result = run_audit(spark, config, read_input(spark, input_dir), listing,
-                                   output, counts,
-                                   lambda stage: progress.update(task, description=stage))
+                result = run_audit(spark, config, listing, output, counts,
+                                   lambda stage: progress.update(task, description=stage),
+                                   domain=check)
         except InputError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
         except (Py4JJavaError, PySparkException) as exc:
-            raise _fail(f"audit failed in Spark: {spark_failure(exc)}", 3) from exc
+            raise fail(f"audit failed in Spark: {spark_failure(exc)}", 3) from exc
     summary = write_summary(result)
-    _annotate(summary, bucket=settings.bucket(), inventory=str(inventory or ""),
-              input=str(input_dir), database=redacted_dsn(settings.database()))
+    _annotate(summary, service=service.registry.service, bucket=settings.bucket(),
+              inventory=str(inventory or ""), input=str(input_dir or ""),
+              domain=domain or ("tools.tpch.audit:TpchAudit" if check is not None else ""),
+              database=redacted_dsn(settings.database()))
     report = write_report(result)
     table = Table("finding", "rows",
-                  title=f"eo pipeline audit (threshold {result.cutoff:%Y-%m-%d %H:%M:%S} UTC)")
+                  title=f"eo pipeline audit of {service.registry.service} (threshold "
+                        f"{result.cutoff:%Y-%m-%d %H:%M:%S} UTC)")
     for name, n in result.counts.items():
         table.add_row(name, f"[red]{n:,}[/red]" if n else "0")
     for endpoint, depth in result.dead_letters.items():
@@ -251,117 +291,44 @@ def sweep_command(
         "--apply", help="delete; without it, a dry run lists what would be deleted")] = False,
     profile: ProfileOption = None,
 ) -> None:
-    """Delete the orphan objects the audit found, through the blob port; each key is checked
-    again against the database first. A dry run unless --apply."""
+    """Delete the orphan objects the audit found (every blob endpoint's), through the blob
+    port; each key is checked again against the database first. A dry run unless --apply."""
     from application.errors import PermanentError, TransientError
+    from tools.pipeline.audit import audit_config
+    from tools.pipeline.sources import jdbc_of
     from tools.pipeline.sweep import SweepError, sweep
 
-    settings = _pipeline_settings(profile)
+    settings = pipeline_settings(profile)
+    service = _service(settings)
     console = Console()
     summary_path = audit_dir / "summary.json"
+    summary: dict[str, Any] = {}
     if summary_path.is_file():
-        audited = json.loads(summary_path.read_text()).get("bucket")
+        summary = json.loads(summary_path.read_text())
+        audited = summary.get("bucket")
         if not audited:  # an audit must say which bucket it listed, or it is not swept
-            raise _fail(f"--audit {audit_dir}: summary.json names no bucket: refused", 2)
+            raise fail(f"--audit {audit_dir}: summary.json names no bucket: refused", 2)
         if audited != settings.bucket():
-            raise _fail(f"--audit {audit_dir} audited bucket {audited!r}, but EO_S3_BUCKET is "
-                        f"{settings.bucket()!r}", 2)
+            raise fail(f"--audit {audit_dir} audited bucket {audited!r}, but EO_S3_BUCKET is "
+                       f"{settings.bucket()!r}", 2)
+    config = audit_config(service, jdbc_of(settings.database()),
+                          jdbc_of(settings.tokens_database()), datetime.now(UTC), 0.0)
+    prefixes = config.prefixes
+    if prefixes is None:  # undeclared: those the audit derived from what the states name
+        prefixes = tuple(summary.get("prefixes") or ())
     try:
         result = asyncio.run(sweep(
             audit_dir, settings.database(), settings.bucket(), settings.s3_endpoint_url,
             settings.s3_region,
             settings.s3_access_key.get_secret_value() if settings.s3_access_key else None,
             settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None,
-            apply=apply, on_key=lambda action, key: console.print(f"{action}: {key}",
-                                                                 highlight=False)))
+            config.states, prefixes, apply=apply,
+            on_key=lambda action, key: console.print(f"{action}: {key}", highlight=False)))
     except SweepError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     except (OSError, PermanentError, TransientError) as exc:
-        raise _fail(f"sweep failed: {type(exc).__name__}: {exc}", 3) from exc
+        raise fail(f"sweep failed: {type(exc).__name__}: {exc}", 3) from exc
     verb = "deleted" if apply else "would delete (dry run; --apply deletes)"
     console.print(f"orphans in the audit: {len(result.orphans):,}; {verb}: "
                   f"{len(result.deleted):,}; skipped (named now): {len(result.skipped):,}; "
                   f"skipped (not the service's): {len(result.foreign):,}")
-
-
-def bench_command(
-    sf: Annotated[float, typer.Option(help="TPC-H scale factor (0.1: 600,000 line items)")]
-        = 0.1,
-    records: Annotated[int, typer.Option(min=1, help="blob side-effect records generated")]
-        = 10_000_000,
-    keys: Annotated[int, typer.Option(min=1, help="objects in the generated listing")]
-        = 10_000_000,
-    jdbc: Annotated[bool, typer.Option(
-        help="also write the order states to PostgreSQL and read them back through JDBC "
-             "(--database-dsn)")] = False,
-    database_dsn: Annotated[str, typer.Option(
-        help="a migrated database of the bench's own (its orders rows are replaced)")] = (
-        "postgresql://postgres@127.0.0.1:5432/eo_pipeline_bench"),
-    json_path: Annotated[Path | None, typer.Option(
-        "--json", help="also write the figures here")] = None,
-    workdir: Annotated[Path | None, typer.Option(
-        help="scratch directory (default: a temporary one)")] = None,
-    repeat: Annotated[int, typer.Option(
-        min=1, help="runs of the comparison (the first includes the JVM's warm-up)")] = 5,
-    shuffle_partitions: Annotated[int, typer.Option(min=1)] = 16,
-    master: MasterOption = None,
-    jdbc_jar: JarOption = None,
-    audit: Annotated[bool, typer.Option(
-        help="with --jdbc: also the whole audit on the states written (and an inventory of "
-             "their invoice keys), timed end to end and stage by stage")] = False,
-) -> None:
-    """Time the audit's Spark stages on TPC-H (state versus oracle) and on generated
-    side-effect records against a generated listing (orphans); with --jdbc --audit, the
-    whole audit too; prints rows/s per stage."""
-    from tools.pipeline.bench import run_bench
-    from tools.pipeline.sources import jdbc_of
-
-    if audit and not jdbc:
-        raise typer.BadParameter("the whole audit reads the states through JDBC: add --jdbc",
-                                 param_hint="--audit")
-    settings = _pipeline_settings(None)
-    console = Console()
-    jar = _jar(settings, jdbc_jar)
-    database = None
-    if jdbc:
-        from adapters.postgres.admin import ensure_database
-
-        asyncio.run(ensure_database(database_dsn))
-        from adapters.postgres.migrate import upgrade_async
-
-        asyncio.run(upgrade_async(database_dsn))
-        database = jdbc_of(database_dsn)
-    with tempfile.TemporaryDirectory(prefix="eo-pipeline-bench-") as scratch:
-        where = workdir or Path(scratch)
-        with _session(settings, master, jar, "eo-pipeline-bench", console,
-                      shuffle_partitions) as spark, _progress(console) as progress:
-            task = progress.add_task("bench", total=None)
-            result = run_bench(spark, where, sf, records, keys, database, repeat=repeat,
-                               progress=lambda stage: progress.update(task, description=stage),
-                               audit=audit)
-    table = Table("stage", "rows", "seconds", "rows/s", title="eo pipeline bench")
-    for s in result.stages:
-        table.add_row(s.name, f"{s.rows:,}" if s.rows else "", f"{s.seconds:.2f}",
-                      f"{s.rows_per_s:,.0f}" if s.rows_per_s else "")
-    console.print(table)
-    console.print(f"line items: {result.line_items:,}; order findings (clean states, must be "
-                  f"0): {result.order_findings:,}; orphans found: {result.orphans:,} of "
-                  f"{result.expected_orphans:,} generated")
-    if result.audit_counts:
-        console.print("the whole audit's findings (no ledger or payments states: outcomes and "
-                      "customers are all findings): " + ", ".join(
-                          f"{k} {v:,}" for k, v in result.audit_counts.items()))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({
-            "sf": sf, "records": records, "keys": keys, "line_items": result.line_items,
-            "order_findings": result.order_findings, "orphans": result.orphans,
-            "audit_findings": result.audit_counts,
-            "stages": [{"name": s.name, "rows": s.rows, "seconds": round(s.seconds, 3),
-                        "rows_per_s": round(s.rows_per_s)} for s in result.stages]},
-            indent=2) + "\n")
-    clean = ("orders", "orphans", "missing_objects", "stale_tokens", "stale_transactions")
-    if result.order_findings or result.orphans != result.expected_orphans or any(
-            result.audit_counts.get(name, 0) for name in clean):
-        raise _fail("bench sanity check failed: the clean states gave findings, or the "
-                    "orphans found differ from those generated", 1)

@@ -1,30 +1,27 @@
-"""`eo pipeline sweep`: delete the orphan objects an audit found, through the blob port.
+"""`eo pipeline sweep`: delete the orphan objects an audit found, through the blob port, for
+every blob endpoint of the service.
 
 Dry run unless asked to apply. It touches only the service's own keys
-(`domain.context.is_artifact_key` under `ARTIFACT_PREFIXES`): any other object of the
-bucket is not its to delete, whatever the audit says. Before deleting, every key is checked
-again against the database (a side-effect record, a deferred clean-up or an order state
-naming it since the audit ran makes it no orphan any more), so an old audit cannot delete a
-live object.
+(`domain.context.is_artifact_key` under the blob endpoints' prefixes: those the registry
+declares, else those the audit derived): any other object of the bucket is not its to
+delete, whatever the audit says. Before deleting, every key is checked again against the
+database (a side-effect record, a deferred clean-up or a state naming it since the audit
+ran makes it no orphan any more), so an old audit cannot delete a live object.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.postgres.admin import blob_keys_named
 from adapters.s3.blob_store import S3BlobStore, s3_client_resource
 from domain.context import is_artifact_key
-from tools.pipeline.audit import ARTIFACT_PREFIXES, read_rows
+from tools.pipeline.audit import read_rows
 
 log = logging.getLogger("eo.pipeline.sweep")
-
-#: Business-state fields that name blobs in the sample (an order's invoice).
-STATE_FIELDS = (("orders", "invoice_key"),)
-
 
 
 class SweepError(RuntimeError):
@@ -56,9 +53,14 @@ def orphan_keys(audit_dir: Path) -> list[str]:
     return sorted(str(row["key"]) for row in read_rows(path, columns=("key",)))
 
 
-async def named_now(dsn: str, keys: list[str]) -> set[str]:
-    """Those of `keys` a record of the database at `dsn` names now."""
-    return await blob_keys_named(dsn, keys, STATE_FIELDS)
+async def named_now(dsn: str, keys: list[str], states: Mapping[str, Sequence[str]]
+                    ) -> set[str]:
+    """Those of `keys` a record of the database at `dsn` names now: a blob side-effect
+    record, a deferred clean-up, or a state of an endpoint of `states` (endpoint -> the
+    fields naming blobs; empty: any artifact key in the state)."""
+    return await blob_keys_named(
+        dsn, keys, [(e, f) for e, fields in states.items() for f in fields],
+        [e for e, fields in states.items() if not fields])
 
 
 async def sweep(
@@ -69,14 +71,16 @@ async def sweep(
     region: str,
     access_key: str | None,
     secret_key: str | None,
+    states: Mapping[str, Sequence[str]],
+    prefixes: Sequence[str],
     apply: bool = False,
     on_key: Callable[[str, str], None] = lambda _action, _key: None,
 ) -> SweepResult:
     """Delete (with `apply`) the audit's orphan objects from `bucket` through S3BlobStore,
-    skipping keys that are not the service's (`ARTIFACT_PREFIXES`) and keys a record of
-    `dsn` names now. Each key is logged (logger `eo.pipeline.sweep`) and passed to `on_key`
-    with its action: "deleted", "would delete", "skipped (not the service's)" or "skipped
-    (named now)".
+    skipping keys that are not the service's (artifact keys under `prefixes`) and keys a
+    record of `dsn` names now (`named_now` with `states`). Each key is logged (logger
+    `eo.pipeline.sweep`) and passed to `on_key` with its action: "deleted", "would delete",
+    "skipped (not the service's)" or "skipped (named now)".
 
     Raises SweepError (see `orphan_keys`), asyncpg/OSError when the database does not answer,
     and the blob port's PermanentError/TransientError when S3 refuses.
@@ -84,7 +88,7 @@ async def sweep(
     result = SweepResult(orphans=orphan_keys(audit_dir), applied=apply)
     ours = []
     for key in result.orphans:
-        if is_artifact_key(key, ARTIFACT_PREFIXES):
+        if is_artifact_key(key, prefixes):
             ours.append(key)
         else:
             result.foreign.append(key)
@@ -92,7 +96,7 @@ async def sweep(
             on_key("skipped (not the service's)", key)
     if not ours:
         return result
-    named = await named_now(dsn, ours)
+    named = await named_now(dsn, ours, states)
     action = "deleted" if apply else "would delete"
     async with s3_client_resource(endpoint_url, region, access_key, secret_key) as client:
         store = S3BlobStore(client, bucket)

@@ -129,7 +129,7 @@ EXPORTED_TABLES = ("orders", "lineitem", "customer")
 def export_tables(sf: float, directory: Path, fmt: str = "parquet") -> dict[str, Path]:
     """Generate TPC-H at scale factor `sf` (offline DuckDB) and write the `orders`, `lineitem`
     and `customer` tables to `directory` as `<table>.parquet` or `<table>.csv` (with a header
-    row), the input dataset of `eo pipeline ingest` and `eo pipeline audit`.
+    row), the input dataset of `eo pipeline ingest-tpch` and `eo pipeline audit`.
 
     Returns table name -> file written. Raises ValueError for a format other than parquet/csv.
     Deterministic: same `sf` gives the same rows as `generate(sf)`.

@@ -25,19 +25,16 @@ from tests.sample.pipeline import audit_data as data
 from tests.sample.pipeline.cluster import eo_elsewhere
 from tests.support.processes import this_run
 from tests.support.services import discover
-from tools.pipeline.audit import (
-    ARTIFACT_PREFIXES,
-    FINDINGS,
-    AuditResult,
+from tools.pipeline.audit import FINDINGS, AuditResult, orphan_objects, read_rows
+from tools.pipeline.cli import pipeline_app
+from tools.tpch.audit import (
+    TpchAudit,
     ledgers_query,
     oracle,
     order_findings,
-    orphan_objects,
-    read_rows,
+    read_input,
     typed_orders,
 )
-from tools.pipeline.cli import pipeline_app
-from tools.pipeline.sources import read_input
 from tools.tpch.data import TpchSample, generate
 from tools.tpch.oracle import check_oracle
 
@@ -210,8 +207,9 @@ def test_a_clean_run_reports_nothing_and_exits_0(
     assert "hunter2" not in (out / "summary.json").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["database"].endswith("?password=***")
-    assert summary["counts"] == dict.fromkeys(FINDINGS, 0)
+    assert summary["counts"] == dict.fromkeys((*TpchAudit.names, *FINDINGS), 0)
     assert summary["violations"] == 0
+    assert summary["prefixes"] == ["invoices"]  # the orders' declared blob prefix
     stages = {s["name"]: s for s in summary["stages"]}
     assert stages["list the bucket"]["rows"] == len(clean.world.invoices) == ORDERS
     assert read_rows(out / "orders") == []
@@ -258,7 +256,7 @@ def test_each_injected_violation_is_reported_and_exits_1(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"] == {"orders": 3, "outcomes": 1, "customers": 2, "orphans": 1,
                                  "missing_objects": 1, "stale_tokens": 1,
-                                 "stale_transactions": 1}
+                                 "dead_letter_tokens": 0, "stale_transactions": 1}
     assert summary["violations"] == 10
     assert summary["bucket"] == injected.bucket
     report = (out / "report.md").read_text()
@@ -290,7 +288,7 @@ def test_only_the_services_own_keys_can_be_orphans(spark: SparkSession) -> None:
          (f"receipts/{ours.split('/')[1]}", 1, old)],
         "key string, size long, last_modified timestamp")
     named = spark.createDataFrame([], "key string")
-    found = orphan_objects(listing, named, cutoff, ARTIFACT_PREFIXES).collect()
+    found = orphan_objects(listing, named, cutoff, ("invoices",)).collect()
     assert [r["key"] for r in found] == [ours]
 
 
@@ -379,7 +377,7 @@ def test_a_ledger_on_the_state_strategy_is_read_from_its_newest_entry(clean: Sce
 def _findings(out: Path) -> dict[str, list[str]]:
     """Each finding's rows, as sorted JSON lines."""
     return {name: sorted(json.dumps(r, sort_keys=True, default=str)
-                         for r in read_rows(out / name)) for name in FINDINGS}
+                         for r in read_rows(out / name)) for name in (*TpchAudit.names, *FINDINGS)}
 
 
 def test_on_a_standalone_cluster_from_another_directory_the_audit_equals_local(
@@ -403,4 +401,4 @@ def test_on_a_standalone_cluster_from_another_directory_the_audit_equals_local(
     assert found["cluster"] == found["local"]
     assert {name: len(rows) for name, rows in found["local"].items()} == {
         "orders": 3, "outcomes": 1, "customers": 2, "orphans": 1, "missing_objects": 1,
-        "stale_tokens": 1, "stale_transactions": 1}
+        "stale_tokens": 1, "dead_letter_tokens": 0, "stale_transactions": 1}

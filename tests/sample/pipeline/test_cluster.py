@@ -22,7 +22,7 @@ def test_executors_import_the_shipped_project_and_the_driver_gets_its_memory(
         from tools.pipeline.spark import build_session
 
         def where(_):
-            module = importlib.import_module("tools.pipeline.ingest_commands")
+            module = importlib.import_module("tools.tpch.ingest_commands")
             return module.__file__, sys.executable
 
         spark = build_session({spark_cluster!r}, "eo-cluster-test", driver_memory="1500m")

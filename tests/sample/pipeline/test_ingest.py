@@ -22,8 +22,8 @@ from tests.sample.pipeline.cluster import eo_elsewhere, spark_submit_elsewhere
 from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.cli import pipeline_app
-from tools.pipeline.ingest import derive_commands, ingest, read_tables, table_paths
 from tools.tpch.data import export_tables, generate
+from tools.tpch.ingest import derive_commands, ingest, read_tables, table_paths
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,7 +133,7 @@ def test_bad_input_exits_2_naming_the_option(
     (tmp_path / "only_orders").mkdir()
     (tmp_path / "only_orders" / "orders.csv").write_text("o_orderkey\n1\n")
     where = {name: str(tmp_path / name) for name in ("missing", "empty", "only_orders")}
-    result = CliRunner().invoke(pipeline_app, ["ingest", *(a.format(**where) for a in args)])
+    result = CliRunner().invoke(pipeline_app, ["ingest-tpch", *(a.format(**where) for a in args)])
     assert result.exit_code == 2, result.output
     flat = " ".join(result.output.replace("│", " ").split())
     assert f"Invalid value for {option}" in flat
@@ -142,7 +142,7 @@ def test_bad_input_exits_2_naming_the_option(
 
 def test_a_missing_jdbc_driver_exits_2_naming_the_option(tpch: dict[str, Path],
                                                         tmp_path: Path) -> None:
-    result = CliRunner().invoke(pipeline_app, ["ingest", "--input", str(tpch["csv"]),
+    result = CliRunner().invoke(pipeline_app, ["ingest-tpch", "--input", str(tpch["csv"]),
                                                "--jdbc-jar", str(tmp_path / "none.jar")])
     assert result.exit_code == 2, result.output
     assert "Invalid value for --jdbc-jar" in " ".join(result.output.replace("│", " ").split())
@@ -167,7 +167,7 @@ def test_an_unmigrated_database_exits_3_before_spark_starts(tpch: dict[str, Path
     bare = with_database(services.postgres_dsn, this_run("eo_ingest_unmigrated"))
     try:
         asyncio.run(ensure_database(bare))
-        result = CliRunner().invoke(pipeline_app, ["ingest", "--input", str(tpch["csv"])],
+        result = CliRunner().invoke(pipeline_app, ["ingest-tpch", "--input", str(tpch["csv"])],
                                     env={"EO_PROFILE": "local", "EO_DATABASE_DSN": bare})
         assert result.exit_code == 3, result.output
         assert "no eo_inbox table: run `eo migrate`" in " ".join(result.output.split())
@@ -188,7 +188,7 @@ def test_on_a_standalone_cluster_from_another_directory_the_ingest_equals_local(
         asyncio.run(_recreate(database))
         env = {"EO_PROFILE": "local", "EO_DATABASE_DSN": database,
                "EO_SPARK_MASTER": spark_cluster}
-        args = ["pipeline", "ingest", "--input", str(tpch["parquet"])]
+        args = ["pipeline", "ingest-tpch", "--input", str(tpch["parquet"])]
         first = eo_elsewhere(tmp_path, args, env)
         assert first.returncode == 0, first.stdout + first.stderr[-3000:]
         assert f"new in the gateway's inbox: {len(expected):,};" in " ".join(first.stdout.split())
@@ -209,7 +209,7 @@ def test_an_executor_failure_is_reported_by_its_cause(
 ) -> None:
     """Executors that cannot start the Python named for them: exit 3 and the cause, not
     PySpark's "An exception was thrown from the Python worker" or a traceback."""
-    result = eo_elsewhere(tmp_path, ["pipeline", "ingest", "--input", str(tpch["parquet"]),
+    result = eo_elsewhere(tmp_path, ["pipeline", "ingest-tpch", "--input", str(tpch["parquet"]),
                                      "--master", spark_cluster],
                           {"EO_PROFILE": "local", "EO_DATABASE_DSN": dsn,
                            "EO_SPARK_PYTHON": str(tmp_path / "no-python")})

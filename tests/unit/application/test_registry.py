@@ -66,6 +66,18 @@ def test_an_endpoint_declared_twice_is_refused() -> None:
     assert "audit: declared twice" in _refused(Registration(AUDIT), Registration(AUDIT))
 
 
+def test_blob_prefixes_name_an_endpoints_blobs_as_artifact_key_prefixes() -> None:
+    assert "audit: blob_prefixes name the blobs of an endpoint with blobs=True" in _refused(
+        Registration(AUDIT, blob_prefixes=("receipts",)))
+    for bad in ("/receipts", "receipts/", "a//b", "re ceipts"):
+        message = _refused(Registration(AUDIT, blobs=True, blob_prefixes=(bad,)))
+        assert f"audit: blob prefix {bad!r} is not a key prefix" in message
+    # fields may name another endpoint's blobs: no blobs=True needed
+    Registry("test", (Registration(AUDIT, blob_fields=("receipt",)),
+                      Registration(replace(AUDIT, name="store"), blobs=True,
+                                   blob_prefixes=("receipts", "exports/2026"))))
+
+
 def test_outputs_must_go_to_registered_endpoints_with_a_work_queue() -> None:
     assert "sets sends to audit, which is not registered" in _refused(Registration(SET_ALGEBRA))
     to_callee = replace(SET_ALGEBRA, outputs=("bank",))

@@ -31,15 +31,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.pipeline.audit import (
-    EXACT,
-    Stage,
-    order_findings,
-    orders_query,
-    orphan_objects,
-    typed_orders,
-)
-from tools.pipeline.sources import Jdbc, read_input, read_query
+from tools.pipeline.audit import Stage, orphan_objects
+from tools.pipeline.sources import Jdbc, read_query
+from tools.tpch.audit import EXACT, order_findings, orders_query, read_input, typed_orders
 from tools.tpch.data import export_tables
 
 if TYPE_CHECKING:
@@ -217,6 +211,7 @@ def _whole_audit(spark: SparkSession, workdir: Path, tpch: Path, states: DataFra
 
     from tools.pipeline.audit import AuditConfig, run_audit
     from tools.pipeline.listing import read_inventory
+    from tools.tpch.audit import TpchAudit
 
     inventory = workdir / "inventory"
     states.select(F.get_json_object("state", "$.invoice_key").alias("key"),
@@ -224,13 +219,13 @@ def _whole_audit(spark: SparkSession, workdir: Path, tpch: Path, states: DataFra
                   F.lit(_OLD).alias("last_modified_date")).write.mode("overwrite").parquet(
         str(inventory))
     config = AuditConfig(database=database, tokens=database, now=datetime.now(UTC),
-                         older_than_s=0.0, partitions=partitions)
+                         older_than_s=0.0, states={"orders": ("invoice_key",)},
+                         prefixes=("invoices",), partitions=partitions)
     done: list[Any] = []
 
     def whole() -> None:
-        done.append(run_audit(spark, config, read_input(spark, tpch),
-                              read_inventory(spark, inventory), workdir / "audit",
-                              progress=progress))
+        done.append(run_audit(spark, config, read_inventory(spark, inventory),
+                              workdir / "audit", progress=progress, domain=TpchAudit(tpch)))
 
     _timed(result, "audit end to end (eo pipeline audit's run_audit)", states.count(), whole,
            progress)
