@@ -1,6 +1,6 @@
-"""`eo chaos`: the randomized fault campaign's command line: for any service with
-`--messages FILE` or `--workload module:name` (tools/chaos/engine.py), else the sample's
-(tools/chaos/campaign.py, when the sample is there)."""
+"""`eo chaos`: the randomized fault campaign's command line (tools/chaos/engine.py), on the
+workload `--messages FILE` or `--workload module:name` gives, else on the sample's TPC-H
+orders with its oracle (tools/tpch/chaos.py, when the sample is there)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import asyncpg
 import typer
@@ -19,11 +19,8 @@ from rich.table import Table
 from application.errors import TransientError
 from entrypoints.settings import SettingsError, load_settings, resolve_service
 from tools.chaos.engine import ENGINE_DATABASE, EngineReport, EngineRun, engine_settings, run_engine
-from tools.chaos.workload import WorkloadError, load_workload
+from tools.chaos.workload import Workload, WorkloadError, load_workload
 from tools.guard import refuse_production
-
-if TYPE_CHECKING:
-    from tools.chaos.campaign import CampaignReport, RunResult
 
 console = Console()
 chaos_app = typer.Typer(add_completion=False)
@@ -36,15 +33,15 @@ def chaos(
     seed: Annotated[int, typer.Option(help="campaign seed: the same seed, the same plans")] = 1,
     run: Annotated[int | None, typer.Option(
         help="replay only this run of the campaign (see a violation's run number)")] = None,
-    orders_per_run: Annotated[int, typer.Option(min=1, help="TPC-H orders per run")] = 20,
+    orders_per_run: Annotated[int, typer.Option(
+        min=1, help="the sample's workload: TPC-H orders per run")] = 20,
     log_dir: Annotated[Path | None, typer.Option(
         help="keep each run's process logs here (default: a temp dir, removed)")] = None,
     report: Annotated[Path | None, typer.Option(
         help="write the campaign report (plans, faults, violations) as JSON here")] = None,
     database: Annotated[str | None, typer.Option(
         help="prefix of the campaign's own database, created as <prefix>_<pid>_<hex> on "
-             "EO_DATABASE_DSN's server and dropped at the end (default: eo_chaos_campaign "
-             "for the sample, eo_chaos otherwise)")] = None,
+             "EO_DATABASE_DSN's server and dropped at the end (default: eo_chaos)")] = None,
     messages: Annotated[Path | None, typer.Option(
         help="your service's workload: messages in the outside producers' format (JSON "
              "lines, as `eo embedded` reads them), all published each run")] = None,
@@ -56,14 +53,12 @@ def chaos(
              "states (a list of violations)")] = None,
     size: Annotated[int, typer.Option(min=1, help="with --workload: its draw per run")] = 20,
     workers: Annotated[int, typer.Option(
-        min=1, help="with --messages or --workload: consumer processes per endpoint")] = 2,
+        min=1, help="consumer processes per consuming endpoint")] = 2,
     fence: Annotated[bool, typer.Option(
-        help="with --messages or --workload: first the fence scenarios (two scripted runs "
-             "per endpoint that stage a late finisher against the next commit; not with "
-             "--run)")] = True,
+        help="first the fence scenarios (two scripted runs per endpoint that stage a late "
+             "finisher against the next commit; not with --run)")] = True,
     fence_only: Annotated[bool, typer.Option(
-        help="with --messages or --workload: the fence scenarios only, no random "
-             "run")] = False,
+        help="the fence scenarios only, no random run")] = False,
 ) -> None:
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
@@ -75,14 +70,13 @@ def chaos(
     EO_AMQP_URL name the server and the broker): the campaign creates a database and a
     virtual host of its own there and removes them at the end; it never touches the ones
     they name (docs/fault-injection.md)."""
+    mode: Literal["first", "only", "off"] = "only" if fence_only else "first" if fence else "off"
     if messages is not None or workload is not None or check is not None:
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
-                     messages, workload, check, size, workers,
-                     "only" if fence_only else "first" if fence else "off")
+                     messages, workload, check, size, workers, mode)
         return
     try:
-        from tools.chaos.campaign import CAMPAIGN_DATABASE, campaign_settings, run_campaign
-        from tools.settings import load_tool_settings
+        from tools.tpch.chaos import TpchWorkload
         from tools.tpch.data import generate
         from tools.tpch.oracle import require_sample
     except ImportError as exc:  # a service made without the sample
@@ -91,52 +85,29 @@ def chaos(
             "FILE or --workload module:name[/red]")
         raise typer.Exit(2) from exc
     try:
-        refuse_production("chaos")
-        base = load_tool_settings(profile="local")
-        service = resolve_service(base)
-        require_sample(service.registry)
+        require_sample(resolve_service(load_settings(profile="local")).registry)
     except SettingsError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    # the campaign's own broker connection is closed by the broker too: its recovery is
-    # expected, not news (aiormq logs each close, with a traceback)
-    logging.getLogger("adapters.rabbitmq").setLevel(logging.ERROR)
-    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
-    blob_dir = Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-"))
-    settings = campaign_settings(base, blob_dir)
     with console.status("generating TPC-H sf=0.001 with DuckDB"):
-        sample = generate(0.001)
-    console.print(f"eo chaos: seed {seed}, {duration:.0f} s, {orders_per_run} orders per run"
-                  + (f", run {run} only" if run is not None else ""))
-    try:
-        result = asyncio.run(run_campaign(settings, service, sample, seed, duration, run,
-                                          orders_per_run, log_dir, _print_run,
-                                          database=database or CAMPAIGN_DATABASE))
-    except SettingsError as exc:  # EO_AMQP_URL's virtual host holds the sample's queues
-        Console(stderr=True).print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
-    except (OSError, asyncpg.PostgresError, TransientError, TimeoutError) as exc:
-        Console(stderr=True).print(f"[red]campaign failed: {type(exc).__name__}: {exc}[/red]")
-        raise typer.Exit(3) from exc
-    _print_summary(result)
-    if report is not None:
-        report.write_text(json.dumps(result.as_json(), indent=2, default=str))
-        console.print(f"report: {report}")
-    if result.violations:
-        raise typer.Exit(1)
+        sample = TpchWorkload(generate(0.001))
+    _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE, None,
+                 None, None, orders_per_run, workers, mode, sample)
 
 
 def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,
                  report: Path | None, database: str, messages: Path | None,
                  workload: str | None, check: str | None, size: int, workers: int,
-                 fence: Literal["first", "only", "off"]) -> None:
-    """The campaign on the service `EO_SERVICE` names, with its workload."""
+                 fence: Literal["first", "only", "off"], given: Workload | None = None
+                 ) -> None:
+    """The campaign on the service `EO_SERVICE` names, with its workload (`given`, else
+    the one `messages`, `workload` and `check` name)."""
     err = Console(stderr=True)
     try:
         refuse_production("chaos")
         base = load_settings(profile="local")
         service = resolve_service(base)
-        load = load_workload(messages, workload, check)
+        load = given if given is not None else load_workload(messages, workload, check)
     except (SettingsError, WorkloadError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -204,46 +175,5 @@ def _print_engine_summary(report: EngineReport) -> None:
         table.add_row(f"faults: {kind}", f"{n:,}")
     for endpoint, why in sorted(report.fence_skipped.items()):
         table.add_row(f"fence scenarios skipped: {endpoint}", why)
-    table.add_row("violations", str(len(report.violations)))
-    console.print(table)
-
-
-def _print_run(result: RunResult) -> None:
-    plan = result.plan
-    rules = "; ".join(f"{n}: {r}" for n, r in plan.failpoints.items() if r) or "none"
-    kills = ", ".join(f"{n}@{k}" for k, n in plan.kills) or "none"
-    closes = ", ".join(f"@{k}" for k in plan.broker_closes) or "none"
-    verdict = "[green]ok[/green]" if not result.violations else "[red]VIOLATION[/red]"
-    gap = max(result.consumer_gaps.values(), default=0.0)
-    console.print(f"run {plan.run}: {len(plan.orders)} orders, {result.deliveries_published} "
-                  f"deliveries, {result.confirmed} confirmed / {result.rejected} rejected, "
-                  f"{result.seconds:.1f} s, {verdict}; failpoints {rules}; kill -9 {kills}; "
-                  f"broker closes {closes}; longest without a consumer {gap:.1f} s; carrier "
-                  f"{result.carrier_executions} bookings executed, {result.carrier_requests} "
-                  f"requests ({plan.carrier_failures} 503s, {plan.carrier_latency_s:g} s "
-                  "latency)")
-    for violation in result.violations:
-        console.print(f"  [red]{violation}[/red]")
-    if result.violations:
-        console.print(f"  replay: eo chaos --seed {plan.seed} --run {plan.run}")
-        if result.logs is not None:
-            console.print(f"  the run's process logs: {result.logs}")
-
-
-def _print_summary(report: CampaignReport) -> None:
-    table = Table(title=f"eo chaos: seed {report.seed}, {len(report.runs)} runs in "
-                        f"{report.seconds:.0f} s", show_header=False)
-    orders = sum(len(r.plan.orders) for r in report.runs)
-    deliveries = sum(r.deliveries_published for r in report.runs)
-    table.add_row("runs", f"{len(report.runs)}")
-    table.add_row("orders / deliveries published", f"{orders:,} / {deliveries:,}")
-    confirmed = sum(r.confirmed for r in report.runs)
-    table.add_row("carrier: bookings executed / confirmed orders / requests",
-                  f"{sum(r.carrier_executions for r in report.runs):,} / {confirmed:,} / "
-                  f"{sum(r.carrier_requests for r in report.runs):,}")
-    for kind, n in sorted(report.faults.items()):
-        table.add_row(f"faults: {kind}", f"{n:,}")
-    for queue, gap in sorted(report.consumer_gaps.items()):
-        table.add_row(f"longest without a consumer (processes up): {queue}", f"{gap:.1f} s")
     table.add_row("violations", str(len(report.violations)))
     console.print(table)

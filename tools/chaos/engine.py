@@ -140,9 +140,10 @@ class Topology:
 
 def topology_of(service: Service, workers: int = 2) -> Topology:
     """The processes of `service` (`workers` consumers per consuming endpoint, one process
-    per callee) and the failpoints of protocol 10 each endpoint's path reaches, from its
-    registration: blob and HTTP-request kinds only where it writes blobs or calls callees,
-    the state strategy's points only on that strategy, the API call only with an API."""
+    per callee) and the failpoints of protocol 10 each endpoint's path reaches with the
+    campaign's co-located tokens, from its registration: blob and HTTP-request kinds only
+    where it writes blobs or calls callees, the state strategy's points only on that
+    strategy, the API call only with an API."""
     registry, processes, points = service.registry, {}, {}
     consumer_base = sorted(n for n in NAMES if not n.startswith("callee.")
                            and n not in STATE_POINTS and n not in HTTP_CALLER_POINTS
@@ -151,8 +152,9 @@ def topology_of(service: Service, workers: int = 2) -> Topology:
         if r.role is Role.CALLEE:
             points[r.name] = CALLEE_POINTS
             continue
-        found = [*consumer_base, "after_register:message", "after_create:message",
-                 "after_publish:1", "after_publish:2"]
+        # the campaign's tokens share the endpoints' database: the commit creates the
+        # outgoing tokens, so `after_register:message` / `after_create:message` never fire
+        found = [*consumer_base, "after_publish:1", "after_publish:2"]
         if service.strategy(r.name) is Strategy.STATE:
             found += sorted(STATE_POINTS)
         if r.blobs:
@@ -300,10 +302,10 @@ class EngineRun:
 
 
 class RunTotals:
-    """A campaign report's sums over its `runs` (each with `plan.run`, `faults` and
-    `violations`): the engine's and the sample's campaign's."""
+    """A campaign report's sums over its `runs` (each with `label`, `faults` and
+    `violations`)."""
 
-    runs: Sequence[Any]
+    runs: Sequence[EngineRun]
 
     @property
     def faults(self) -> Counter[str]:

@@ -28,8 +28,9 @@ import aio_pika
 import pytest
 
 from adapters.rabbitmq import topology
+from entrypoints.settings import load_settings, resolve_service
 from tests.sample.chaos.cluster import RETRY_DELAYS, Run, log_events, pick_orders
-from tools.chaos.campaign import POINTS
+from tools.chaos.engine import topology_of
 
 ORDERS = pick_orders(12, seed=11)
 TWO_ORDERS = pick_orders(2, seed=3)
@@ -149,7 +150,11 @@ async def test_work_queue_deleted_and_redeclared_under_its_consumers(chaos: Run)
         assert {e["reason"] for e in restarts(chaos, name)} == {"cancelled"}, name
 
 
-@pytest.mark.parametrize("point", POINTS["orders"])
+#: The points an orders process reaches (co-located tokens, the campaign's topology).
+ORDERS_POINTS = topology_of(resolve_service(load_settings())).points["orders"]
+
+
+@pytest.mark.parametrize("point", ORDERS_POINTS)
 async def test_drop_conn_at_every_point_of_a_consumer(chaos: Run, point: str) -> None:
     """`<point>=drop_conn@1` in the only orders process: the connection closes there, in the
     middle of processing. Asserted: the failpoint fired; the process re-created its consumer
