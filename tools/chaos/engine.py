@@ -51,7 +51,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -580,9 +580,7 @@ async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> Engi
     stage = await _stage(campaign, messages, result, log_dir, plan.api_failures,
                          plan.api_latency_s)
     faults = result.faults
-    fleet = _fleet(campaign, log_dir)
-    rabbit = await _declare(settings, layout)
-    try:
+    async with _processes(campaign, stage, log_dir, result, started) as (fleet, rabbit):
         await _start_callees(fleet, layout, plan.failpoints)
         for name, endpoint in layout.processes.items():
             if endpoint not in layout.callees:
@@ -604,10 +602,6 @@ async def _one_run(campaign: _Campaign, plan: EnginePlan, log_dir: Path) -> Engi
             await _quiesce(campaign, fleet, rabbit, progress, result, _Marks([], []), gaps,
                            time.monotonic())
         await _stop(campaign, fleet, gaps, result)
-    finally:
-        fleet.stop_all()
-        await rabbit.close()
-    await _conclude(campaign, stage, log_dir, result, started)
     return result
 
 
@@ -644,6 +638,22 @@ async def _stage(campaign: _Campaign, messages: Sequence[OutsideMessage], result
         result.faults["API provider 503 (injected)"] += api_failures * len(campaign.providers)
     await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
     return _Stage(messages, seeds, reference, states, apis)
+
+
+@contextlib.asynccontextmanager
+async def _processes(campaign: _Campaign, stage: _Stage, log_dir: Path, result: EngineRun,
+                     started: float) -> AsyncIterator[tuple[Fleet, RabbitConnection]]:
+    """A run's fleet (no process started yet) and the campaign's broker connection, its
+    queues declared; on leaving, every process stopped and the connection closed, then,
+    unless the block raised, the run checked (`_conclude`)."""
+    fleet = _fleet(campaign, log_dir)
+    rabbit = await _declare(campaign.settings, campaign.layout)
+    try:
+        yield fleet, rabbit
+    finally:
+        fleet.stop_all()
+        await rabbit.close()
+    await _conclude(campaign, stage, log_dir, result, started)
 
 
 def _fleet(campaign: _Campaign, log_dir: Path) -> Fleet:
@@ -718,21 +728,19 @@ async def _fence_run(campaign: _Campaign, seed: int, pair: FencePair, half: str,
     stage = await _stage(campaign, [pair.first, pair.second], result, log_dir)
     gates = log_dir / "gates"
     await asyncio.to_thread(gates.mkdir, exist_ok=True)
-    fleet = _fleet(campaign, log_dir)
-    rabbit = await _declare(settings, layout)
     rng = random.Random(seed)
 
     async def publish(messages: Sequence[OutsideMessage]) -> None:
         await publish_messages(settings.amqp(), messages, 0.0, rng)
         result.deliveries_published += len(messages)
 
-    def log(name: str) -> list[dict[str, Any]]:
-        return read_logs(log_dir, f"{name}.{fleet.starts[name]}.jsonl")
+    async with _processes(campaign, stage, log_dir, result, started) as (fleet, rabbit):
+        def log(name: str) -> list[dict[str, Any]]:
+            return read_logs(log_dir, f"{name}.{fleet.starts[name]}.jsonl")
 
-    script = Script(start=lambda name, env: fleet.start(name, pair.endpoint, env),
-                    exit_code=lambda name: fleet.procs[name].poll(), log=log,
-                    publish=publish, gates=gates)
-    try:
+        script = Script(start=lambda name, env: fleet.start(name, pair.endpoint, env),
+                        exit_code=lambda name: fleet.procs[name].poll(), log=log,
+                        publish=publish, gates=gates)
         await _start_callees(fleet, layout, {})
         for endpoint in layout.queues:
             if endpoint != pair.endpoint:
@@ -749,10 +757,6 @@ async def _fence_run(campaign: _Campaign, seed: int, pair: FencePair, half: str,
         await _quiesce(campaign, fleet, rabbit, progress, result, _Marks([], []), gaps,
                        time.monotonic())
         await _stop(campaign, fleet, gaps, result)
-    finally:
-        fleet.stop_all()
-        await rabbit.close()
-    await _conclude(campaign, stage, log_dir, result, started)
     return result
 
 
