@@ -114,9 +114,10 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
     logging.getLogger("adapters.rabbitmq").setLevel(logging.ERROR)
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
     settings = engine_settings(base, Path(tempfile.mkdtemp(prefix="eo-chaos-blobs-")))
-    console.print(f"eo chaos: {service.registry.service}, seed {seed}, {duration:.0f} s, "
-                  f"{workers} consumers per endpoint" + (f", run {run} only" if run is not None
-                                                         else ""))
+    scope = ("the fence scenarios only" if fence == "only" else f"run {run} only"
+             if run is not None else f"{duration:.0f} s")
+    console.print(f"eo chaos: {service.registry.service}, seed {seed}, {scope}, {workers} "
+                  "consumers per endpoint")
     try:
         result = asyncio.run(run_engine(settings, service, load, seed, duration, run, size,
                                         workers, log_dir, _print_engine_run,
