@@ -362,18 +362,18 @@ def run_audit(
             for e, fields in sorted(config.states.items()))).cache()
         clock.run("read the blob keys the states name (JDBC)", named.count)
     recorded = query(RECORDED_BLOB_KEYS, "key")
+    every_named = recorded if named is None else named.select("key").unionByName(recorded)
     prefixes = config.prefixes
     if prefixes is None:  # the prefixes of what the states and the protocol's rows name
-        keys = recorded if named is None else named.select("key").unionByName(recorded)
         prefixes = tuple(sorted(
-            r[0] for r in keys.select(key_prefix(F.col("key")).alias("p")).distinct().collect()
-            if r[0]))
-    every_named = recorded if named is None else named.select("key").unionByName(recorded)
+            r[0] for r in every_named.select(key_prefix(F.col("key")).alias("p")).distinct()
+            .collect() if r[0]))
     stamp = _literal(cutoff.isoformat()) + "::timestamptz"
+    # read once for its two findings (those a dead letter keeps, and the others)
     tokens = read_query(
         spark, config.tokens,
         "SELECT endpoint, message_id::text AS message_id, type, created_at FROM eo_token "
-        f"WHERE created_at < {stamp}", "message_id", parts)
+        f"WHERE created_at < {stamp}", "message_id", parts).cache()
     waiting = query("SELECT DISTINCT endpoint, message_id::text AS message_id, "
                     "dead_letter_id FROM eo_dead_letter WHERE status = 'dead' AND "
                     "message_id IS NOT NULL", "message_id")
@@ -410,7 +410,7 @@ def run_audit(
         counts[name] = clock.run(finding.label, write, finding.rows)
         files[name] = path
         samples[name] = read_rows(path, sample_rows)
-    for frame in (listing, named):
+    for frame in (listing, named, tokens):
         if frame is not None:
             frame.unpersist()
     if domain is not None:

@@ -101,7 +101,7 @@ async def dead_letter_counts(amqp_url: str, retry_delays: int, endpoints: Sequen
     return counts
 
 
-def _service(settings: ToolSettings) -> Service:
+def pipeline_service(settings: ToolSettings) -> Service:
     """The service `EO_SERVICE` names, with its strategies; exits 2 naming the variable when
     it cannot be resolved."""
     try:
@@ -208,7 +208,7 @@ def audit_command(
     from tools.pipeline.sources import InputError, jdbc_of
 
     settings = pipeline_settings(profile)
-    service = _service(settings)
+    service = pipeline_service(settings)
     console = Console()
     check = _domain(domain, input_dir)
     jar = driver_jar(settings, jdbc_jar)
@@ -299,7 +299,7 @@ def sweep_command(
     from tools.pipeline.sweep import SweepError, sweep
 
     settings = pipeline_settings(profile)
-    service = _service(settings)
+    service = pipeline_service(settings)
     console = Console()
     summary_path = audit_dir / "summary.json"
     summary: dict[str, Any] = {}

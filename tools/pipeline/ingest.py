@@ -169,10 +169,9 @@ def natural_ids(namespace: uuid.UUID, type_name: str, columns: Sequence[str]) ->
     return F.when(~nulls, text)
 
 
-def message_fields(registration: Registration, type_name: str) -> tuple[type, list[str],
-                                                                        list[str]]:
-    """The message class of `type_name` at `registration`'s endpoint, its fields and those
-    of them that have no default. Raises InputError naming `--type` when the endpoint has no
+def message_fields(registration: Registration, type_name: str) -> tuple[list[str], list[str]]:
+    """The fields of message type `type_name` at `registration`'s endpoint, and those of them
+    that have no default. Raises InputError naming `--type` when the endpoint has no
     such message type."""
     cls = registration.endpoint.messages.get(type_name)
     if cls is None or not dataclasses.is_dataclass(cls):
@@ -181,7 +180,7 @@ def message_fields(registration: Registration, type_name: str) -> tuple[type, li
     fields = dataclasses.fields(cls)
     required = [f.name for f in fields if f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING]
-    return cls, [f.name for f in fields], required
+    return [f.name for f in fields], required
 
 
 def read_file(spark: SparkSession, path: Path, fmt: str | None = None) -> DataFrame:
@@ -211,7 +210,7 @@ def file_commands(frame: DataFrame, registration: Registration, type_name: str,
     the option to fix: a message field or ID column the input lacks, an unknown type."""
     from pyspark.sql import functions as F
 
-    _cls, fields, required = message_fields(registration, type_name)
+    fields, required = message_fields(registration, type_name)
     renames = dict(renames or {})
     unknown = [f for f in renames if f not in fields]
     if unknown:

@@ -18,6 +18,7 @@ from tools.pipeline.audit_cli import (
     ProfileOption,
     driver_jar,
     fail,
+    pipeline_service,
     pipeline_settings,
     spark_session,
 )
@@ -52,16 +53,12 @@ def ingest_command(
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    from entrypoints.settings import SettingsError, resolve_service
     from tools.pipeline.ingest import InboxUnavailable, check_inbox, ingest_file
     from tools.pipeline.sources import InputError
     from tools.pipeline.spark import spark_failure
 
     settings = pipeline_settings(profile)
-    try:
-        registry = resolve_service(settings).registry
-    except SettingsError as exc:
-        raise fail(str(exc), 2) from exc
+    registry = pipeline_service(settings).registry
     if endpoint not in registry or registry[endpoint].role is not Role.GATEWAY:
         gateways = ", ".join(registry.names(Role.GATEWAY)) or "none"
         raise fail(f"--endpoint {endpoint}: not a gateway of {registry.service} (its gateways:"
