@@ -143,11 +143,16 @@ class DeadLetterStoreContract:
         store, clock = store_and_clock
         i = await store.add(self.letter(clock))
         acted: list[str] = []
+        tried: list[str] = []
+        every_one_tried = asyncio.Event()
 
         async def act(name: str) -> None:
             async with store.hold(i) as held:
-                if held is not None:
-                    await asyncio.sleep(0.01)
+                tried.append(name)
+                if len(tried) == 5:
+                    every_one_tried.set()
+                if held is not None:  # holds until the others have tried: they overlap
+                    await asyncio.wait_for(every_one_tried.wait(), 30)
                     await held.discarded(name, "dup")
                     acted.append(name)
 

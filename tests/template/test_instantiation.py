@@ -139,7 +139,8 @@ def test_the_new_service_has_no_sample_and_passes_its_own_checks(service: Path) 
     # (tests/integration, tests/tools): those are the template's own, unchanged by copier,
     # and ran on this code earlier in the same suite (the service's renamed processes run
     # in test_the_new_endpoint_runs_on_postgresql_and_rabbitmq_and_passes_the_audit)
-    done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider", "-rA",
+    # in one process (`-n 0`): this test already runs in one of the suite's two
+    done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider", "-rA", "-n", "0",
                 "--ignore=tests/integration", "--ignore=tests/tools"], service, env=clean_env())
     # the team's own tests of its endpoints (the test API, with faults) ran and passed
     assert "PASSED tests/test_parcels.py::test_faults_change_nothing[2]" in done.stdout
