@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import overload
 
 from application.errors import MalformedMessage
+from application.wire_text import clean, escaped
 
 #: Header of a message dispatched by a token-based sender: a token exists for it.
 TOKEN_HEADER = "eo-token"
@@ -162,10 +163,11 @@ def admitted(message_id: str | None, type_: str | None, body: bytes,
              kept_headers: Collection[str] = (), producer: str = "") -> Envelope:
     """The envelope of a delivery as a transport received it, or why the service cannot take
     it: `MalformedMessage` when the body is over `max_body_bytes` (bytes), `message_id` is
-    missing or empty or not a UUID, or `type` is missing. One check for every transport (the
-    AMQP source, `eo embedded`), so their dead-letter reasons are the same. The envelope
-    keeps only the `known_headers` (with `kept_headers`); `producer` is the identity the
-    transport authenticated (see `Envelope.producer`)."""
+    missing or empty or not a UUID, `type` is missing, or the message ID, the type or a kept
+    header's value is not `application.wire_text.clean` text. One check for every
+    transport (the AMQP source, `eo embedded`), so their dead-letter reasons are the same.
+    The envelope keeps only the `known_headers` (with `kept_headers`); `producer` is the
+    identity the transport authenticated (see `Envelope.producer`)."""
     if (size := len(body)) > max_body_bytes:
         raise MalformedMessage(f"body of {size} bytes exceeds the limit of {max_body_bytes}")
     if not message_id:
@@ -173,12 +175,23 @@ def admitted(message_id: str | None, type_: str | None, body: bytes,
     try:
         parsed = uuid.UUID(message_id)
     except ValueError:
+        _check_clean("message_id", message_id)
         raise MalformedMessage(f"message_id {message_id[:80]!r} is not a UUID") from None
     if not type_:
         raise MalformedMessage("no type")
+    _check_clean("type", type_)
     kept = known_headers(headers, kept_headers)
+    for name, value in kept.items():
+        _check_clean(f"header {name}", value)
     kept.pop(PRODUCER_HEADER, None)  # a claim of whoever wrote it: the transport's `producer` is
     return Envelope(parsed, type_, body, MappingProxyType(kept), producer)
+
+
+def _check_clean(what: str, text: str) -> None:
+    """Raise `MalformedMessage` when `text` (a delivery's `what`) is not `clean` text."""
+    if not clean(text):
+        raise MalformedMessage(f"{what} '{escaped(text[:80])}' holds U+0000 or bytes that are "
+                               "not UTF-8: not text a store can keep")
 
 
 def lineage(incoming: Envelope) -> dict[str, str]:

@@ -33,6 +33,7 @@ from application.envelope import (
 from application.errors import TransientError
 from application.observability import MESSAGE_DEAD_LETTERED
 from application.ports import EventSink
+from application.wire_text import escaped
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Admission:
         self.dead_lettered += 1
         if self.events is not None:  # counted like every other dead letter (protocol 7, 9)
             self.events.emit(MESSAGE_DEAD_LETTERED, endpoint=self.endpoint,
-                             message_id=message.message_id, reason=reason, attempt=attempt)
+                             message_id=escaped(message.message_id or "") or None,
+                             reason=reason, attempt=attempt)
         else:
             log.warning("invalid message on %s dead-lettered: %s", self.endpoint, reason)

@@ -50,15 +50,17 @@ def envelope_message(envelope: Envelope, extra_headers: Mapping[str, str] | None
 
 
 def text_headers(raw: Mapping[str, Any] | None) -> dict[str, str]:
-    """AMQP headers as an envelope's strings: bytes decoded as UTF-8, other values str().
-    Broker headers (`x-delivery-count`, `x-death`, ...) are dropped: they describe the
-    transport, not the message, and a redelivery must not change the envelope."""
+    """AMQP headers as an envelope's strings: bytes decoded as UTF-8 (a byte that is not
+    becomes a lone surrogate, `surrogateescape`, as in the names: adapters/rabbitmq/wire.py),
+    other values str(). Broker headers (`x-delivery-count`, `x-death`, ...) are dropped: they
+    describe the transport, not the message, and a redelivery must not change the
+    envelope."""
     headers: dict[str, str] = {}
     for name, value in (raw or {}).items():
         if name.startswith("x-"):
             continue
         is_bytes = isinstance(value, bytes | bytearray)
-        headers[name] = value.decode(errors="replace") if is_bytes else str(value)
+        headers[name] = value.decode(errors="surrogateescape") if is_bytes else str(value)
     return headers
 
 

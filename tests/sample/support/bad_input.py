@@ -21,6 +21,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from adapters.rabbitmq.dispatcher import text_headers
 from application.codec import encode
 from application.envelope import (
     ATTEMPTS_HEADER,
@@ -29,6 +30,7 @@ from application.envelope import (
     REQUEST_URL_HEADER,
     TOKEN_HEADER,
 )
+from application.wire_text import clean
 from domain.sample.messages import (
     AddItem,
     OrderConfirmed,
@@ -190,10 +192,21 @@ header_names = st.one_of(
     st.sampled_from([ATTEMPTS_HEADER, REASON_HEADER, ENDPOINT_HEADER, "eo-retry-reason",
                      "x-death", "x-delivery-count", "content-type"]),
     st.text(_PLAIN, min_size=1, max_size=20)).filter(lambda n: n not in PROTOCOL_HEADERS)
-#: Headers of wrong names and types that must not change the outcome.
-garbage_headers = st.dictionaries(header_names, amqp_values, max_size=4)
+
+
+def _clean_value(value: Any) -> bool:
+    """Whether a header `value` is clean text once the consumer reads it: a kept header that
+    is not (U+0000, bytes that are not UTF-8) dead-letters the delivery, which the hostile
+    bytes test covers (tests/integration/test_hostile_producer.py)."""
+    return clean(text_headers({"h": value})["h"])
+
+
+#: Headers of wrong names and types that must not change the outcome (a protocol header's
+#: value among them clean text: see `_clean_value`).
+garbage_headers = st.dictionaries(header_names, amqp_values, max_size=4).filter(
+    lambda headers: all(_clean_value(v) for k, v in headers.items() if k.startswith("eo-")))
 #: `eo-token` of a token-path message whose token exists: present, of any type.
-token_values = st.one_of(st.just("1"), amqp_values)
+token_values = st.one_of(st.just("1"), amqp_values.filter(_clean_value))
 valid_id_forms = st.sampled_from(["canonical", "upper", "braces", "urn", "hex"])
 endpoints = st.sampled_from(ENDPOINTS)
 
