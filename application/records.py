@@ -149,8 +149,14 @@ class DeadLetter:
     - `dead_letter_id`: the store's number for it (0 before it is stored);
     - `message_id`: None when the message had no valid one (`raw_message_id`: what it had);
     - `producer`, `type`, `body`, `headers`: the message to replay (`headers` without the
-      dead-letter ones); `digest`: `Envelope.digest`, None without a type;
-    - `replayable`: False when the body was clipped (malformed, of no known type);
+      dead-letter ones); `digest`: what tells it from another message under its ID
+      (`application.dead_letters.letter_digest`: its type and body, or the whole body's
+      SHA-256 when the body was clipped), None without a message ID;
+    - `replayable`: False when the body was clipped (malformed, of no known type), or when
+      a text of it had to be kept escaped;
+    - `originals`: the bytes of each text kept escaped (`application.wire_text.escaped`:
+      bytes that were not UTF-8, U+0000), by field: `message_id`, `type`, `producer`,
+      `header <name>`, `header name <name>` (the name escaped); empty for most;
     - `origin_id`, `origin_producer`: the outside producer's message its chain started from
       (lineage headers, protocol 9), or its own ID and producer;
     - `reasons`: every time it was dead-lettered, oldest first;
@@ -175,6 +181,7 @@ class DeadLetter:
     acted_at: datetime | None = None
     acted_by: str | None = None
     discard_reason: str | None = None
+    originals: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def first_at(self) -> datetime:

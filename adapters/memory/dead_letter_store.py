@@ -18,10 +18,12 @@ from application.records import DeadLetter, DeadLetterStatus
 
 
 def _key(letter: DeadLetter) -> tuple[object, ...] | None:
-    """The key a message dead-lettered again is found under (None: never merged)."""
-    if letter.message_id is None or letter.digest is None:
+    """The key a message dead-lettered again is found under (None: never merged): its
+    endpoint, producer, message ID (a UUID, else as it came) and digest."""
+    if letter.digest is None or (letter.message_id or letter.raw_message_id) is None:
         return None
-    return letter.endpoint, letter.producer, letter.message_id, letter.digest
+    return (letter.endpoint, letter.producer, letter.message_id, letter.raw_message_id,
+            letter.digest)
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""Dead letters in PostgreSQL (`eo_dead_letter`, revision 0011): `DeadLetterStore`."""
+"""Dead letters in PostgreSQL (`eo_dead_letter`, revisions 0011 and 0013): `DeadLetterStore`."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -19,26 +20,35 @@ from application.records import DeadLetter, DeadLetterReason, DeadLetterStatus
 
 _COLUMNS = """dead_letter_id, endpoint, message_id, raw_message_id, producer, type, body,
   headers, digest, replayable, origin_id, origin_producer, reasons, status, replays,
-  acted_at, acted_by, discard_reason"""
+  acted_at, acted_by, discard_reason, originals"""
 
 #: A message dead-lettered again (same endpoint, producer, message ID and digest) is the
 #: same row: its new reasons are appended (those it has are not repeated: the queue's
-#: copies are moved at least once) and it is `dead` again.
+#: copies are moved at least once) and it is `dead` again. One statement per unique index:
+#: a UUID message ID (0011's), a message ID that is not one (0013's).
 _ADD = """
 INSERT INTO eo_dead_letter
   (endpoint, message_id, raw_message_id, producer, type, body, headers, digest, replayable,
-   origin_id, origin_producer, reasons, first_at, last_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-ON CONFLICT (endpoint, producer, message_id, digest)
-  WHERE message_id IS NOT NULL AND digest IS NOT NULL
+   origin_id, origin_producer, reasons, first_at, last_at, originals)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+{conflict}
+RETURNING dead_letter_id"""
+_MERGE = """
 DO UPDATE SET
   reasons = (SELECT jsonb_agg(r ORDER BY r->>'at') FROM (
                SELECT DISTINCT r FROM jsonb_array_elements(
                  eo_dead_letter.reasons || excluded.reasons) AS x(r)) AS d),
   first_at = least(eo_dead_letter.first_at, excluded.first_at),
   last_at = greatest(eo_dead_letter.last_at, excluded.last_at),
-  headers = excluded.headers, status = 'dead'
-RETURNING dead_letter_id"""
+  headers = excluded.headers, status = 'dead'"""
+_ADD_BY_MESSAGE_ID = _ADD.format(conflict=(
+    "ON CONFLICT (endpoint, producer, message_id, digest)\n"
+    "  WHERE message_id IS NOT NULL AND digest IS NOT NULL" + _MERGE))
+_ADD_BY_RAW_MESSAGE_ID = _ADD.format(conflict=(
+    "ON CONFLICT (endpoint, producer, raw_message_id, digest)\n"
+    "  WHERE message_id IS NULL AND raw_message_id IS NOT NULL AND digest IS NOT NULL"
+    + _MERGE))
+_ADD_ALONE = _ADD.format(conflict="")
 
 _FIND = f"""
 SELECT {_COLUMNS} FROM eo_dead_letter
@@ -66,7 +76,8 @@ def _letter(row: Any) -> DeadLetter:
         origin_producer=row["origin_producer"], reasons=_reasons(row["reasons"]),
         dead_letter_id=row["dead_letter_id"], status=DeadLetterStatus(row["status"]),
         replays=row["replays"], acted_at=row["acted_at"], acted_by=row["acted_by"],
-        discard_reason=row["discard_reason"])
+        discard_reason=row["discard_reason"], originals=MappingProxyType(
+            {k: base64.b64decode(v) for k, v in row["originals"].items()}))
 
 
 @dataclass
@@ -101,12 +112,19 @@ class PostgresDeadLetterStore(DeadLetterStore):
     async def add(self, letter: DeadLetter) -> int:
         reasons = [{"at": r.at.isoformat(), "reason": r.reason, "attempt": r.attempt}
                    for r in letter.reasons]
+        if letter.digest is None:
+            statement = _ADD_ALONE
+        elif letter.message_id is not None:
+            statement = _ADD_BY_MESSAGE_ID
+        else:
+            statement = _ADD_BY_RAW_MESSAGE_ID if letter.raw_message_id else _ADD_ALONE
+        originals = {k: base64.b64encode(v).decode() for k, v in letter.originals.items()}
         async with translated():
             return int(await db(self.pool).fetchval(
-                _ADD, letter.endpoint, letter.message_id, letter.raw_message_id,
+                statement, letter.endpoint, letter.message_id, letter.raw_message_id,
                 letter.producer, letter.type, letter.body, dict(letter.headers),
                 letter.digest, letter.replayable, letter.origin_id, letter.origin_producer,
-                reasons, letter.first_at, letter.last_at))
+                reasons, letter.first_at, letter.last_at, originals))
 
     async def find(self, query: DeadLetterQuery) -> list[DeadLetter]:
         if query.limit < 1:

@@ -22,6 +22,7 @@ from application.dead_letters import dead_letter_of
 from application.envelope import (
     ATTEMPTS_HEADER,
     BODY_BYTES_HEADER,
+    BODY_SHA256_HEADER,
     ORIGIN_ID_HEADER,
     REASON_HEADER,
     TOKEN_HEADER,
@@ -75,9 +76,56 @@ class DeadLetterStoreContract:
                                                  clock.now())
         other = await store.add(self.letter(clock, "x", m, body=b'{"n": 2}'))  # other body
         assert other != i
-        clipped = self.letter(clock, "malformed", m, **{BODY_BYTES_HEADER: "9000"})
-        assert not clipped.replayable
-        assert len({await store.add(clipped), await store.add(clipped)}) == 2  # never merged
+
+
+    async def test_every_copy_of_one_message_is_one_entry_whatever_its_id_or_body(
+        self, store_and_clock: tuple[Any, ManualClock]
+    ) -> None:
+        """Issue 37: a malformed message delivered twice under one message ID was two
+        entries (its clipped body gave it no digest), so an operator replayed or discarded
+        it twice. Clipped copies, and copies whose message ID is not a UUID, are one entry
+        with both reasons; another body under the same ID stays another entry."""
+        store, clock = store_and_clock
+        m = uuid.uuid4()
+        clipped = {BODY_BYTES_HEADER: "9000", BODY_SHA256_HEADER: "ab" * 32}
+        first = self.letter(clock, "malformed Add: body: Invalid JSON", m, **clipped)
+        assert not first.replayable
+        clock.advance(timedelta(seconds=1))
+        again = self.letter(clock, "malformed Add: body: Invalid JSON", m, **clipped)
+        assert await store.add(first) == await store.add(again)
+        (kept,) = await store.find(DeadLetterQuery(endpoints=(self.endpoint,)))
+        assert len(kept.reasons) == 2
+        other = self.letter(clock, "malformed", m, **{**clipped, BODY_SHA256_HEADER: "cd" * 32})
+        assert await store.add(other) != kept.dead_letter_id
+        raw = [dead_letter_of(self.endpoint, "order-17", "Add", b"{", {REASON_HEADER: "id"},
+                              "billing", clock.now() + timedelta(seconds=s)) for s in (0, 1)]
+        assert await store.add(raw[0]) == await store.add(raw[1])
+        assert len(await store.find(DeadLetterQuery(endpoints=(self.endpoint,)))) == 3
+
+    async def test_what_a_store_cannot_hold_is_kept_escaped_with_its_bytes(
+        self, store_and_clock: tuple[Any, ManualClock]
+    ) -> None:
+        """Issue 37 (N6): a type, message ID or header holding U+0000 or bytes that are not
+        UTF-8 (decoded by the transport as lone surrogates) made PostgreSQL refuse the entry
+        on every sweep, and the collector stalled behind it. It is kept escaped, its bytes
+        in `originals`, and is not replayable."""
+        store, clock = store_and_clock
+        bad = "\udcff"
+        letter = dead_letter_of(self.endpoint, f"id{bad}\x00", f"Add{bad}", b"\x00{",
+                                {REASON_HEADER: "type 'Add\\xff' holds U+0000",
+                                 f"eo-{bad}": f"v\x00{bad}", ATTEMPTS_HEADER: "1"},
+                                f"p{bad}", clock.now())
+        i = await store.add(letter)
+        assert await store.add(letter) == i
+        (kept,) = await store.find(DeadLetterQuery(endpoints=(self.endpoint,)))
+        assert (kept.raw_message_id, kept.type, kept.producer) == (
+            "id\\xff\\x00", "Add\\xff", "p\\xff")
+        assert dict(kept.headers) == {"eo-\\xff": "v\\x00\\xff"}
+        assert kept.body == b"\x00{"
+        assert not kept.replayable
+        assert dict(kept.originals) == {
+            "message_id": b"id\xff\x00", "type": b"Add\xff", "producer": b"p\xff",
+            "header name eo-\\xff": b"eo-\xff", "header eo-\\xff": b"v\x00\xff"}
 
     async def test_find_filters_by_endpoint_reason_age_status_and_ids(
         self, store_and_clock: tuple[Any, ManualClock]
