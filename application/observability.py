@@ -30,6 +30,10 @@ DEAD_LETTER_QUEUE_ROOM: Final = "dead_letter_queue.room"
 DEAD_LETTER_STORED: Final = "dead_letter.stored"
 DEAD_LETTER_REPLAYED: Final = "dead_letter.replayed"
 DEAD_LETTER_DISCARDED: Final = "dead_letter.discarded"
+#: a dead letter its queue's collector could not read or the store refused as it came
+#: (`error`): kept in its plainest form (every text escaped, `dead_letter_id`), so the rest
+#: of the queue is collected behind it. Logged at ERROR.
+DEAD_LETTER_UNSTORABLE: Final = "dead_letter.unstorable"
 #: fault injection (protocol 10): a failpoint fired (`failpoint`, `action`)
 FAULT_INJECTED: Final = "fault.injected"
 #: the inbox relay (application/inbox_relay.py): one per row published and marked relayed,
@@ -51,7 +55,7 @@ EVENTS: Final = (
     TOKEN_CONSUMED,
     MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, SETTLEMENT_FAILED, DEAD_LETTER_QUEUE_FULL,
     DEAD_LETTER_QUEUE_ROOM, DEAD_LETTER_STORED, DEAD_LETTER_REPLAYED, DEAD_LETTER_DISCARDED,
-    INBOX_RELAYED,
+    DEAD_LETTER_UNSTORABLE, INBOX_RELAYED,
     INBOX_RELAY_FAILED, INBOX_DEAD_LETTERED, CONSUMER_LOST, CONSUMER_RESTARTED, API_CALLED,
 )
 

@@ -61,11 +61,12 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None
 class StructlogEventSink:
     """`EventSink` writing each protocol event (section 9) as one JSON line: `event` plus
     `endpoint`, `message_id`, `attempt_id`, `partition` and the event's other fields.
-    A full dead-letter queue and an inbox row that cannot be relayed log at ERROR (an
-    operator must act); dead letters, conflicts, retries and operators' actions on dead
-    letters at WARNING; the rest at INFO."""
+    A full dead-letter queue, an inbox row that cannot be relayed and a dead letter the
+    store refused as it came log at ERROR (an operator must act); dead letters, conflicts,
+    retries and operators' actions on dead letters at WARNING; the rest at INFO."""
 
-    _ERROR = frozenset({"dead_letter_queue.full", "inbox.dead_lettered"})
+    _ERROR = frozenset({"dead_letter_queue.full", "inbox.dead_lettered",
+                        "dead_letter.unstorable"})
     _WARN = frozenset({"message.dead_lettered", "transaction.conflict", "message.retried",
                        "dead_letter.replayed", "dead_letter.discarded", "inbox.relay_failed"})
 

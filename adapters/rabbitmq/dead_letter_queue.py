@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,11 +19,13 @@ from adapters.rabbitmq.connection import PublishRefused, RabbitConnection, trans
 from adapters.rabbitmq.dispatcher import producer_of, text_headers
 from adapters.rabbitmq.topology import queue_names
 from application.dead_letters import dead_letter_of
+from application.envelope import REASON_HEADER
 from application.errors import TransientError
 from application.observability import (
     DEAD_LETTER_QUEUE_FULL,
     DEAD_LETTER_QUEUE_ROOM,
     DEAD_LETTER_STORED,
+    DEAD_LETTER_UNSTORABLE,
 )
 from application.ports import DeadLetterStore, EventSink
 from application.records import DeadLetter
@@ -122,12 +125,34 @@ def letter_of(message: AbstractIncomingMessage, endpoint: str, service_user: str
                           broker_reason(message.headers))
 
 
+def plainest(message: AbstractIncomingMessage, endpoint: str, error: BaseException
+             ) -> DeadLetter:
+    """The dead letter of a message that could not be read or stored as it came (`error`):
+    its body, message ID and type, every text as ASCII (`ascii`, so no store refuses it:
+    what it shows is escaped), no header, not replayable, with a reason that says so."""
+    message_id, type_ = message.message_id, message.type
+    reason = (f"kept in its plainest form: the dead letter could not be kept as it came "
+              f"({type(error).__name__}: {ascii(str(error))[1:-1][:500]})")
+    return replace(dead_letter_of(
+        endpoint, None if message_id is None else ascii(message_id)[1:-1],
+        None if type_ is None else ascii(type_)[1:-1], message.body,
+        {REASON_HEADER: reason}, "", datetime.now(UTC)), replayable=False)
+
+
 class DeadLetterCollector:
     """Moves endpoint `endpoint`'s dead-letter queue into `store`, at least once: each
     message is kept (`DeadLetterStore.add`, idempotent for a copy kept before), then acked;
     a crash between the two keeps it twice, which the store merges. `collect()` takes up to
     `batch` messages with `basic.get` on a channel of its own (no consumer to supervise: the
-    next round opens a new channel), so a lost connection only fails that round."""
+    next round opens a new channel), so a lost connection only fails that round.
+
+    No one entry stops collection: a message whatever its bytes becomes a dead letter any
+    store can keep (`dead_letter_of` escapes what a store cannot hold); one that still
+    cannot be read or kept as it came is kept in its `plainest` form, with a
+    `dead_letter.unstorable` event (ERROR, counted in `eo_events_total`), and the rest of the
+    queue is collected behind it. Only a store that fails every entry (down: a
+    `TransientError`; or refusing even the plainest form) ends the round, the message in hand
+    back at the head of the queue."""
 
     def __init__(self, connection: RabbitConnection, endpoint: str, store: DeadLetterStore,
                  service_user: str | None = None, events: EventSink | None = None,
@@ -152,10 +177,9 @@ class DeadLetterCollector:
                     message = await queue.get(no_ack=False, fail=False)
                 if message is None:
                     break
-                letter = letter_of(message, self.endpoint, self.service_user)
                 try:
-                    dead_letter_id = await self.store.add(letter)
-                except TransientError:
+                    letter, dead_letter_id = await self._keep(message)
+                except Exception:
                     with translated(f"returning a dead letter to {self.queue!r}"):
                         await message.reject(requeue=True)
                     raise
@@ -172,6 +196,31 @@ class DeadLetterCollector:
                 if not channel.is_closed:
                     await channel.close()
         return moved
+
+    async def _keep(self, message: AbstractIncomingMessage) -> tuple[DeadLetter, int]:
+        """Store `message`'s dead letter: as it came, else (it could not be read, or the
+        store refused it for good) in its `plainest` form, with a `dead_letter.unstorable`
+        event. Raises `TransientError` when the store fails (a retry may do), and what the
+        store raised when it refused even the plainest form."""
+        try:
+            letter = letter_of(message, self.endpoint, self.service_user)
+            return letter, await self.store.add(letter)
+        except TransientError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever this one entry does, go on
+            error: Exception = exc
+        letter = plainest(message, self.endpoint, error)
+        dead_letter_id = await self.store.add(letter)
+        message_id = ascii(message.message_id)[1:-1] if message.message_id else None
+        if self.events is not None:  # logged at ERROR by the service's sink
+            self.events.emit(DEAD_LETTER_UNSTORABLE, endpoint=self.endpoint,
+                             message_id=message_id, dead_letter_id=dead_letter_id,
+                             error=f"{type(error).__name__}: {ascii(str(error))[1:-1][:500]}")
+        else:
+            log.error("a dead letter of %s could not be kept as it came (%s): kept as "
+                      "dead letter %d in its plainest form", self.endpoint, error,
+                      dead_letter_id)
+        return letter, dead_letter_id
 
     async def drain(self) -> int:
         """Rounds until the queue is empty; returns how many dead letters moved."""
