@@ -209,10 +209,20 @@ class DeadLetters:
 
     async def token_exists(self, letter: DeadLetter) -> bool | None:
         """Whether the message's token still exists (None: its endpoint has no tokens)."""
-        access = self.endpoints.get(letter.endpoint)
-        if access is None or not access.tokens or letter.message_id is None:
+        if not self._has_tokens(letter) or letter.message_id is None:
             return None
         return await self.tokens.exists(letter.endpoint, letter.message_id)
+
+    def _has_tokens(self, letter: DeadLetter) -> bool:
+        access = self.endpoints.get(letter.endpoint)
+        return access is not None and access.tokens and letter.message_id is not None
+
+    async def _token(self, letter: DeadLetter) -> Envelope | None:
+        """The message as its token holds it (what its sender committed), or None (no
+        token, or its endpoint has none)."""
+        if not self._has_tokens(letter) or letter.message_id is None:
+            return None
+        return await self.tokens.get(letter.endpoint, letter.message_id)
 
     async def replay(self, dead_letter_id: int, by: str) -> ActionResult:
         """Republish dead letter `dead_letter_id` to its endpoint (same message ID, headers
@@ -228,7 +238,10 @@ class DeadLetters:
                 if not letter.replayable or letter.message_id is None or letter.type is None:
                     raise _Refused("its body was clipped (a malformed message, or one of no "
                                    "known type): it cannot be replayed; discard it")
-                deadline = deadline_in(letter.headers)
+                token = await self._token(letter)
+                # the window its sender committed (the token's), never what the copy says:
+                # a copy forged into a queue could claim any deadline
+                deadline = deadline_in(letter.headers if token is None else token.headers)
                 if deadline is not None and self.clock.now() >= deadline:
                     raise _Refused(f"idempotency window expired at {deadline.isoformat()}: "
                                    "its request to a third-party API can no longer be sent "
@@ -236,7 +249,7 @@ class DeadLetters:
                                    "discard it")
             except _Refused as exc:
                 return ActionResult(dead_letter_id, False, str(exc))
-            pending = await self.token_exists(letter)
+            pending = None if not self._has_tokens(letter) else token is not None
             await self.dispatcher.dispatch(letter.endpoint, Envelope(
                 letter.message_id, letter.type, letter.body, letter.headers, letter.producer))
             await held.replayed(by)

@@ -545,4 +545,68 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=("tests/unit/application/test_dead_letter_operations.py::test_a_replay_past_"
                  "its_third_party_idempotency_window_is_refused",),
         invariants=("I1",)),
+    Mutation(
+        name="api-replay-trusts-the-copys-deadline",
+        guard="12: a replay reads the window its sender committed (the token), never the "
+              "dead-letter copy's header (a forged copy could claim any)",
+        file="application/dead_letters.py",
+        before="""                deadline = deadline_in(letter.headers if token is None else token.headers)""",
+        after="""                deadline = deadline_in(letter.headers)""",
+        killers=("tests/unit/application/test_dead_letter_operations.py::test_a_replay_reads_"
+                 "the_window_its_sender_committed_not_the_copys",),
+        invariants=("I1",)),
+    Mutation(
+        name="short-strings-decoded-strictly",
+        guard="7 (issue 37): a frame is read whatever bytes its short strings hold (one "
+              "0xff must not close the connection and requeue every delivery on it)",
+        file="adapters/rabbitmq/wire.py",
+        before="""    pamqp_decode.METHODS["shortstr"] = short_str""",
+        after="""    pass""",
+        killers=("tests/integration/test_hostile_bytes.py::test_bytes_that_are_not_utf8_never_"
+                 "take_the_channel_down",),
+        invariants=("I10",)),
+    Mutation(
+        name="unclean-type-admitted",
+        guard="7 (issue 37): a type that is not clean text (U+0000, bytes that are not "
+              "UTF-8) is dead-lettered at admission",
+        file="application/envelope.py",
+        before="""    _check_clean("type", type_)""",
+        after="""    pass""",
+        killers=("tests/unit/application/test_dead_letters.py::test_a_type_message_id_or_kept_"
+                 "header_that_is_not_clean_text_is_malformed",),
+        invariants=("I10",)),
+    Mutation(
+        name="dead-letter-text-kept-raw",
+        guard="7 (issue 37): a dead letter's texts are kept escaped where a store cannot "
+              "hold them (else PostgreSQL refuses the entry on every sweep)",
+        file="application/dead_letters.py",
+        before="""        if text is None or clean(text):""",
+        after="""        if True:""",
+        killers=("tests/unit/application/test_dead_letters.py::test_every_text_of_a_dead_letter_"
+                 "is_clean_and_its_bytes_are_kept",
+                 "tests/integration/test_hostile_bytes.py::test_every_hostile_dead_letter_"
+                 "reaches_the_store_with_its_reason"),
+        invariants=("I10",)),
+    Mutation(
+        name="clipped-copies-not-merged",
+        guard="7 (issue 37): every copy of one message is one dead-letter entry (a clipped "
+              "body's digest is the whole body's)",
+        file="application/dead_letters.py",
+        before="""        if raw_message_id else None, replayable=replayable,""",
+        after="""        if raw_message_id and BODY_SHA256_HEADER not in headers else None,
+        replayable=replayable,""",
+        killers=("tests/contract/test_dead_letter_store_contract.py",),
+        invariants=("I10",)),
+    Mutation(
+        name="dead-letter-collection-stalls-on-one-entry",
+        guard="7 (issue 37): an entry the collector cannot read or store as it came is kept "
+              "in its plainest form; the queue behind it is collected",
+        file="adapters/rabbitmq/dead_letter_queue.py",
+        before="""        except Exception as exc:  # noqa: BLE001 - whatever this one entry does, go on
+            error: Exception = exc""",
+        after="""        except Exception as exc:  # noqa: BLE001 - whatever this one entry does, go on
+            raise""",
+        killers=("tests/integration/test_hostile_bytes.py::test_an_entry_the_store_refuses_goes_"
+                 "aside_and_the_rest_is_collected",),
+        invariants=("I10",)),
 )

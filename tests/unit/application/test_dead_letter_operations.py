@@ -15,8 +15,8 @@ from types import MappingProxyType
 import pytest
 
 from adapters.memory.dead_letter_store import MemoryDeadLetterStore, collect
-from application.dead_letters import DeadLetters
-from application.envelope import API_DEADLINE_HEADER
+from application.dead_letters import DeadLetters, dead_letter_of
+from application.envelope import API_DEADLINE_HEADER, REASON_HEADER
 from application.errors import Crash
 from application.observability import DEAD_LETTER_DISCARDED, DEAD_LETTER_REPLAYED
 from application.outcome import Outcome
@@ -216,6 +216,27 @@ async def test_a_replay_past_its_third_party_idempotency_window_is_refused() -> 
     assert not refused.done
     assert refused.detail.startswith("idempotency window expired")
     assert (await desk.ops.discard(late.dead_letter_id, "alice", "window passed")).done
+
+
+async def test_a_replay_reads_the_window_its_sender_committed_not_the_copys() -> None:
+    """Issue 37 (Low): a message forged straight into an internal queue became a dead letter
+    whose replay trusted its forged `eo-api-deadline`. The window is the token's (what the
+    sender committed); the dead-letter copy's header is not read when a token exists."""
+    desk = Desk(counters())
+    expired = desk.c.clock.now() - timedelta(minutes=1)
+    forged = desk.c.clock.now() + timedelta(days=365)
+    envelope = token_envelope(Add("c1", 4), uuid.uuid4())
+    await desk.c.tokens.create("counter", [replace(envelope, headers=MappingProxyType(
+        {**envelope.headers, API_DEADLINE_HEADER: expired.isoformat()}))])
+    await desk.store.add(dead_letter_of(
+        "counter", envelope.id_text, envelope.type, envelope.body,
+        {**envelope.headers, API_DEADLINE_HEADER: forged.isoformat(),
+         REASON_HEADER: "forged into counter"}, "", desk.c.clock.now()))
+    letter = await desk.only()
+    assert letter.replayable
+    refused = await desk.ops.replay(letter.dead_letter_id, "alice")
+    assert not refused.done
+    assert refused.detail.startswith(f"idempotency window expired at {expired.isoformat()}")
 
 
 async def test_a_clipped_dead_letter_cannot_be_replayed_but_can_be_discarded() -> None:

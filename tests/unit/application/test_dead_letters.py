@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 import pytest
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.codec import encode
+from application.dead_letters import dead_letter_of
 from application.envelope import (
     BODY_BYTES_HEADER,
     BODY_SHA256_HEADER,
@@ -23,9 +25,11 @@ from application.envelope import (
     Envelope,
     admitted,
 )
+from application.errors import MalformedMessage
 from application.observability import MESSAGE_DEAD_LETTERED
 from application.outcome import Outcome
 from application.settlement import Consumer
+from application.wire_text import clean
 from tests.support.counter import COUNTER
 from tests.support.counters import endpoints as counters
 from tests.support.world import World
@@ -116,3 +120,53 @@ def test_a_delivery_keeps_only_the_protocols_and_the_kept_headers_each_capped() 
     sent = sum(len(k) + len(v) for k, v in headers.items())
     kept = sum(len(k) + len(v) for k, v in envelope.headers.items())
     assert kept < 2 * MAX_HEADER_CHARS < sent / 100  # no growth from what producers add
+
+
+#: what a transport hands over for bytes that are not UTF-8 (adapters/rabbitmq/wire.py)
+NOT_UTF8 = b"\xff".decode("utf-8", "surrogateescape")
+
+
+#: a message ID (fixed: parameters are part of the test IDs, the same in every process)
+_ID = "0b6f7e2a-5d1c-4c4e-9a57-0d2c0a1e5f30"
+
+
+@pytest.mark.parametrize(("message_id", "type_", "headers", "what"), [
+    (_ID, f"Add{NOT_UTF8}", {}, "type 'Add\\xff'"),
+    (_ID, "Add\x00", {}, "type 'Add\\x00'"),
+    (f"{NOT_UTF8}{_ID}", "Add", {}, "message_id '\\xff"),
+    ("\x00", "Add", {}, "message_id '\\x00'"),
+    (_ID, "Add", {TOKEN_HEADER: f"1{NOT_UTF8}"}, "header eo-token '1\\xff'"),
+    (_ID, "Add", {"traceparent": "\x00"}, "header traceparent '\\x00'"),
+], ids=["type-not-utf8", "type-nul", "id-not-utf8", "id-nul", "token-not-utf8", "kept-nul"])
+def test_a_type_message_id_or_kept_header_that_is_not_clean_text_is_malformed(
+    message_id: str, type_: str, headers: dict[str, str], what: str,
+) -> None:
+    """Issue 37: U+0000 or bytes that are not UTF-8 in what a delivery keeps cannot be
+    stored (PostgreSQL's text and jsonb refuse them): the delivery is malformed, its reason
+    shows the value escaped; in a header the service drops, they do no harm."""
+    with pytest.raises(MalformedMessage) as refused:
+        admitted(message_id, type_, b"{}", headers, 1024, kept_headers=("traceparent",))
+    assert refused.value.reason.startswith(what), refused.value.reason
+    assert clean(refused.value.reason)
+    envelope = admitted(str(uuid.uuid4()), "Add", b"{}", {f"h{NOT_UTF8}": f"\x00{NOT_UTF8}"},
+                        1024)
+    assert dict(envelope.headers) == {}
+
+
+def test_every_text_of_a_dead_letter_is_clean_and_its_bytes_are_kept() -> None:
+    """Whatever bytes a dead-letter copy holds, its `DeadLetter` is text every store keeps;
+    what was escaped keeps its bytes in `originals` and cannot be replayed."""
+    letter = dead_letter_of("gateway", f"{NOT_UTF8}\x00", f"Add{NOT_UTF8}", b"\x00",
+                            {f"eo-{NOT_UTF8}": "\x00", REASON_HEADER: f"why\x00{NOT_UTF8}"},
+                            "p\x00", datetime.now(UTC))
+    texts = [letter.raw_message_id, letter.type, letter.producer, letter.reason,
+             *letter.headers, *letter.headers.values()]
+    assert all(isinstance(t, str) and clean(t) for t in texts), texts
+    assert (letter.raw_message_id, letter.type, letter.reason) == ("\\xff\\x00", "Add\\xff",
+                                                                   "why\\x00\\xff")
+    assert dict(letter.originals) == {"message_id": b"\xff\x00", "type": b"Add\xff",
+                                      "producer": b"p\x00", "header name eo-\\xff": b"eo-\xff",
+                                      "header eo-\\xff": b"\x00",
+                                      "header eo-reason": b"why\x00\xff"}
+    assert not letter.replayable
+    assert letter.digest is not None
