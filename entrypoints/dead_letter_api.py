@@ -18,7 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from application.dead_letters import ActionResult, DeadLetters
+from application.dead_letters import MAX_WHY_CHARS, ActionResult, DeadLetters
 from application.ports import DeadLetterQuery
 from application.records import DeadLetter, DeadLetterStatus
 
@@ -94,11 +94,11 @@ class _Filter(BaseModel):
 
 
 class _Discard(BaseModel):
-    why: str = Field(min_length=1, max_length=1000)
+    why: str = Field(min_length=1, max_length=MAX_WHY_CHARS)
 
 
 class _DiscardMany(_Filter):
-    why: str = Field(min_length=1, max_length=1000)
+    why: str = Field(min_length=1, max_length=MAX_WHY_CHARS)
 
 
 def _seconds(value: float | None) -> timedelta | None:

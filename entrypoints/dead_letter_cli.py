@@ -195,16 +195,24 @@ def replay(ids: Annotated[list[int] | None, typer.Argument(help="dead letter IDs
 
 @dead_letters_app.command()
 def discard(ids: Annotated[list[int] | None, typer.Argument(help="dead letter IDs")] = None,
-            why: Annotated[str, typer.Option(help="why (logged with who discarded it)")] = "",
+            why: Annotated[str, typer.Option(help="why (logged with who discarded it; at most "
+                                                 "1,000 characters)")] = "",
             select_all: _ALL = False, endpoint: _ENDPOINT = None, reason: _REASON = None,
             older_than: _OLDER = None, newer_than: _NEWER = None, limit: _LIMIT = 100,
             by: _BY = None, profile: _PROFILE = None) -> None:
     """Discard dead letters for good: their tokens, their attempts' registrations and a
     follow-up's stored request are deleted, so nothing is left at rest. Exits 1 when one
-    was refused (e.g. its transaction is committed: it was processed)."""
+    was refused (e.g. its transaction is committed: it was processed); exits 2 when --why
+    is blank or over 1,000 characters."""
+    from application.dead_letters import check_why
+
     if not why.strip():
         raise typer.BadParameter("say why (it is logged with who discarded it)",
                                  param_hint="--why")
+    try:
+        check_why(why)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--why") from exc
     who = by or operator_name()
     _act(ids, select_all, endpoint, reason, older_than, newer_than, limit, profile,
          lambda ops, i: ops.discard(i, who, why),
