@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
@@ -24,6 +25,8 @@ from application.records import DeadLetter, DeadLetterStatus
 
 #: the most dead letters one request lists or acts on
 MAX_LIMIT = 1000
+#: the most validation errors a 422 lists (the others are counted)
+MAX_ERRORS_SHOWN = 10
 
 
 def letter_json(letter: DeadLetter, token_exists: bool | None = None) -> dict[str, Any]:
@@ -128,16 +131,42 @@ def operator_auth(tokens: Mapping[str, str]) -> Callable[..., str]:
     return operator
 
 
+async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
+    """The 422 of a request that fails validation: `{"error": "<where>: <what>" (and how many
+    more), "detail": [{"loc", "msg", "type"}, ...]}` (at most `MAX_ERRORS_SHOWN`). Never the
+    input: FastAPI's default echoes it back whole (a 5 MB `why` came back in the answer);
+    each location part and message is clipped to 200 characters."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    shown: list[dict[str, Any]] = [
+        {"loc": [p if isinstance(p, int) else _clip(str(p)) for p in e.get("loc", ())],
+         "msg": _clip(str(e.get("msg", "invalid"))), "type": str(e.get("type", ""))}
+        for e in errors[:MAX_ERRORS_SHOWN]]
+    error = "invalid request"
+    if shown:
+        error = ".".join(str(p) for p in shown[0]["loc"]) + ": " + str(shown[0]["msg"])
+    if len(errors) > 1:
+        error += f" (and {len(errors) - 1} more)"
+    return JSONResponse({"error": error, "detail": shown}, status_code=422)
+
+
+def _clip(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -> FastAPI:
     """The API on `operations`; `tokens` maps each operator's name to its bearer token (at
     least one, each non-empty: ValueError otherwise). Every route answers 401 without a
-    known token; a refused action answers 409 with the reason; OpenAPI at /openapi.json."""
+    known token; a refused action answers 409 with the reason, invalid input 400 or 422
+    with `{"error": ...}` naming the field and the limit (`invalid_request`); OpenAPI at
+    /openapi.json."""
     Operator = Annotated[str, Depends(operator_auth(tokens))]
     app = FastAPI(title="Dead letters", description=__doc__)
 
     @app.exception_handler(ValueError)
     async def _bad_request(_request: Any, exc: ValueError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
+
+    app.add_exception_handler(RequestValidationError, invalid_request)
 
     @app.get("/dead-letters")
     async def list_letters(
