@@ -7,12 +7,13 @@ its operator (`EO_OPERATOR_TOKENS`), so every action is logged with who did it."
 
 import base64
 import json
+import math
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -27,6 +28,10 @@ from application.records import DeadLetter, DeadLetterStatus
 MAX_LIMIT = 1000
 #: the most validation errors a 422 lists (the others are counted)
 MAX_ERRORS_SHOWN = 10
+#: the largest dead-letter ID: IDs are PostgreSQL `bigserial`s, 1..2**63 - 1
+MAX_DEAD_LETTER_ID = 2**63 - 1
+#: the longest age a filter takes, in seconds: 100 years (36,525 days)
+MAX_AGE_S = 36_525 * 86_400
 
 
 def letter_json(letter: DeadLetter, token_exists: bool | None = None) -> dict[str, Any]:
@@ -60,17 +65,33 @@ def result_json(result: ActionResult) -> dict[str, Any]:
             "detail": result.detail}
 
 
+def age(seconds: float | None, name: str = "an age") -> timedelta | None:
+    """`seconds` as a timedelta (None for None). Raises ValueError naming `name` and the
+    limit unless it is a finite number from 0 to `MAX_AGE_S` (100 years)."""
+    if seconds is None:
+        return None
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_AGE_S):
+        raise ValueError(f"{name} must be 0 to {MAX_AGE_S} seconds (100 years)")
+    return timedelta(seconds=seconds)
+
+
 def query_of(endpoints: list[str] | None = None, ids: list[int] | None = None,
              status: str | None = "dead", reason: str | None = None,
              older_than: timedelta | None = None, newer_than: timedelta | None = None,
              limit: int = 100, now: datetime | None = None) -> DeadLetterQuery:
     """A `DeadLetterQuery` from an operator's filters: `status` one of dead, replayed,
     discarded or any; ages relative to `now` (default: the wall clock). Raises ValueError
-    for an unknown status or a limit outside 1..`MAX_LIMIT`."""
+    for an unknown status, a limit outside 1..`MAX_LIMIT`, an ID outside
+    1..`MAX_DEAD_LETTER_ID`, or an age below 0 or over `MAX_AGE_S` seconds (100 years)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be 1..{MAX_LIMIT}")
     if status not in (None, "any", *(str(s) for s in DeadLetterStatus)):
         raise ValueError(f"status must be dead, replayed, discarded or any, not {status!r}")
+    if not all(1 <= i <= MAX_DEAD_LETTER_ID for i in ids or ()):
+        raise ValueError(f"dead-letter IDs must be 1..{MAX_DEAD_LETTER_ID}")
+    for name, bound in (("older_than", older_than), ("newer_than", newer_than)):
+        if bound is not None and not timedelta(0) <= bound <= timedelta(seconds=MAX_AGE_S):
+            raise ValueError(f"{name} must be 0 to {MAX_AGE_S} seconds (100 years)")
     now = now or datetime.now(UTC)
     return DeadLetterQuery(
         tuple(endpoints or ()), tuple(ids or ()),
@@ -79,21 +100,28 @@ def query_of(endpoints: list[str] | None = None, ids: list[int] | None = None,
         None if newer_than is None else now - newer_than, limit)
 
 
+#: a dead letter's ID in a path, and in a filter's `ids`
+_PathId = Annotated[int, Path(ge=1, le=MAX_DEAD_LETTER_ID, description="a dead letter's ID")]
+_Id = Annotated[int, Field(ge=1, le=MAX_DEAD_LETTER_ID)]
+
+
 class _Filter(BaseModel):
-    """Which dead letters a bulk action takes (ages in seconds); `all` must be true, so
-    an empty filter never acts on everything by accident."""
+    """Which dead letters a bulk action takes (ages in seconds, finite, at most
+    `MAX_AGE_S`); `all` must be true, so an empty filter never acts on everything by
+    accident."""
 
     endpoints: list[str] = Field(default_factory=list)
-    ids: list[int] = Field(default_factory=list)
+    ids: list[_Id] = Field(default_factory=list)
     reason: str | None = None
-    older_than_s: float | None = Field(None, ge=0)
-    newer_than_s: float | None = Field(None, ge=0)
+    older_than_s: float | None = Field(None, ge=0, le=MAX_AGE_S, allow_inf_nan=False)
+    newer_than_s: float | None = Field(None, ge=0, le=MAX_AGE_S, allow_inf_nan=False)
     limit: int = Field(100, ge=1, le=MAX_LIMIT)
     all: bool = False
 
     def query(self) -> DeadLetterQuery:
         return query_of(self.endpoints, self.ids, "dead", self.reason,
-                        _seconds(self.older_than_s), _seconds(self.newer_than_s), self.limit)
+                        age(self.older_than_s, "older_than_s"),
+                        age(self.newer_than_s, "newer_than_s"), self.limit)
 
 
 class _Discard(BaseModel):
@@ -102,10 +130,6 @@ class _Discard(BaseModel):
 
 class _DiscardMany(_Filter):
     why: str = Field(min_length=1, max_length=MAX_WHY_CHARS)
-
-
-def _seconds(value: float | None) -> timedelta | None:
-    return None if value is None else timedelta(seconds=value)
 
 
 _BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
@@ -172,18 +196,20 @@ def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -
     async def list_letters(
         _by: Operator, endpoint: Annotated[list[str] | None, Query()] = None,
         status: str = "dead", reason: str | None = None,
-        older_than_s: Annotated[float | None, Query(ge=0)] = None,
-        newer_than_s: Annotated[float | None, Query(ge=0)] = None,
+        older_than_s: Annotated[float | None, Query(ge=0, le=MAX_AGE_S,
+                                                    allow_inf_nan=False)] = None,
+        newer_than_s: Annotated[float | None, Query(ge=0, le=MAX_AGE_S,
+                                                    allow_inf_nan=False)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> list[dict[str, Any]]:
         """The dead letters the filters select, oldest first (bodies included)."""
         found = await operations.find(query_of(endpoint, None, status, reason,
-                                               _seconds(older_than_s),
-                                               _seconds(newer_than_s), limit))
+                                               age(older_than_s, "older_than_s"),
+                                               age(newer_than_s, "newer_than_s"), limit))
         return [letter_json(d) for d in found]
 
     @app.get("/dead-letters/{dead_letter_id}")
-    async def show(dead_letter_id: int, _by: Operator) -> dict[str, Any]:
+    async def show(dead_letter_id: _PathId, _by: Operator) -> dict[str, Any]:
         """One dead letter, with whether its message's token still exists."""
         found = await operations.find(DeadLetterQuery(ids=(dead_letter_id,), status=None,
                                                       limit=1))
@@ -192,12 +218,12 @@ def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -
         return letter_json(found[0], await operations.token_exists(found[0]))
 
     @app.post("/dead-letters/{dead_letter_id}/replay")
-    async def replay(dead_letter_id: int, by: Operator) -> JSONResponse:
+    async def replay(dead_letter_id: _PathId, by: Operator) -> JSONResponse:
         """Republish it to its endpoint (409 with the reason when refused)."""
         return _answer(await operations.replay(dead_letter_id, by))
 
     @app.post("/dead-letters/{dead_letter_id}/discard")
-    async def discard(dead_letter_id: int, body: _Discard, by: Operator) -> JSONResponse:
+    async def discard(dead_letter_id: _PathId, body: _Discard, by: Operator) -> JSONResponse:
         """Release what its message holds and discard it, for `why`."""
         return _answer(await operations.discard(dead_letter_id, by, body.why))
 

@@ -1,6 +1,7 @@
 """`eo dead-letters` (entrypoints/dead_letter_cli.py) refusing bad input as a usage error (exit
-2, the option and the limit named) before it connects to anything: a reason over the bound.
-What the commands do on real servers: tests/integration/test_dead_letter_process.py."""
+2, the option and the limit named) before it connects to anything: a reason over the bound,
+dead-letter IDs outside PostgreSQL's bigint, ages past 100 years. What the commands do on
+real servers: tests/integration/test_dead_letter_process.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typer.testing import CliRunner
 
 from entrypoints import cli, dead_letter_cli
 from tests.support.counters.registry import SPEC
+
+TOO_BIG_ID = "99999999999999999999"
 
 
 @pytest.fixture(autouse=True)
@@ -48,4 +51,23 @@ def test_a_why_over_1000_characters_is_a_usage_error_naming_the_limit(args: list
     assert "--why" in output
     assert "at most 1000 characters" in output
     assert "x" * 1001 not in output  # not echoed back
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["show", TOO_BIG_ID], "DEAD_LETTER_ID"),
+    (["show", "0"], "DEAD_LETTER_ID"),
+    (["replay", "7", TOO_BIG_ID], "IDS"),
+    (["discard", TOO_BIG_ID, "--why", "duplicate order"], "IDS"),
+    (["list", "--older-than", "99999999999d"], "--older-than"),
+    (["list", "--newer-than", "9" * 400 + "s"], "--newer-than"),
+    (["replay", "--all", "--older-than", "36526d"], "--older-than"),
+])
+def test_ids_and_ages_out_of_range_are_usage_errors_naming_the_limit(args: list[str],
+                                                                     named: str) -> None:
+    code, output = _eo(*args)
+    assert code == 2, output
+    assert named in output
+    limit = "100 years" if named.endswith("-than") else "9223372036854775807"
+    assert limit in output
     assert "Traceback" not in output

@@ -1,8 +1,8 @@
 """The operators' two HTTP servers in process (httpx's ASGI transport, the counters service's
 memory adapters): the dead-letter API (entrypoints/dead_letter_api.py, `eo dead-letters
 serve`) and the operator's page with the same API under `/api` (entrypoints/operator_page.py,
-`eo operator`). Bad input gets a 422 naming the field and the limit, never the input echoed
-back.
+`eo operator`). Bad input (IDs past PostgreSQL's bigint, ages past 100 years) gets a 422
+naming the field and the limit, never the input echoed back.
 The same servers as processes: tests/integration/test_dead_letter_process.py,
 tests/integration/test_operator_page.py (in a browser)."""
 
@@ -22,6 +22,7 @@ from tests.support.counters.harness import counters
 
 TOKEN = "alice-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TOO_BIG_ID = "99999999999999999999"  # past PostgreSQL's bigint: asyncpg overflowed, a 500
 
 
 async def _status() -> dict[str, Any]:
@@ -46,6 +47,32 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[httpx.As
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app(request.param)),
                                  base_url="http://operator") as client:
         yield client, SERVERS[request.param]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field", "limit"), [
+    ("GET", f"/dead-letters/{TOO_BIG_ID}", None, "dead_letter_id", "9223372036854775807"),
+    ("GET", "/dead-letters/0", None, "dead_letter_id", "1"),
+    ("POST", f"/dead-letters/{TOO_BIG_ID}/replay", None, "dead_letter_id",
+     "9223372036854775807"),
+    ("POST", f"/dead-letters/{TOO_BIG_ID}/discard", {"why": "duplicate"}, "dead_letter_id",
+     "9223372036854775807"),
+    ("GET", "/dead-letters?older_than_s=1e308", None, "older_than_s", "3155760000"),
+    ("GET", "/dead-letters?newer_than_s=inf", None, "newer_than_s", "finite"),
+    ("GET", "/dead-letters?older_than_s=nan", None, "older_than_s", "finite"),
+    ("POST", "/dead-letters/replay", {"ids": [2**63], "all": True}, "ids",
+     "9223372036854775807"),
+    ("POST", "/dead-letters/discard", {"older_than_s": 1e308, "why": "old", "all": True},
+     "older_than_s", "3155760000"),
+])
+async def test_ids_and_ages_out_of_range_are_a_422_naming_the_field_and_the_limit(
+        server: tuple[httpx.AsyncClient, str], method: str, path: str, body: Any,
+        field: str, limit: str) -> None:
+    client, api = server
+    answer = await client.request(method, api + path, json=body, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert field in error
+    assert limit in error
 
 
 async def test_a_validation_error_never_echoes_the_input_back(
