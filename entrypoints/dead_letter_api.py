@@ -177,20 +177,38 @@ def _clip(text: str, most: int = 200) -> str:
     return text if len(text) <= most else text[:most] + "..."
 
 
+def new_operator_app(title: str, description: str, operator: Callable[..., str]) -> FastAPI:
+    """An empty FastAPI app as both operators' servers make theirs (this API and the
+    operator's page): no Swagger UI or ReDoc (they load their scripts from a CDN), the
+    OpenAPI document at `/openapi.json` for a known token only (`operator`, from
+    `operator_auth`: 401 otherwise; under a mount it names the mount's path as its server),
+    and `invalid_request` for the 422s."""
+    app = FastAPI(title=title, description=description, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(operator)])
+    async def openapi_document(request: Request) -> JSONResponse:
+        document = app.openapi()
+        root = str(request.scope.get("root_path", "")).rstrip("/")
+        return JSONResponse({**document, "servers": [{"url": root}]} if root else document)
+
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    return app
+
+
 def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -> FastAPI:
     """The API on `operations`; `tokens` maps each operator's name to its bearer token (at
     least one, each non-empty: ValueError otherwise). Every route answers 401 without a
-    known token; a refused action answers 409 with the reason, invalid input 400 or 422
-    with `{"error": ...}` naming the field and the limit (`invalid_request`); OpenAPI at
-    /openapi.json."""
-    Operator = Annotated[str, Depends(operator_auth(tokens))]
-    app = FastAPI(title="Dead letters", description=__doc__)
+    known token, the OpenAPI document (`/openapi.json`) too (`new_operator_app`); a refused
+    action answers 409 with the reason, invalid input 400 or 422 with `{"error": ...}`
+    naming the field and the limit (`invalid_request`)."""
+    operator = operator_auth(tokens)
+    Operator = Annotated[str, Depends(operator)]
+    app = new_operator_app("Dead letters", __doc__ or "", operator)
 
     @app.exception_handler(ValueError)
     async def _bad_request(_request: Any, exc: ValueError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
-
-    app.add_exception_handler(RequestValidationError, invalid_request)
 
     @app.get("/dead-letters")
     async def list_letters(

@@ -243,8 +243,8 @@ def discard(ids: Annotated[list[int] | None, typer.Argument(help="dead letter ID
 def serve(profile: _PROFILE = None) -> None:
     """Serve the dead letters over HTTP (list, show, replay, discard; OpenAPI at
     /openapi.json) on EO_OPERATOR_HOST:EO_OPERATOR_PORT (port 0: a free one, printed),
-    each request authenticated by an operator's bearer token (EO_OPERATOR_TOKENS='{"alice":
-    "<token>"}'), until SIGTERM."""
+    each request, the OpenAPI document's too, authenticated by an operator's bearer token
+    (EO_OPERATOR_TOKENS='{"alice": "<token>"}'), until SIGTERM."""
     from entrypoints.cli import fail, load, run_service
 
     settings, service = load(profile, services=True)

@@ -1,9 +1,10 @@
 """The operators' two HTTP servers in process (httpx's ASGI transport, the counters service's
 memory adapters): the dead-letter API (entrypoints/dead_letter_api.py, `eo dead-letters
 serve`) and the operator's page with the same API under `/api` (entrypoints/operator_page.py,
-`eo operator`). Bad input (IDs past PostgreSQL's bigint, ages past 100 years) gets a 422
-naming the field and the limit, never the input echoed back.
-The same servers as processes: tests/integration/test_dead_letter_process.py,
+`eo operator`). Nothing answers without a token but the page itself (the OpenAPI documents
+included; no Swagger UI or ReDoc); bad input (IDs past PostgreSQL's bigint, ages past 100
+years) gets a 422 naming the field and the limit, never the input echoed back. The same
+servers as processes: tests/integration/test_dead_letter_process.py,
 tests/integration/test_operator_page.py (in a browser)."""
 
 from __future__ import annotations
@@ -47,6 +48,27 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[httpx.As
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app(request.param)),
                                  base_url="http://operator") as client:
         yield client, SERVERS[request.param]
+
+
+async def test_nothing_answers_without_a_token_but_the_page_that_asks_for_it(
+        server: tuple[httpx.AsyncClient, str]) -> None:
+    client, api = server
+    documents = ["/openapi.json", f"{api}/openapi.json"]
+    uis = [f"{root}{ui}" for root in {"", api}
+           for ui in ("/docs", "/docs/oauth2-redirect", "/redoc")]
+    routes = [f"{api}/dead-letters", f"{api}/dead-letters/1", *(["/api/status"] if api else [])]
+    for path in [*documents, *uis, *routes]:
+        answer = await client.get(path)
+        assert answer.status_code in (401, 404), (path, answer.status_code)
+    for path in uis:  # turned off: they load their scripts from a CDN
+        assert (await client.get(path, headers=AUTH)).status_code == 404, path
+    schema = (await client.get(f"{api}/openapi.json", headers=AUTH)).json()
+    assert "/dead-letters/{dead_letter_id}" in schema["paths"]
+    if api:
+        assert "/api/status" in (await client.get("/openapi.json", headers=AUTH)).json()["paths"]
+        page = await client.get("/")  # the browser loads it without a token, then asks for one
+        assert (page.status_code, page.headers["content-type"]) == (200,
+                                                                    "text/html; charset=utf-8")
 
 
 @pytest.mark.parametrize(("method", "path", "body", "field", "limit"), [
