@@ -18,7 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from application.dead_letters import MAX_WHY_CHARS, ActionResult, DeadLetters
 from application.ports import DeadLetterQuery
@@ -177,12 +179,49 @@ def _clip(text: str, most: int = 200) -> str:
     return text if len(text) <= most else text[:most] + "..."
 
 
+#: Headers on every response of the operators' servers: no page may frame them (the page's
+#: buttons act on dead letters), no MIME sniffing, no Referer leaving them; a Content-Security-
+#: Policy that loads nothing (JSON needs nothing; the page sets its own, operator_page.py).
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; "
+                               "form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class SecurityHeaders:
+    """ASGI middleware: `SECURITY_HEADERS` on every HTTP response of the app it wraps; a
+    header the response sets itself (the page's own Content-Security-Policy) is kept.
+    Starlette's 500 for an unhandled exception is sent outside the app's middleware, so
+    without them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 def new_operator_app(title: str, description: str, operator: Callable[..., str]) -> FastAPI:
     """An empty FastAPI app as both operators' servers make theirs (this API and the
     operator's page): no Swagger UI or ReDoc (they load their scripts from a CDN), the
     OpenAPI document at `/openapi.json` for a known token only (`operator`, from
     `operator_auth`: 401 otherwise; under a mount it names the mount's path as its server),
-    and `invalid_request` for the 422s."""
+    `invalid_request` for the 422s, and `SECURITY_HEADERS` on every response."""
     app = FastAPI(title=title, description=description, docs_url=None, redoc_url=None,
                   openapi_url=None)
 
@@ -193,6 +232,7 @@ def new_operator_app(title: str, description: str, operator: Callable[..., str])
         return JSONResponse({**document, "servers": [{"url": root}]} if root else document)
 
     app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_middleware(SecurityHeaders)
     return app
 
 

@@ -3,12 +3,16 @@ memory adapters): the dead-letter API (entrypoints/dead_letter_api.py, `eo dead-
 serve`) and the operator's page with the same API under `/api` (entrypoints/operator_page.py,
 `eo operator`). Nothing answers without a token but the page itself (the OpenAPI documents
 included; no Swagger UI or ReDoc); bad input (IDs past PostgreSQL's bigint, ages past 100
-years) gets a 422 naming the field and the limit, never the input echoed back. The same
+years) gets a 422 naming the field and the limit, never the input echoed back; every
+response forbids framing, sniffing and referrers. The same
 servers as processes: tests/integration/test_dead_letter_process.py,
 tests/integration/test_operator_page.py (in a browser)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,3 +117,34 @@ async def test_a_validation_error_never_echoes_the_input_back(
     assert answer.status_code == 422
     assert len(answer.content) < 4000
     assert "and 99999 more" in answer.json()["error"]
+
+
+def _hashes(page: str, tag: str) -> set[str]:
+    return {"'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+            for text in re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.DOTALL)}
+
+
+async def test_every_response_forbids_framing_sniffing_and_referrers(
+        server: tuple[httpx.AsyncClient, str]) -> None:
+    client, api = server
+    answers = [await client.get(f"{api}/dead-letters", headers=AUTH),  # 200
+               await client.get(f"{api}/dead-letters"),  # 401
+               await client.get(f"{api}/nowhere", headers=AUTH),  # 404
+               await client.get(f"{api}/dead-letters/x", headers=AUTH),  # 422
+               await client.post(f"{api}/dead-letters/replay", json={}, headers=AUTH)]  # 400
+    if api:
+        answers.append(await client.get("/"))
+    assert [a.status_code for a in answers] == [200, 401, 404, 422, 400, 200][:len(answers)]
+    for answer in answers:
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["referrer-policy"] == "no-referrer"
+        policy = answer.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy
+    if api:  # the page runs its own inline script and style, and nothing else
+        page = answers[-1]
+        directives = dict(d.strip().split(" ", 1)
+                          for d in page.headers["content-security-policy"].split(";"))
+        assert set(directives["script-src"].split()) == _hashes(page.text, "script")
+        assert set(directives["style-src"].split()) == _hashes(page.text, "style")
+        assert directives["default-src"] == "'none'"
