@@ -78,6 +78,23 @@ COPY_HEADERS = frozenset({
     DEAD_LETTERED_AT_HEADER,
 })
 
+#: The longest reason (`why`) a discard takes, in characters: it is logged with the action and
+#: kept on the entry, for people to read; the bound keeps a paste or a hostile client from
+#: filling the log and the store through it.
+MAX_WHY_CHARS = 1000
+
+
+def check_why(why: str) -> str:
+    """`why`, a discard's reason, when it is one: raises ValueError when it is blank or
+    longer than `MAX_WHY_CHARS` characters (the message names the limit and the length,
+    never quotes the reason)."""
+    if not why.strip():
+        raise ValueError("a discard needs a reason (why)")
+    if len(why) > MAX_WHY_CHARS:
+        raise ValueError(f"a discard's reason (why) must be at most {MAX_WHY_CHARS} "
+                         f"characters, not {len(why)}")
+    return why
+
 
 def dead_letter_of(endpoint: str, raw_message_id: str | None, type_: str | None, body: bytes,
                    headers: Mapping[str, str], producer: str, at: datetime,
@@ -266,10 +283,10 @@ class DeadLetters:
         """Discard dead letter `dead_letter_id` for `why` (required), by `by`: release what
         its message holds (see the module docstring), then mark it discarded. Refused when
         it is not `dead`, its transaction is committed, or another operator holds it.
-        Raises ValueError for an empty `why`, `TransientError` when a store fails (what was
-        released stays released; discarding again finishes the job)."""
-        if not why.strip():
-            raise ValueError("a discard needs a reason (why)")
+        Raises ValueError for a blank `why` or one over `MAX_WHY_CHARS` characters (before
+        anything is released), `TransientError` when a store fails (what was released stays
+        released; discarding again finishes the job)."""
+        check_why(why)
         async with self.store.hold(dead_letter_id) as held:
             if held is None:
                 return _held_elsewhere(dead_letter_id)
@@ -295,9 +312,9 @@ class DeadLetters:
 
     async def discard_many(self, query: DeadLetterQuery, by: str, why: str
                            ) -> list[ActionResult]:
-        """`discard` for each dead letter `query` selects (only `dead` ones)."""
-        if not why.strip():
-            raise ValueError("a discard needs a reason (why)")
+        """`discard` for each dead letter `query` selects (only `dead` ones). Raises
+        ValueError as `discard` for `why`, before any is discarded."""
+        check_why(why)
         return [await self.discard(d.dead_letter_id, by, why)
                 for d in await self.store.find(_dead(query))]
 

@@ -7,23 +7,33 @@ its operator (`EO_OPERATOR_TOKENS`), so every action is logged with who did it."
 
 import base64
 import json
+import math
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from application.dead_letters import ActionResult, DeadLetters
+from application.dead_letters import MAX_WHY_CHARS, ActionResult, DeadLetters
 from application.ports import DeadLetterQuery
 from application.records import DeadLetter, DeadLetterStatus
 
 #: the most dead letters one request lists or acts on
 MAX_LIMIT = 1000
+#: the most validation errors a 422 lists (the others are counted)
+MAX_ERRORS_SHOWN = 10
+#: the largest dead-letter ID: IDs are PostgreSQL `bigserial`s, 1..2**63 - 1
+MAX_DEAD_LETTER_ID = 2**63 - 1
+#: the longest age a filter takes, in seconds: 100 years (36,525 days)
+MAX_AGE_S = 36_525 * 86_400
 
 
 def letter_json(letter: DeadLetter, token_exists: bool | None = None) -> dict[str, Any]:
@@ -57,17 +67,33 @@ def result_json(result: ActionResult) -> dict[str, Any]:
             "detail": result.detail}
 
 
+def age(seconds: float | None, name: str = "an age") -> timedelta | None:
+    """`seconds` as a timedelta (None for None). Raises ValueError naming `name` and the
+    limit unless it is a finite number from 0 to `MAX_AGE_S` (100 years)."""
+    if seconds is None:
+        return None
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_AGE_S):
+        raise ValueError(f"{name} must be 0 to {MAX_AGE_S} seconds (100 years)")
+    return timedelta(seconds=seconds)
+
+
 def query_of(endpoints: list[str] | None = None, ids: list[int] | None = None,
              status: str | None = "dead", reason: str | None = None,
              older_than: timedelta | None = None, newer_than: timedelta | None = None,
              limit: int = 100, now: datetime | None = None) -> DeadLetterQuery:
     """A `DeadLetterQuery` from an operator's filters: `status` one of dead, replayed,
     discarded or any; ages relative to `now` (default: the wall clock). Raises ValueError
-    for an unknown status or a limit outside 1..`MAX_LIMIT`."""
+    for an unknown status, a limit outside 1..`MAX_LIMIT`, an ID outside
+    1..`MAX_DEAD_LETTER_ID`, or an age below 0 or over `MAX_AGE_S` seconds (100 years)."""
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be 1..{MAX_LIMIT}")
     if status not in (None, "any", *(str(s) for s in DeadLetterStatus)):
         raise ValueError(f"status must be dead, replayed, discarded or any, not {status!r}")
+    if not all(1 <= i <= MAX_DEAD_LETTER_ID for i in ids or ()):
+        raise ValueError(f"dead-letter IDs must be 1..{MAX_DEAD_LETTER_ID}")
+    for name, bound in (("older_than", older_than), ("newer_than", newer_than)):
+        if bound is not None and not timedelta(0) <= bound <= timedelta(seconds=MAX_AGE_S):
+            raise ValueError(f"{name} must be 0 to {MAX_AGE_S} seconds (100 years)")
     now = now or datetime.now(UTC)
     return DeadLetterQuery(
         tuple(endpoints or ()), tuple(ids or ()),
@@ -76,33 +102,36 @@ def query_of(endpoints: list[str] | None = None, ids: list[int] | None = None,
         None if newer_than is None else now - newer_than, limit)
 
 
+#: a dead letter's ID in a path, and in a filter's `ids`
+_PathId = Annotated[int, Path(ge=1, le=MAX_DEAD_LETTER_ID, description="a dead letter's ID")]
+_Id = Annotated[int, Field(ge=1, le=MAX_DEAD_LETTER_ID)]
+
+
 class _Filter(BaseModel):
-    """Which dead letters a bulk action takes (ages in seconds); `all` must be true, so
-    an empty filter never acts on everything by accident."""
+    """Which dead letters a bulk action takes (ages in seconds, finite, at most
+    `MAX_AGE_S`); `all` must be true, so an empty filter never acts on everything by
+    accident."""
 
     endpoints: list[str] = Field(default_factory=list)
-    ids: list[int] = Field(default_factory=list)
+    ids: list[_Id] = Field(default_factory=list)
     reason: str | None = None
-    older_than_s: float | None = Field(None, ge=0)
-    newer_than_s: float | None = Field(None, ge=0)
+    older_than_s: float | None = Field(None, ge=0, le=MAX_AGE_S, allow_inf_nan=False)
+    newer_than_s: float | None = Field(None, ge=0, le=MAX_AGE_S, allow_inf_nan=False)
     limit: int = Field(100, ge=1, le=MAX_LIMIT)
     all: bool = False
 
     def query(self) -> DeadLetterQuery:
         return query_of(self.endpoints, self.ids, "dead", self.reason,
-                        _seconds(self.older_than_s), _seconds(self.newer_than_s), self.limit)
+                        age(self.older_than_s, "older_than_s"),
+                        age(self.newer_than_s, "newer_than_s"), self.limit)
 
 
 class _Discard(BaseModel):
-    why: str = Field(min_length=1, max_length=1000)
+    why: str = Field(min_length=1, max_length=MAX_WHY_CHARS)
 
 
 class _DiscardMany(_Filter):
-    why: str = Field(min_length=1, max_length=1000)
-
-
-def _seconds(value: float | None) -> timedelta | None:
-    return None if value is None else timedelta(seconds=value)
+    why: str = Field(min_length=1, max_length=MAX_WHY_CHARS)
 
 
 _BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
@@ -128,12 +157,94 @@ def operator_auth(tokens: Mapping[str, str]) -> Callable[..., str]:
     return operator
 
 
+async def invalid_request(_request: Request, exc: Exception) -> JSONResponse:
+    """The 422 of a request that fails validation: `{"error": "<where>: <what>" (and how many
+    more), "detail": [{"loc", "msg", "type"}, ...]}` (at most `MAX_ERRORS_SHOWN`). Never the
+    input: FastAPI's default echoes it back whole (a 5 MB `why` came back in the answer);
+    each location part and message is clipped to 200 characters."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    shown: list[dict[str, Any]] = [
+        {"loc": [p if isinstance(p, int) else _clip(str(p)) for p in e.get("loc", ())],
+         "msg": _clip(str(e.get("msg", "invalid"))), "type": str(e.get("type", ""))}
+        for e in errors[:MAX_ERRORS_SHOWN]]
+    error = "invalid request"
+    if shown:
+        error = ".".join(str(p) for p in shown[0]["loc"]) + ": " + str(shown[0]["msg"])
+    if len(errors) > 1:
+        error += f" (and {len(errors) - 1} more)"
+    return JSONResponse({"error": error, "detail": shown}, status_code=422)
+
+
+def _clip(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most] + "..."
+
+
+#: Headers on every response of the operators' servers: no page may frame them (the page's
+#: buttons act on dead letters), no MIME sniffing, no Referer leaving them; a Content-Security-
+#: Policy that loads nothing (JSON needs nothing; the page sets its own, operator_page.py).
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; "
+                               "form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class SecurityHeaders:
+    """ASGI middleware: `SECURITY_HEADERS` on every HTTP response of the app it wraps; a
+    header the response sets itself (the page's own Content-Security-Policy) is kept.
+    Starlette's 500 for an unhandled exception is sent outside the app's middleware, so
+    without them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+def new_operator_app(title: str, description: str, operator: Callable[..., str]) -> FastAPI:
+    """An empty FastAPI app as both operators' servers make theirs (this API and the
+    operator's page): no Swagger UI or ReDoc (they load their scripts from a CDN), the
+    OpenAPI document at `/openapi.json` for a known token only (`operator`, from
+    `operator_auth`: 401 otherwise; under a mount it names the mount's path as its server),
+    `invalid_request` for the 422s, and `SECURITY_HEADERS` on every response."""
+    app = FastAPI(title=title, description=description, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(operator)])
+    async def openapi_document(request: Request) -> JSONResponse:
+        document = app.openapi()
+        root = str(request.scope.get("root_path", "")).rstrip("/")
+        return JSONResponse({**document, "servers": [{"url": root}]} if root else document)
+
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
 def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -> FastAPI:
     """The API on `operations`; `tokens` maps each operator's name to its bearer token (at
     least one, each non-empty: ValueError otherwise). Every route answers 401 without a
-    known token; a refused action answers 409 with the reason; OpenAPI at /openapi.json."""
-    Operator = Annotated[str, Depends(operator_auth(tokens))]
-    app = FastAPI(title="Dead letters", description=__doc__)
+    known token, the OpenAPI document (`/openapi.json`) too (`new_operator_app`); a refused
+    action answers 409 with the reason, invalid input 400 or 422 with `{"error": ...}`
+    naming the field and the limit (`invalid_request`)."""
+    operator = operator_auth(tokens)
+    Operator = Annotated[str, Depends(operator)]
+    app = new_operator_app("Dead letters", __doc__ or "", operator)
 
     @app.exception_handler(ValueError)
     async def _bad_request(_request: Any, exc: ValueError) -> JSONResponse:
@@ -143,18 +254,20 @@ def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -
     async def list_letters(
         _by: Operator, endpoint: Annotated[list[str] | None, Query()] = None,
         status: str = "dead", reason: str | None = None,
-        older_than_s: Annotated[float | None, Query(ge=0)] = None,
-        newer_than_s: Annotated[float | None, Query(ge=0)] = None,
+        older_than_s: Annotated[float | None, Query(ge=0, le=MAX_AGE_S,
+                                                    allow_inf_nan=False)] = None,
+        newer_than_s: Annotated[float | None, Query(ge=0, le=MAX_AGE_S,
+                                                    allow_inf_nan=False)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> list[dict[str, Any]]:
         """The dead letters the filters select, oldest first (bodies included)."""
         found = await operations.find(query_of(endpoint, None, status, reason,
-                                               _seconds(older_than_s),
-                                               _seconds(newer_than_s), limit))
+                                               age(older_than_s, "older_than_s"),
+                                               age(newer_than_s, "newer_than_s"), limit))
         return [letter_json(d) for d in found]
 
     @app.get("/dead-letters/{dead_letter_id}")
-    async def show(dead_letter_id: int, _by: Operator) -> dict[str, Any]:
+    async def show(dead_letter_id: _PathId, _by: Operator) -> dict[str, Any]:
         """One dead letter, with whether its message's token still exists."""
         found = await operations.find(DeadLetterQuery(ids=(dead_letter_id,), status=None,
                                                       limit=1))
@@ -163,12 +276,12 @@ def create_dead_letter_app(operations: DeadLetters, tokens: Mapping[str, str]) -
         return letter_json(found[0], await operations.token_exists(found[0]))
 
     @app.post("/dead-letters/{dead_letter_id}/replay")
-    async def replay(dead_letter_id: int, by: Operator) -> JSONResponse:
+    async def replay(dead_letter_id: _PathId, by: Operator) -> JSONResponse:
         """Republish it to its endpoint (409 with the reason when refused)."""
         return _answer(await operations.replay(dead_letter_id, by))
 
     @app.post("/dead-letters/{dead_letter_id}/discard")
-    async def discard(dead_letter_id: int, body: _Discard, by: Operator) -> JSONResponse:
+    async def discard(dead_letter_id: _PathId, body: _Discard, by: Operator) -> JSONResponse:
         """Release what its message holds and discard it, for `why`."""
         return _answer(await operations.discard(dead_letter_id, by, body.why))
 

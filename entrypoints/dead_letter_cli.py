@@ -31,15 +31,32 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def duration(text: str | None) -> timedelta | None:
-    """`30s`, `15m`, `2h` or `7d` as a timedelta (None for None); raises
-    `typer.BadParameter` otherwise."""
+def duration(text: str | None, option: str | None = None) -> timedelta | None:
+    """`30s`, `15m`, `2h` or `7d` as a timedelta (None for None), at most 100 years
+    (`MAX_AGE_S` of entrypoints/dead_letter_api.py); raises `typer.BadParameter` naming
+    `option` otherwise."""
+    from entrypoints.dead_letter_api import age
+
     if text is None:
         return None
     match = _DURATION.match(text.strip())
     if match is None:
-        raise typer.BadParameter(f"{text!r} is not a duration such as 30s, 15m, 2h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        raise typer.BadParameter(f"{text!r} is not a duration such as 30s, 15m, 2h or 7d",
+                                 param_hint=option)
+    try:
+        return age(float(match.group(1)) * _UNITS[match.group(2)], "a duration")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
+
+
+def _check_ids(ids: list[int], argument: str) -> None:
+    """Raises `typer.BadParameter` naming `argument` unless each of `ids` is a dead-letter
+    ID (1..2**63 - 1, PostgreSQL's bigint)."""
+    from entrypoints.dead_letter_api import MAX_DEAD_LETTER_ID
+
+    if not all(1 <= i <= MAX_DEAD_LETTER_ID for i in ids):
+        raise typer.BadParameter(f"dead-letter IDs are 1..{MAX_DEAD_LETTER_ID}",
+                                 param_hint=argument)
 
 
 def operator_name() -> str:
@@ -104,8 +121,8 @@ def _query(endpoint: list[str] | None, ids: list[int] | None, status: str | None
     from entrypoints.dead_letter_api import query_of
 
     try:
-        return query_of(endpoint, ids, status, reason, duration(older_than),
-                        duration(newer_than), limit)
+        return query_of(endpoint, ids, status, reason, duration(older_than, "--older-than"),
+                        duration(newer_than, "--newer-than"), limit)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -139,6 +156,8 @@ def show(dead_letter_id: Annotated[int, typer.Argument(help="the dead letter's I
     from entrypoints.dead_letter_api import letter_json
     from entrypoints.report import print_dead_letter
 
+    _check_ids([dead_letter_id], "DEAD_LETTER_ID")
+
     async def look(ops: DeadLetters) -> tuple[Any, bool | None] | None:
         found = await ops.find(DeadLetterQuery(ids=(dead_letter_id,), status=None, limit=1))
         return (found[0], await ops.token_exists(found[0])) if found else None
@@ -165,6 +184,7 @@ def _act(ids: list[int] | None, select_all: bool, endpoint: list[str] | None,
     if not ids and not select_all:
         raise typer.BadParameter("name dead letters by ID, or select them with filters and "
                                  "--all")
+    _check_ids(ids or [], "IDS")
     if ids:
         results = _run(profile, lambda ops: _each(ops, ids, single))
     else:
@@ -195,16 +215,24 @@ def replay(ids: Annotated[list[int] | None, typer.Argument(help="dead letter IDs
 
 @dead_letters_app.command()
 def discard(ids: Annotated[list[int] | None, typer.Argument(help="dead letter IDs")] = None,
-            why: Annotated[str, typer.Option(help="why (logged with who discarded it)")] = "",
+            why: Annotated[str, typer.Option(help="why (logged with who discarded it; at most "
+                                                 "1,000 characters)")] = "",
             select_all: _ALL = False, endpoint: _ENDPOINT = None, reason: _REASON = None,
             older_than: _OLDER = None, newer_than: _NEWER = None, limit: _LIMIT = 100,
             by: _BY = None, profile: _PROFILE = None) -> None:
     """Discard dead letters for good: their tokens, their attempts' registrations and a
     follow-up's stored request are deleted, so nothing is left at rest. Exits 1 when one
-    was refused (e.g. its transaction is committed: it was processed)."""
+    was refused (e.g. its transaction is committed: it was processed); exits 2 when --why
+    is blank or over 1,000 characters."""
+    from application.dead_letters import check_why
+
     if not why.strip():
         raise typer.BadParameter("say why (it is logged with who discarded it)",
                                  param_hint="--why")
+    try:
+        check_why(why)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--why") from exc
     who = by or operator_name()
     _act(ids, select_all, endpoint, reason, older_than, newer_than, limit, profile,
          lambda ops, i: ops.discard(i, who, why),
@@ -215,8 +243,8 @@ def discard(ids: Annotated[list[int] | None, typer.Argument(help="dead letter ID
 def serve(profile: _PROFILE = None) -> None:
     """Serve the dead letters over HTTP (list, show, replay, discard; OpenAPI at
     /openapi.json) on EO_OPERATOR_HOST:EO_OPERATOR_PORT (port 0: a free one, printed),
-    each request authenticated by an operator's bearer token (EO_OPERATOR_TOKENS='{"alice":
-    "<token>"}'), until SIGTERM."""
+    each request, the OpenAPI document's too, authenticated by an operator's bearer token
+    (EO_OPERATOR_TOKENS='{"alice": "<token>"}'), until SIGTERM."""
     from entrypoints.cli import fail, load, run_service
 
     settings, service = load(profile, services=True)

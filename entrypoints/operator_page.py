@@ -1,7 +1,8 @@
 """The operator's page (`eo operator`): one HTML page and the JSON it reads, behind the operators'
 bearer tokens (`EO_OPERATOR_TOKENS`).
 
-- `/`: the page (operator_page.html): per endpoint its queues' depths, unfinished
+- `/`: the one route without a token (a browser loads it by address, without a header: it
+  asks for the token), the page (operator_page.html): per endpoint its queues' depths, unfinished
   transactions and the oldest one's age, deferred clean-ups, dead letters by status and the
   rates of the protocol events; the tokens in flight and those dead letters keep; the dead
   letters waiting, with their reasons, and replay and discard buttons. The operator's token
@@ -17,6 +18,9 @@ rates. Without them the page shows no rates.
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations
 
 import asyncio
+import base64
+import hashlib
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.resources import files
@@ -31,11 +35,31 @@ from adapters.postgres.admin import stores_at_rest
 from adapters.rabbitmq.topology import queue_depths
 from application.dead_letters import DeadLetters
 from application.registry import Role
-from entrypoints.dead_letter_api import create_dead_letter_app, operator_auth
+from entrypoints.dead_letter_api import (
+    create_dead_letter_app,
+    new_operator_app,
+    operator_auth,
+)
 from entrypoints.settings import Service, Settings
 
 #: seconds a scrape of one consumer's /metrics may take
 SCRAPE_TIMEOUT_S = 3.0
+
+
+def page_policy(page: str) -> str:
+    """The Content-Security-Policy of the HTML `page`: its own inline `<script>` and
+    `<style>` blocks (tags without attributes, by their SHA-256) and calls to its own
+    origin, nothing else; no page may frame it."""
+
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.DOTALL)
+        digests = (base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()
+                   for b in blocks)
+        return " ".join(f"'sha256-{d}'" for d in digests) or "'none'"
+
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+            "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+            "form-action 'none'")
 
 
 async def event_counts(client: httpx.AsyncClient, urls: Sequence[str]
@@ -108,15 +132,20 @@ class Status:
 def create_operator_app(dead_letters: DeadLetters, tokens: Mapping[str, str],
                         status: Callable[[], Awaitable[dict[str, Any]]]) -> FastAPI:
     """The page at `/`, `status` at `/api/status`, the dead-letter API under `/api`; every
-    `/api` route answers 401 without an operator's token (`tokens`: name -> token, at least
-    one: ValueError otherwise)."""
+    route but the page answers 401 without an operator's token (`tokens`: name -> token, at
+    least one: ValueError otherwise), the OpenAPI documents (`/openapi.json`,
+    `/api/openapi.json`) too. The page itself needs none: a browser loads it by address,
+    without a header, and it asks for the token, which it sends with every call. Every
+    response forbids framing (`SECURITY_HEADERS`); the page's policy runs its own inline
+    script and style only (`page_policy`)."""
     operator = operator_auth(tokens)
-    app = FastAPI(title="Operator", description=__doc__, docs_url=None, redoc_url=None)
+    app = new_operator_app("Operator", __doc__ or "", operator)
     page = files("entrypoints").joinpath("operator_page.html").read_text()
+    policy = page_policy(page)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def index() -> str:
-        return page
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page, headers={"Content-Security-Policy": policy})
 
     @app.get("/api/status")
     async def current(_by: Annotated[str, Depends(operator)]) -> dict[str, Any]:

@@ -234,7 +234,8 @@ async def test_the_http_api_needs_an_operators_token_and_acts_in_its_name(
     api = fleet.spawn("dead-letters", ["dead-letters", "serve"],
                       {"EO_OPERATOR_TOKENS": json.dumps({"alice": "alice-token-0123456789"}),
                        "EO_OPERATOR_PORT": "0"},
-                      url=("dead_letters.serving", "url"), ready_path="/openapi.json")
+                      url=("dead_letters.serving", "url"), ready_path="/openapi.json",
+                      ready_headers={"Authorization": "Bearer alice-token-0123456789"})
     await fleet.ready(counter, api)
     negative = _message("n", -2)  # rejected by the handler
     await _send(rabbit, tokens, negative)

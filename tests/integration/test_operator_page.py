@@ -3,7 +3,9 @@ Playwright, against real `eo consume` processes of the counters service on Postg
 RabbitMQ. A message is dead-lettered (its handler fails), the operator signs in (a wrong token
 is refused), sees the dead letter with its reason and the endpoint's state, fixes the cause
 (the consumer restarted without the failure), clicks Replay, and sees it processed: the
-dead letter leaves the page, the counter holds the amount once, no token is left.
+dead letter leaves the page, the counter holds the amount once, no token is left. The page
+works under its Content-Security-Policy (no framing, its own inline script and style only):
+the browser blocks nothing.
 
 `EO_OPERATOR_SCREENSHOT=<path>` keeps a screenshot of the page with the dead letter (the one
 in docs/images/ was taken so). A database and a virtual host of this module's own."""
@@ -91,7 +93,13 @@ async def test_an_operator_sees_a_dead_letter_and_replays_it_after_the_fix(
             executable_path=CHROMIUM, args=["--no-sandbox"] if os.geteuid() == 0 else [])
         try:
             tab = await browser.new_page(viewport={"width": 1400, "height": 700})
-            await tab.goto(page.url + "/?refresh_ms=500")
+            refused: list[str] = []  # what the page's Content-Security-Policy blocked
+            tab.on("console", lambda m: refused.append(m.text)
+                   if "Content Security Policy" in m.text else None)
+            loaded = await tab.goto(page.url + "/?refresh_ms=500")
+            assert loaded is not None
+            assert loaded.headers["x-frame-options"] == "DENY"
+            assert "frame-ancestors 'none'" in loaded.headers["content-security-policy"]
             await tab.fill("#token", "not-a-token")
             await tab.click("text=Sign in")
             await expect(tab.locator("#refused")).to_have_text(
@@ -119,6 +127,7 @@ async def test_an_operator_sees_a_dead_letter_and_replays_it_after_the_fix(
             await expect(tab.locator("#totals")).to_contain_text(
                 "tokens in flight: 0 · tokens kept by dead letters: 0", timeout=15_000)
             await expect(counter).to_contain_text("transaction.committed", timeout=15_000)
+            assert not refused  # the policy lets the page's own script and style run
         finally:
             await browser.close()
 

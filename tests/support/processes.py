@@ -244,7 +244,7 @@ def where_for(database: str, vhost: str) -> Iterator[Where]:
 class Proc:
     """One service process; its stdout and stderr (JSON log lines) go to `log`. It says
     where it answers HTTP in the log line `url_event` (field `url_field`); `ready_path` is
-    what `Fleet.ready` polls there."""
+    what `Fleet.ready` polls there, with `ready_headers` (e.g. a bearer token)."""
 
     name: str
     popen: subprocess.Popen[bytes]
@@ -252,6 +252,7 @@ class Proc:
     url_event: str = CONSUMER_URL[0]
     url_field: str = CONSUMER_URL[1]
     ready_path: str = "/ready"
+    ready_headers: Mapping[str, str] = field(default_factory=dict)
     _url: str | None = None
 
     def alive(self) -> bool:
@@ -287,14 +288,16 @@ class Proc:
                     self._url = str(entry[self.url_field])
         return self._url
 
-    def get(self, path: str, timeout: float = 2.0) -> tuple[int, str]:
-        """GET `path` at `url`: (status, body); (0, error) when nothing answers or no URL
-        was logged yet. Blocking: call it through `asyncio.to_thread` from a test's event
-        loop."""
+    def get(self, path: str, timeout: float = 2.0,
+            headers: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """GET `path` at `url` with `headers`: (status, body); (0, error) when nothing
+        answers or no URL was logged yet. Blocking: call it through `asyncio.to_thread` from
+        a test's event loop."""
         if self.url is None:
             return 0, f"{self.name} logged no {self.url_event} with {self.url_field} yet"
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as response:
+            request = urllib.request.Request(f"{self.url}{path}", headers=dict(headers or {}))
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(errors="replace")
@@ -344,15 +347,17 @@ class Fleet:
         return {k: v for k, v in env.items() if v is not None}
 
     def spawn(self, name: str, args: list[str], extra_env: Mapping[str, str | None],
-              url: tuple[str, str] = CONSUMER_URL, ready_path: str = "/ready") -> Proc:
+              url: tuple[str, str] = CONSUMER_URL, ready_path: str = "/ready",
+              ready_headers: Mapping[str, str] | None = None) -> Proc:
         """Start `eo <args>` as process `name` (log `<log_dir>/<name>.log`) with `extra_env`
-        over `env()`; it logs its URL in `url` (event, field)."""
+        over `env()`; it logs its URL in `url` (event, field) and is ready when `ready_path`
+        answers 200 to a GET with `ready_headers`."""
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [*eo_command(), *args], cwd=ROOT, env=self.env(**extra_env),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        proc = Proc(name, popen, log, url[0], url[1], ready_path)
+        proc = Proc(name, popen, log, url[0], url[1], ready_path, dict(ready_headers or {}))
         self.procs.append(proc)
         return proc
 
@@ -381,7 +386,8 @@ class Fleet:
                 if not proc.alive():
                     pytest.fail(f"{proc.name} exited with {proc.popen.returncode} before it "
                                 f"was ready\n{proc.tail()}")
-                status, _ = await asyncio.to_thread(proc.get, proc.ready_path, 1.0)
+                status, _ = await asyncio.to_thread(proc.get, proc.ready_path, 1.0,
+                                                    proc.ready_headers)
                 if status == 200:
                     break
                 if time.monotonic() > deadline:

@@ -280,3 +280,21 @@ async def test_a_discarded_follow_up_deletes_its_request_stored_on_the_callee() 
     assert "its stored HTTP request" in result.detail
     assert not desk.c.requests.requests
     assert await desk.c.tokens.count() == 0
+
+
+async def test_a_discard_reason_over_1000_characters_is_refused_naming_the_limit() -> None:
+    """Every entry point (the CLI, the API, the retention) goes through the operations: a
+    reason over the bound is refused there, before anything is released, stored or
+    logged; one of exactly the bound is taken."""
+    desk = Desk(counters())
+    await desk.dead_letter(Add("c1", 4))
+    letter = await desk.only()
+    with pytest.raises(ValueError, match="at most 1000 characters"):
+        await desk.ops.discard(letter.dead_letter_id, "alice", "x" * 100_000)
+    with pytest.raises(ValueError, match="at most 1000 characters"):
+        await desk.ops.discard_many(DeadLetterQuery(), "alice", "x" * 1001)
+    assert (await desk.only()).status is DeadLetterStatus.DEAD
+    assert await desk.ops.token_exists(letter)  # nothing released
+    assert not [e for e, _ in desk.logged if e == DEAD_LETTER_DISCARDED]
+    assert (await desk.ops.discard(letter.dead_letter_id, "alice", "y" * 1000)).done
+    assert (await desk.only()).discard_reason == "y" * 1000
