@@ -38,7 +38,9 @@ MAX_AGE_S = 36_525 * 86_400
 
 def letter_json(letter: DeadLetter, token_exists: bool | None = None) -> dict[str, Any]:
     """`letter` as JSON: its identity, where it came from, why (the reason history), what
-    operators did, and the message itself (the body as JSON when it is, else base64)."""
+    operators did, and the message itself (the body as JSON when it is, else base64), with
+    `originals`: the bytes (base64) of each text that had to be kept escaped (U+0000, bytes
+    that were not UTF-8: `DeadLetter.originals`), by field."""
     try:
         body: Any = json.loads(letter.body)
         encoding = "json"
@@ -58,6 +60,8 @@ def letter_json(letter: DeadLetter, token_exists: bool | None = None) -> dict[st
         if letter.acted_at else None, "acted_by": letter.acted_by,
         "discard_reason": letter.discard_reason, "token_exists": token_exists,
         "headers": dict(letter.headers), "body": body, "body_encoding": encoding,
+        "originals": {name: base64.b64encode(raw).decode()
+                      for name, raw in letter.originals.items()},
     }
 
 

@@ -5,7 +5,9 @@ dead letter carries a prefix with the body's size and SHA-256, copies keep only 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import json
 import uuid
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -30,6 +32,7 @@ from application.observability import MESSAGE_DEAD_LETTERED
 from application.outcome import Outcome
 from application.settlement import Consumer
 from application.wire_text import clean
+from entrypoints.dead_letter_api import letter_json
 from tests.support.counter import COUNTER
 from tests.support.counters import endpoints as counters
 from tests.support.world import World
@@ -170,3 +173,6 @@ def test_every_text_of_a_dead_letter_is_clean_and_its_bytes_are_kept() -> None:
                                       "header eo-reason": b"why\x00\xff"}
     assert not letter.replayable
     assert letter.digest is not None
+    shown = json.loads(json.dumps(letter_json(letter)))  # what eo dead-letters and the page show
+    assert shown["type"] == "Add\\xff"
+    assert {k: base64.b64decode(v) for k, v in shown["originals"].items()} == letter.originals
