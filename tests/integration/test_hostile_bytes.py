@@ -20,7 +20,6 @@ import pika
 import pytest
 
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
-from adapters.postgres.pool import create_pool
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
@@ -85,13 +84,11 @@ async def broker(where: Where) -> AsyncIterator[Broker]:
 
 
 @pytest.fixture
-async def pool(where: Where) -> AsyncIterator[asyncpg.Pool]:
-    created = await create_pool(where.dsn, max_size=2)
-    try:
-        yield created
-    finally:
-        await created.execute("DELETE FROM eo_dead_letter")
-        await created.close()
+async def store(pool: asyncpg.Pool) -> AsyncIterator[PostgresDeadLetterStore]:
+    """The dead-letter store on this module's database (`pool`: tests/integration/conftest.py),
+    emptied afterwards."""
+    yield PostgresDeadLetterStore(pool, SystemClock())
+    await pool.execute("DELETE FROM eo_dead_letter")
 
 
 #: A type, message ID and kept header values of every hostile kind (pika's bytes): bytes
@@ -154,7 +151,7 @@ async def test_bytes_that_are_not_utf8_never_take_the_channel_down(broker: Broke
 
 
 async def test_every_hostile_dead_letter_reaches_the_store_with_its_reason(
-    broker: Broker, pool: asyncpg.Pool,
+    broker: Broker, store: PostgresDeadLetterStore,
 ) -> None:
     """N6: a dead letter whose type, message ID or header held U+0000 (or bytes that are not
     UTF-8) was refused by PostgreSQL on every sweep and stayed at the head of the queue:
@@ -169,7 +166,6 @@ async def test_every_hostile_dead_letter_reaches_the_store_with_its_reason(
     for message_id in plain:
         await asyncio.to_thread(broker.publish_raw, dlq, b"{}", type="Add",
                                 message_id=message_id, headers={REASON_HEADER: "plain"})
-    store = PostgresDeadLetterStore(pool, SystemClock())
     events = CountingSink()
     collector = DeadLetterCollector(broker.publisher, broker.names.work, store, events=events)
     assert await asyncio.wait_for(collector.drain(), 30) == len(HOSTILE) + len(plain)
@@ -201,7 +197,7 @@ class _Refusing(DeadLetterStore):
 
 
 async def test_an_entry_the_store_refuses_goes_aside_and_the_rest_is_collected(
-    broker: Broker, pool: asyncpg.Pool,
+    broker: Broker, store: PostgresDeadLetterStore,
 ) -> None:
     """Whatever one entry does (the store refuses it for good, or it cannot be read: a
     forged `x-death` of the wrong shape), it is kept in its plainest form with a
@@ -214,7 +210,6 @@ async def test_an_entry_the_store_refuses_goes_aside_and_the_rest_is_collected(
                             message_id=unreadable, headers={"x-death": 5})
     await asyncio.to_thread(broker.publish_raw, dlq, b"{}", type="Add", message_id=after,
                             headers={REASON_HEADER: "behind them"})
-    store = PostgresDeadLetterStore(pool, SystemClock())
     events = CountingSink()
     collector = DeadLetterCollector(broker.publisher, broker.names.work,
                                     _Refusing(store, refused), events=events)
