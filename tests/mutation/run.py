@@ -64,11 +64,21 @@ def tracked_files() -> list[str]:
 
 
 def copy_project(files: list[str], into: Path) -> None:
-    """Copy `files` (relative to the project) into `into`, keeping symbolic links."""
+    """Copy `files` (relative to the project) into `into`, keeping symbolic links and
+    modification times, with the bytecode compiled beside them (`__pycache__`, where the
+    project has it: `./dev mutate` compiles it first), so a mutation's run does not compile
+    the project again. A mutated file's bytecode no longer matches its source (its time and
+    size) and is compiled again as Python reads it."""
+    caches = set()
     for name in files:
         target = into / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, target, follow_symlinks=False)
+        if name.endswith(".py"):
+            caches.add(Path(name).parent / "__pycache__")
+    for cache in caches:
+        if (ROOT / cache).is_dir():
+            shutil.copytree(ROOT / cache, into / cache, dirs_exist_ok=True)
 
 
 def apply(mutation: Mutation, root: Path) -> None:
