@@ -28,6 +28,7 @@ _BATCH = "tests/unit/application/test_token_batch.py"
 _BATCH_INTERLEAVINGS = "tests/unit/application/test_batch_interleavings.py"
 _CLAIM_CHECK = "tests/unit/application/test_colocated_claim_check.py"
 _API = "tests/unit/application/test_third_party_api.py"
+_FENCE_CAMPAIGN = "tests/template/test_fence_on_the_fixture.py"
 
 
 @dataclass(frozen=True)
@@ -609,4 +610,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=("tests/integration/test_hostile_bytes.py::test_an_entry_the_store_refuses_goes_"
                  "aside_and_the_rest_is_collected",),
         invariants=("I10",)),
+    Mutation(
+        name="fence-campaign-sees-finish-without-the-attempt-guard",
+        guard="eo chaos (tools/chaos/fence.py): the fence scenario of the attempt guard "
+              "reports a finish without it, on real processes",
+        file="application/finisher.py",
+        before="""            if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
+                return False""",
+        after="""            if False:
+                return False""",
+        killers=(f"{_FENCE_CAMPAIGN}::test_the_fence_scenarios_find_no_violation_on_the_"
+                 "fixture_service",),
+        invariants=("I1",)),
+    Mutation(
+        name="fence-campaign-sees-clear-without-compare",
+        guard="eo chaos (tools/chaos/fence.py): the fence scenario of the compare-and-clear "
+              "reports PostgreSQL's clear without its compare, on real processes",
+        file="adapters/postgres/sql.py",
+        before="""   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
+  RETURNING 1)\"\"\"""",
+        after="""   WHERE endpoint = $1 AND partition_key = $2 AND $3::bigint IS NOT NULL
+  RETURNING 1)\"\"\"""",
+        killers=(f"{_FENCE_CAMPAIGN}::test_the_fence_scenarios_find_no_violation_on_the_"
+                 "fixture_service",),
+        invariants=("I1",)),
 )

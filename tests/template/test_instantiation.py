@@ -1,11 +1,14 @@
 """What keeps the template a template: `copier copy` of this repository without the sample
-(`./dev new`) makes a service that passes its own checks (`./dev test`: lint, types, layer
-contracts, its tests but the template's process suites), takes a new endpoint by its domain
-package and its registry alone, and runs that endpoint on the embedded profile, with the test
-API, and on PostgreSQL and RabbitMQ; and `copier update` later brings a change of the template
-into it without losing the service's own code.
+(`./dev new`) makes a service that passes its own checks (`./dev test`'s lint, types, layer
+contracts and docs, every test module collected under the new name, and the team's own
+tests), takes a new endpoint by its domain package and its registry alone, and runs that
+endpoint on the embedded profile, with the test API, on PostgreSQL and RabbitMQ, and in its
+own chaos campaign; and `copier update` later brings a change of the template into it
+without losing the service's own code. The framework's tests are the template's, unchanged
+by copier: the suite runs them here, not again in the copy; the fence's mutations are caught
+by the campaign on the same endpoints in the checkout (test_fence_on_the_fixture.py).
 
-Slow (a new environment, the new service's suite): `pytest -m template` runs it alone.
+Slow (a new environment): `pytest -m template` runs it alone.
 """
 
 from __future__ import annotations
@@ -28,10 +31,9 @@ import pytest
 
 from adapters.postgres.admin import drop_database, with_database
 from adapters.s3.moto_server import MotoServer
-from tests.mutation.mutations import MUTATIONS
-from tests.mutation.run import apply
 from tests.support.processes import delete_vhost, private_vhost, this_run
 from tests.support.services import discover
+from tests.template.fixture_service import campaign_lines, ship
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).with_name("fixture")
@@ -92,11 +94,6 @@ def add_endpoints(project: Path) -> dict[str, int]:
             "tests/test_parcels.py": (FIXTURE / "test_parcels.py").read_text().count("\n")}
 
 
-def ship(parcel: str, grams: int, message_id: str, destination: str = "lyon") -> str:
-    return json.dumps({"queue": "parcels", "message_id": message_id, "type": "Ship",
-                       "body": {"parcel": parcel, "grams": grams, "destination": destination}})
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A service made from the template without the sample, with the fixture's endpoints
@@ -135,17 +132,23 @@ def test_the_new_service_has_no_sample_and_passes_its_own_checks(service: Path) 
     assert (service / "tools" / "pipeline" / "audit.py").exists()
     assert not (service / "tools" / "tpch").exists()
     started = time.monotonic()
-    # its checks (ruff, mypy, import contracts, docs) and its tests but the process suites
-    # (tests/integration, tests/tools): those are the template's own, unchanged by copier,
-    # and ran on this code earlier in the same suite (the service's renamed processes run
-    # in test_the_new_endpoint_runs_on_postgresql_and_rabbitmq_and_passes_the_audit)
-    # in one process (`-n 0`): this test already runs in one of the suite's two
-    done = run(["./dev", "test", "-q", "-x", "-p", "no:cacheprovider", "-rA", "-n", "0",
-                "--ignore=tests/integration", "--ignore=tests/tools"], service, env=clean_env())
-    # the team's own tests of its endpoints (the test API, with faults) ran and passed
+    # `./dev test` with its static checks (ruff, mypy, import contracts, the docs built
+    # strictly) and pytest collecting every test module under the new name, which imports
+    # every module of the framework they test; the framework's tests themselves are the
+    # template's own, unchanged by copier, and ran on this code in the same suite (the
+    # service's renamed processes run in test_the_new_endpoint_runs_on_postgresql_and_...)
+    collected = run(["./dev", "test", "--collect-only", "-q", "-p", "no:cacheprovider",
+                     "-n", "0"], service, env=clean_env())
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert "tests/test_parcels.py::test_faults_change_nothing[2]" in ids
+    assert {i.split("::")[0].split("/")[1] for i in ids} >= {
+        "unit", "contract", "integration", "tools", "test_parcels.py"}, sorted(ids)[:20]
+    # the team's own tests of its endpoints (the test API, with faults) pass
+    done = run(["uv", "run", "--frozen", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                "-n", "0", "tests/test_parcels.py"], service, env=clean_env())
     assert "PASSED tests/test_parcels.py::test_faults_change_nothing[2]" in done.stdout
-    print(f"\nthe new service's ./dev test: {time.monotonic() - started:.0f} s\n"
-          f"{done.stdout[-1500:]}")
+    print(f"\nthe new service's checks, {len(ids)} tests collected, its own tests: "
+          f"{time.monotonic() - started:.0f} s\n{done.stdout[-1500:]}")
 
 
 def test_the_new_endpoint_runs_embedded(service: Path, tmp_path: Path) -> None:
@@ -256,13 +259,10 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 @pytest.fixture(scope="module")
 def chaos_messages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The new service's campaign workload: 16 parcels to two destinations, a producer's
-    retry of one, and one the service refuses."""
-    lines = [ship(f"p-{n}", 100 + n, str(uuid.uuid4()), ("lyon", "paris")[n % 2])
-             for n in range(16)]
-    lines += [lines[3], ship("p-x", -1, str(uuid.uuid4()))]  # a producer's retry; refused
+    """The new service's campaign workload (`campaign_lines`): 16 parcels to two
+    destinations, a producer's retry of one, and one the service refuses."""
     messages = tmp_path_factory.mktemp("chaos") / "messages.jsonl"
-    messages.write_text("\n".join(lines) + "\n")
+    messages.write_text("\n".join(campaign_lines()) + "\n")
     return messages
 
 
@@ -305,28 +305,6 @@ def test_the_new_service_passes_a_chaos_campaign(service: Path, chaos_messages: 
     assert one["commits"] == one["expected_commits"] == 2 * 16  # parcels, tracking (not p-x)
     assert one["dead_letters"] == 1  # p-x, as in the fault-free run
     assert one["blobs"] == 16  # a label per parcel, each named by a parcel's state
-
-
-@pytest.mark.parametrize(("name", "half"), [
-    ("finish-without-the-attempt-guard", "attempt guard"),
-    ("postgres-clear-without-compare", "compare-and-clear")])
-def test_a_broken_finish_fence_makes_the_campaign_report_violations(
-        service: Path, chaos_messages: Path, name: str, half: str) -> None:
-    """The template's named mutation of one half of finish's fence (tests/mutation), applied
-    to the new service's copy of the framework: its fence scenario reports the late
-    finisher's damage (the next message committed twice)."""
-    [mutation] = [m for m in MUTATIONS if m.name == name]
-    apply(mutation, service)
-    try:
-        done, result = chaos(service, "--messages", str(chaos_messages), "--seed", "1",
-                             "--fence-only")
-    finally:
-        run(["git", "checkout", "--", *{file for file, _, _ in mutation.edits}], service)
-    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-4000:]
-    caught = {r["scenario"] for r in result["per_run"] if r["violations"]}
-    assert caught == {f"fence ({half}) on tracking"}
-    assert any(v.startswith(f"fence ({half}) on tracking: I1: tracking committed ")
-               for v in result["violations"]), result["violations"]
 
 
 async def _tracked(dsn: str, want: int, timeout_s: float) -> dict[str, list[str]]:
