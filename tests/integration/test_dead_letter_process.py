@@ -5,6 +5,11 @@ replay of a processed message is dropped as a duplicate, a discard leaves nothin
 a full dead-letter queue loses nothing: the consumer holds the dead letter, takes no new
 delivery, says so (/ready, a metric, an ERROR log) and goes on once there is room.
 
+The consumers and `eo dead-letters serve` are real processes; of the operator's commands, the
+first use of each (`list`, `replay`, `discard`, `show`, and `eo inspect`) is one too (`eo`:
+the console entry point), the others run in this process (`here`:
+tests/support/in_process.py) with the same environment.
+
 A database and a virtual host of this module's own (tests/support/processes.py)."""
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from adapters.postgres.token_store import PostgresTokenStore
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from tests.support.counters.endpoints import Add, Tally
+from tests.support.in_process import eo_in_thread
 from tests.support.processes import (
     ROOT,
     Fleet,
@@ -75,13 +81,20 @@ async def _send(rabbit: Rabbit, tokens: PostgresTokenStore, *envelopes: Envelope
 
 
 def eo(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    """`eo <args>` as an operator runs it, on the fleet's database and broker."""
+    """`eo <args>` as an operator runs it, a process of the console script, on the fleet's
+    database and broker."""
     return subprocess.run([*eo_command(), *args], cwd=ROOT, env=fleet.env(), text=True,
                           capture_output=True, timeout=60)
 
 
-def _listed(fleet: Fleet, *filters: str) -> list[dict[str, object]]:
-    done = eo(fleet, "dead-letters", "list", "--format", "json", *filters)
+async def here(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    """What `eo(fleet, *args)` gives, run in this process (tests/support/in_process.py)
+    with the environment `eo` gives its process: no cold interpreter to start."""
+    return await eo_in_thread(fleet.env(), *args)
+
+
+async def _listed(fleet: Fleet, *filters: str) -> list[dict[str, object]]:
+    done = await here(fleet, "dead-letters", "list", "--format", "json", *filters)
     assert done.returncode == 0, done.stderr
     return list(json.loads(done.stdout))
 
@@ -103,7 +116,7 @@ async def test_replay_after_a_fix_a_replay_of_a_processed_message_and_a_discard(
     shown = eo(fleet, "dead-letters", "list")
     assert shown.returncode == 0, shown.stderr
     assert "3 dead letters" in shown.stdout
-    listed = {str(d["message_id"]): d for d in _listed(fleet)}
+    listed = {str(d["message_id"]): d for d in await _listed(fleet)}
     assert set(listed) == {str(e.message_id) for e in (fixed_later, processed_meanwhile,
                                                         given_up)}
     for letter in listed.values():
@@ -143,13 +156,14 @@ async def test_replay_after_a_fix_a_replay_of_a_processed_message_and_a_discard(
 
     await _send(rabbit, tokens, processed_meanwhile, token=False)  # another copy, after the fix
     await until(lambda: applied("d1", 2), 20, "the copy processed", fleet, rabbit)
-    again = eo(fleet, "dead-letters", "replay", id_of(processed_meanwhile), "--by", "bob")
+    again = await here(fleet, "dead-letters", "replay", id_of(processed_meanwhile), "--by",
+                       "bob")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "its token is gone" in again.stdout
 
     discarded = eo(fleet, "dead-letters", "discard", id_of(given_up), "--why", "cancelled")
     assert discarded.returncode == 0, discarded.stdout + discarded.stderr
-    refused = eo(fleet, "dead-letters", "replay", id_of(given_up))
+    refused = await here(fleet, "dead-letters", "replay", id_of(given_up))
     assert refused.returncode == 1
     assert "discarded already" in refused.stdout
 
@@ -161,9 +175,10 @@ async def test_replay_after_a_fix_a_replay_of_a_processed_message_and_a_discard(
     assert totals == {"d0": 1, "d1": 2}  # each once; the discarded one never
     assert await tokens.count() == 0  # nothing at rest
     assert await pool.fetchval("SELECT count(*) FROM eo_side_effect_record") == 0
-    statuses = {str(d["message_id"]): d["status"] for d in _listed(fleet, "--status", "any")}
+    statuses = {str(d["message_id"]): d["status"]
+                for d in await _listed(fleet, "--status", "any")}
     assert sorted(statuses.values()) == ["discarded", "replayed", "replayed"]
-    (gone,) = [d for d in _listed(fleet, "--status", "discarded")]
+    (gone,) = [d for d in await _listed(fleet, "--status", "discarded")]
     assert gone["discard_reason"] == "cancelled"
     assert str(gone["acted_by"]).count("@") == 1  # <user>@<host> by default
     shown = eo(fleet, "dead-letters", "show", id_of(given_up))
