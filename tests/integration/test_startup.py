@@ -345,10 +345,9 @@ async def test_a_server_away_longer_than_the_give_up_time_exits_69(
         counter = fleet.start("counter", **{variable: proxied}, EO_BROKER_GIVE_UP_S="6")
         code = await fleet.exit_code(counter, 40)
         took = time.monotonic() - started
-    assert code == UNAVAILABLE, counter.tail()
+    assert code == UNAVAILABLE, f"{code} after {took:.1f} s\n{counter.tail()}"
     assert len(waits(counter, what)) >= 2, counter.tail()
     assert "gave up waiting" in said(counter), counter.tail()
-    assert took < 30, f"gave up after {took:.1f} s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,10 +417,11 @@ def test_what_waiting_cannot_fix_exits_3_at_once(
         finally:
             fleet.kill_all()
         took = time.monotonic() - started
-    assert code == CANNOT_START, counter.tail()
+    # at once: without waiting for what no wait fixes (no `startup.waiting`), whatever the
+    # machine's load makes of the seconds (the wait above bounds a hang)
+    assert code == CANNOT_START, f"{code} after {took:.1f} s\n{counter.tail()}"
     assert expected in said(counter), counter.tail()
     assert not counter.events("startup.waiting"), counter.tail()
-    assert took < 20, f"exited after {took:.1f} s"
 
 
 async def test_a_schema_newer_than_the_code_is_accepted(where: Where) -> None:
