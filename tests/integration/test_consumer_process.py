@@ -272,10 +272,11 @@ async def test_sigterm_stops_gracefully_and_loses_nothing(
     signalled = datetime.now(UTC)
     counter.popen.send_signal(signal.SIGTERM)
     stopping = time.monotonic()
-    code = await fleet.exit_code(counter, 10)
+    # the wait bounds a hang only: that the stop took no new delivery (did not drain the
+    # queue) is what `left` and the counts below say, whatever the machine's load
+    code = await fleet.exit_code(counter, 60)
     took = time.monotonic() - stopping
     assert code == 0, f"exit {code} after {took:.1f} s\n{counter.tail()}"
-    assert took < 5, f"graceful shutdown took {took:.1f} s\n{counter.tail()}"
 
     left = {row["message_id"] for row in await pool.fetch("SELECT message_id FROM eo_token")}
     assert left, "everything was processed before SIGTERM: nothing was in flight"
