@@ -5,7 +5,7 @@ One `Cluster` per test module: a private database (`eo_chaos_<pid>`, plus
 RabbitMQ virtual host (`eo-chaos-<pid>`, deleted at the end), one moto S3 server, and the
 long-lived processes that carry no failpoints (`gateway`, `ledger`, `payments`: `eo consume`
 / `eo serve --endpoint payments` through the demo's `Fleet`, forked by a zygote that imported
-the service once: tests/sample/chaos/zygote.py). Each test starts its own orders processes with the
+the service once: tests/support/zygote.py). Each test starts its own orders processes with the
 failpoints it needs (`EO_FAILPOINTS`), or replaces a long-lived process by one with
 failpoints (restored afterwards); a process that exits is restarted once without its
 failpoints, as an orchestrator would.
@@ -66,7 +66,7 @@ from entrypoints.faults import CRASH_EXIT
 from entrypoints.local import postgres_stores
 from entrypoints.settings import Service, resolve_service
 from service.registry import REGISTRY
-from tests.sample.chaos.zygote import Zygote
+from tests.support.zygote import Zygote
 from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
 from tools.chaos.checks import (
