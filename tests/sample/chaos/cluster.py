@@ -814,24 +814,3 @@ def crashed(result: Verified, failpoint: str, name: str = "orders-a") -> None:
     failpoint's line in its log)."""
     process = result.exit_of(name)
     assert process.crashed_at(failpoint), f"{name} exited {process.code}, not at {failpoint}"
-
-
-def loser_cleaned(result: Verified, loser: str, endpoint: str = "orders") -> set[str]:
-    """Kinds of the artifacts of attempt `loser` that a winner's `finish` cleaned up."""
-    return {str(e["kind"]) for e in result.events("side_effect.cleaned", endpoint=endpoint,
-                                                   loser_attempt_id=loser)}
-
-
-def replaced_after_crash(result: Verified, failpoint: str, kind: str) -> str:
-    """Assert the row "a finalising attempt died at `failpoint`, another attempt won": the
-    crash really happened; the crashed attempt's message ran its handler twice in all
-    (crashed attempt, winner) and committed once, by the other attempt; the winner's finish
-    cleaned the crashed attempt's `kind` artifact. Returns the message ID."""
-    crashed(result, failpoint)
-    attempt = result.exit_of("orders-a").last("handler.invoked")
-    m, loser = attempt["message_id"], attempt["attempt_id"]
-    assert result.runs("orders", m) == 2
-    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
-    assert commit["attempt_id"] != loser
-    assert kind in loser_cleaned(result, loser)
-    return str(m)

@@ -1,33 +1,67 @@
-"""Protocol 3.4's failure table with processes that really die: one test per row, plus the
-HTTP caller and callee failpoints (protocol 6, 10).
+"""Protocol 3.4's failure table with processes that really die: one test per class of row.
 
 Each test runs the sample (one TPC-H order through gateway -> orders -> payments -> orders ->
 ledger) on the chaos cluster (tests/sample/chaos/cluster.py) with a process that carries the row's
 failpoint, checks that the failpoint really fired (the process exited with the `crash` code
-and its log names it, or the log shows the action), then, at quiescence, `Run.verify`: the
-oracle, nothing at rest before the final sweep (deferred clean-ups aside) nor after it, no
-dead letter, the log audit (I1, I2, I7), the event order (I4, I6), and the handler runs
-protocol 3.4 allows: again only after an attempt that did not commit. The message that hit
-the failpoint is found in the crashed process's log, which ends at it.
+and its log names it), then, at quiescence, `Run.verify`: the oracle, nothing at rest before
+the final sweep (deferred clean-ups aside) nor after it, no dead letter, the log audit (I1,
+I2, I7), the event order (I4, I6), and the handler runs protocol 3.4 allows: again only after
+an attempt that did not commit. The message that hit the failpoint is found in the crashed
+process's log, which ends at it.
+
+What a real process adds to a row's memory twin is the same for every row of a class: a
+process killed where it stands (`os._exit`, no clean-up, no ack), RabbitMQ giving its unacked
+delivery to the restarted process, and the repair done by the PostgreSQL, S3 and HTTP
+adapters of another process. So one row per class stays here:
+
+- before anything durable: `after_token_check` (the last point before the handler; on this
+  co-located path `after_token_load` and `after_tr_load` follow the same read);
+- after the commit: `after_commit`, the committed TR finished by the redelivery without a
+  second handler run;
+- during publication: `after_publish:1`, the receiver dropping the copy by its token;
+- in a callee: `callee.after_commit` in the payments process, the caller's retried POST
+  finishing the committed request and getting its stored response.
+
+The caller side of HTTP (protocol 6) has no test of its own: each caller failpoint is a
+token-path point of a class above (`after_put` a "create", `after_post` before anything
+durable on the caller, `before_delete` / `after_delete` a publication), and every test here
+runs the order's PUT, POST and DELETE against the real payments process.
+
+Every other row is proven in memory, on the co-located and general paths, by its twin
+(tests/unit/application/; FT = test_failure_table.py, HTTP = test_http_protocol.py):
+
+- token load, TR load (`after_token_load`, `after_tr_load`):
+  FT::test_crash_before_anything_durable_leaves_nothing;
+- register, blob / HTTP request: FT::test_crash_after_register_leaves_a_record_the_winner_cleans,
+  HTTP::test_a_crash_before_the_request_or_the_commit_leaves_a_record_the_winner_cleans;
+- create, blob / HTTP request (also caller `after_put`):
+  FT::test_crash_after_create_leaves_an_artifact_the_winner_deletes,
+  HTTP::test_crash_after_put_leaves_a_request_the_next_winner_deletes;
+- commit rejected (error), and a crash just before the commit:
+  FT::test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans,
+  HTTP::test_a_commit_rejected_by_an_error_is_retried_and_the_winner_deletes_its_request and
+  HTTP::test_a_crash_before_the_request_or_the_commit_leaves_a_record_the_winner_cleans;
+- all dispatches (`after_publish_all`):
+  FT::test_crash_after_commit_is_finished_by_redelivery_without_a_second_handler_run,
+  FT::test_a_repeated_publication_never_recreates_an_outgoing_token_already_consumed;
+- TR clear, before ack (`after_tr_clear`, `before_ack`):
+  FT::test_crash_after_clear_leaves_nothing_and_redelivery_is_dropped;
+- caller `after_post`, `before_delete`, `after_delete`:
+  HTTP::test_crash_around_the_follow_ups_post_and_delete_is_repaired_by_redelivery;
+- callee `callee.before_reply`: HTTP::test_crash_before_the_reply_is_answered_identically_on_retry
+  (the callee), HTTP::test_a_callee_that_dies_answering_the_post_is_asked_again_and_debits_once
+  (its caller).
 
 One order's finalising message (the last of its k commands to arrive) is the k-th commit of
 the only orders process, and the only decision with artifacts (an invoice blob, an HTTP
-request, the follow-up message), so `...@k` and the `:<kind>` failpoints aim at it. This
-module runs on the co-located fast path (tokens in the endpoint database, the default);
-`test_general_path.py` has the rows that exist only on the general path.
+request, the follow-up message), so `...@k` aims at it. This module runs on the co-located
+fast path (tokens in the endpoint database, the default); `test_general_path.py` has the class
+that exists only on the general path.
 """
 
 from __future__ import annotations
 
-import pytest
-
-from tests.sample.chaos.cluster import (
-    Run,
-    crashed,
-    loser_cleaned,
-    pick_orders,
-    replaced_after_crash,
-)
+from tests.sample.chaos.cluster import Run, crashed, pick_orders
 
 ONE_ORDER = pick_orders(1, seed=1)
 #: the finalising message of ONE_ORDER is the orders process's K-th commit
@@ -42,99 +76,23 @@ async def one_order(chaos: Run, failpoints: str, name: str = "orders-a") -> None
 
 
 # ---------------------------------------------------------------------------------------------
-# token load, TR load, token check: nothing left, redelivery processes normally
+# before anything durable: token load, TR load, token check
 
 
-@pytest.mark.parametrize("failpoint", ["after_token_load", "after_tr_load", "after_token_check"])
-async def test_crash_before_the_handler_leaves_nothing(chaos: Run, failpoint: str) -> None:
-    """Row "token load, TR load, token check": left behind nothing; repaired by the
-    redelivery, processed normally. Asserted: the orders process crashed there; every
-    message's handler ran exactly once (the crashed delivery never reached it); the checks
-    of `verify`."""
-    await one_order(chaos, f"{failpoint}=crash@1")
+async def test_crash_before_the_handler_leaves_nothing(chaos: Run) -> None:
+    """Row "token load, TR load, token check", at its last point (`after_token_check`): left
+    behind nothing; repaired by the redelivery, processed normally. Asserted: the orders
+    process crashed there; every message's handler ran exactly once (the crashed delivery
+    never reached it); the checks of `verify`."""
+    await one_order(chaos, "after_token_check=crash@1")
     result = await chaos.verify()
-    crashed(result, failpoint)
+    crashed(result, "after_token_check")
     runs = {key: n for key, n in result.audit.handler_runs.items() if n != 1}
     assert runs == {}, runs
 
 
 # ---------------------------------------------------------------------------------------------
-# register, create: the next winner's clean-up
-
-
-@pytest.mark.parametrize("kind", ["blob", "http_request"])
-async def test_crash_after_register(chaos: Run, kind: str) -> None:
-    """Row "register": the finalising attempt registered its `kind` record and died before
-    creating the artifact. Left: a record without an artifact; repaired by the next winner's
-    clean-up (a no-op delete). Asserted: the crash; the finalising message's handler ran
-    twice (crashed attempt, winner) and committed once, by the other attempt; the winner's
-    finish cleaned the crashed attempt's `kind` record; nothing at rest (no record left)."""
-    await one_order(chaos, f"after_register:{kind}=crash@1")
-    result = await chaos.verify()
-    replaced_after_crash(result, f"after_register:{kind}", kind)
-
-
-@pytest.mark.parametrize("kind", ["blob", "http_request"])
-async def test_crash_after_create(chaos: Run, kind: str) -> None:
-    """Row "create": the finalising attempt created its invoice blob (an S3 object) or its
-    payment request (a PUT on the payments process) and died before the re-check. Left: an
-    artifact of a losing attempt; repaired by the next winner's clean-up on the partition.
-    Asserted: the crash; handler ran twice, committed once by the other attempt; the winner
-    cleaned the artifact; before the final sweep the bucket held exactly the winner's
-    invoice and payments no request (the oracle and `verify` check the rest)."""
-    await one_order(chaos, f"after_create:{kind}=crash@1")
-    result = await chaos.verify()
-    replaced_after_crash(result, f"after_create:{kind}", kind)
-    assert set(result.blobs_before) == result.invoices
-    assert result.before_sweep["requests on payments"] == 0
-
-
-# ---------------------------------------------------------------------------------------------
-# commit rejected, commit with unknown outcome, commit before publish
-
-
-async def test_commit_rejected_by_an_error(chaos: Run) -> None:
-    """Row "commit rejected (error)": the finalising attempt prepared everything (blob,
-    request) and its commit failed (`before_commit=raise`): a transient error, the delivery
-    goes to delayed redelivery. Left: the attempt's records and artifacts; repaired by the
-    retry, whose winning finish cleans them. Asserted: the message was retried once; the
-    handler ran twice, committed once by the retry's attempt; the failed attempt's blob and
-    request were cleaned by the winner; nothing left before the final sweep.
-    (Rejection by a conflict: test_scenarios.py, concurrent copies.)"""
-    await one_order(chaos, f"before_commit=raise@{K}")
-    result = await chaos.verify()
-    [retried] = result.events("message.retried", endpoint="orders")
-    m = retried["message_id"]
-    assert "failpoint before_commit" in retried["reason"]
-    assert result.runs("orders", m) == 2
-    abandoned = {e["attempt_id"] for e in result.events(  # a batch's runs, left at once
-        "attempt.abandoned", endpoint="orders", message_id=m)}
-    invoked = [e for e in result.events("handler.invoked", endpoint="orders", message_id=m)
-               if e["attempt_id"] not in abandoned]
-    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
-    [loser] = [e["attempt_id"] for e in invoked if e["attempt_id"] != commit["attempt_id"]]
-    assert loser_cleaned(result, loser) == {"blob", "http_request"}
-    assert set(result.blobs_before) == result.invoices
-
-
-async def test_crash_before_the_commit(chaos: Run) -> None:
-    """A crash between the re-checks and the commit (`before_commit=crash`): as for a
-    rejected commit, the attempt's records and artifacts are left; repaired by the
-    redelivery, whose winning attempt's finish cleans them. Asserted: the crash; the
-    finalising message's handler ran twice, committed once by the other attempt; the winner
-    cleaned the crashed attempt's blob and request; only the winner's invoice and no request
-    before the final sweep."""
-    await one_order(chaos, f"before_commit=crash@{K}")
-    result = await chaos.verify()
-    crashed(result, "before_commit")
-    attempt = result.exit_of("orders-a").last("handler.invoked")
-    m, loser = attempt["message_id"], attempt["attempt_id"]
-    assert result.runs("orders", m) == 2
-    [commit] = result.events("transaction.committed", endpoint="orders", message_id=m)
-    assert commit["attempt_id"] != loser
-    assert loser_cleaned(result, loser) == {"blob", "http_request"}
-    assert set(result.blobs_before) == result.invoices
-    assert result.before_sweep["requests on payments"] == 0
+# after the commit: commit with unknown outcome, commit before publish
 
 
 async def test_crash_after_commit_finishes_without_running_the_handler_again(
@@ -162,21 +120,20 @@ async def test_crash_after_commit_finishes_without_running_the_handler_again(
 
 
 # ---------------------------------------------------------------------------------------------
-# some or all dispatches
+# during publication: some or all dispatches
 
 
-@pytest.mark.parametrize("failpoint", ["after_publish:1=crash@1", f"after_publish_all=crash@{K}"])
-async def test_crash_during_publication(chaos: Run, failpoint: str) -> None:
+async def test_crash_during_publication(chaos: Run) -> None:
     """Row "some or all dispatches": the finalising transaction's follow-up message was
-    dispatched, then the process died inside `finish` (token not consumed, TR committed).
-    Left: a partial (or complete) publication. Repaired by finishing again (the redelivery,
-    the follow-up's own processing, or the sweeper), which dispatches the follow-up again
-    under the same ID; the receiver drops the second copy by its token. Asserted: the crash;
-    the follow-up was received at least twice, every copy with the same body (audit I2), and
-    its handler ran once; the finalising message's handler ran once."""
-    await one_order(chaos, failpoint)
+    dispatched (`after_publish:1`), then the process died inside `finish` (token not
+    consumed, TR committed). Left: a partial publication. Repaired by finishing again (the
+    redelivery, the follow-up's own processing, or the sweeper), which dispatches the
+    follow-up again under the same ID; the receiver drops the second copy by its token.
+    Asserted: the crash; the follow-up was received at least twice, every copy with the same
+    body (audit I2), and its handler ran once; the finalising message's handler ran once."""
+    await one_order(chaos, "after_publish:1=crash@1")
     result = await chaos.verify()
-    crashed(result, failpoint.split("=")[0])
+    crashed(result, "after_publish:1")
     dispatched = result.exit_of("orders-a").last("side_effect.published")
     m, follow_up = dispatched["message_id"], dispatched["key"]
     assert dispatched["kind"] == "message"
@@ -187,91 +144,20 @@ async def test_crash_during_publication(chaos: Run, failpoint: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# TR clear, before ack
+# in a callee: the HTTP callee (payments) dies after its commit
 
 
-@pytest.mark.parametrize("failpoint", ["after_tr_clear", "before_ack"])
-async def test_crash_after_the_transaction_was_cleared(chaos: Run, failpoint: str) -> None:
-    """Row "TR clear, before ack": the message was processed and consumed (token gone, TR
-    idle), the process died before the ack. Left: nothing; repaired by the token check: the
-    redelivery is dropped. Asserted: the crash; the message (the last the crashed process
-    consumed) was received again and dropped as a duplicate; its handler ran once."""
-    await one_order(chaos, f"{failpoint}=crash@1")
-    result = await chaos.verify()
-    crashed(result, failpoint)
-    m = result.exit_of("orders-a").last("token.consumed")["message_id"]
-    assert result.audit.received[("orders", m)] >= 2
-    assert result.events("message.duplicate", endpoint="orders", message_id=m)
-    assert result.runs("orders", m) == 1
-
-
-# ---------------------------------------------------------------------------------------------
-# HTTP caller (orders) and callee (payments) failpoints
-
-
-async def test_caller_crash_after_put(chaos: Run) -> None:
-    """Caller `after_put` (a "create" of an HTTP request): the request is stored on payments,
-    the attempt dies before its re-check. Left: a request of a losing attempt on the callee;
-    repaired by the next winner's clean-up, which DELETEs it. Asserted: the crash; handler
-    ran twice, committed once by the other attempt; the winner cleaned the loser's request;
-    no request on payments before the final sweep."""
-    await one_order(chaos, "after_put=crash@1")
-    result = await chaos.verify()
-    crashed(result, "after_put")
-    attempt = result.exit_of("orders-a").last("handler.invoked")
-    m, loser = attempt["message_id"], attempt["attempt_id"]
-    assert result.runs("orders", m) == 2
-    assert "http_request" in loser_cleaned(result, loser)
-    assert result.before_sweep["requests on payments"] == 0
-
-
-async def test_caller_crash_after_post(chaos: Run) -> None:
-    """Caller `after_post`: the follow-up's POST made payments process the payment, then the
-    caller died before its handler. Left: an answered request (the stored response);
-    repaired by the redelivered follow-up, whose POST gets the same stored response. Asserted:
-    the crash; the payment was processed once (one handler run on payments for the request),
-    the follow-up's handler ran once; the oracle (debits = confirmed totals) holds."""
-    await one_order(chaos, "after_post=crash@1")
-    result = await chaos.verify()
-    crashed(result, "after_post")
-    follow_up = result.exit_of("orders-a").last("message.received")
-    assert follow_up["type"] == "PaymentResult"
-    assert result.runs("orders", follow_up["message_id"]) == 1
-    payments = {k: n for k, n in result.audit.handler_runs.items() if k[0] == "payments"}
-    assert list(payments.values()) == [1], payments
-
-
-@pytest.mark.parametrize("failpoint", ["before_delete", "after_delete"])
-async def test_caller_crash_around_the_delete(chaos: Run, failpoint: str) -> None:
-    """Caller `before_delete` / `after_delete`: the follow-up's transaction committed (an
-    `http delete` record and OrderConfirmed); `finish` died around the DELETE of the request,
-    its first publication. Left: a committed TR, the request (and response) maybe still on
-    payments. Repaired by finishing again: DELETE (idempotent, tombstone) and dispatch.
-    Asserted: the crash; the follow-up's handler ran once; the DELETE was published by a
-    later finish; no request left on payments before the final sweep."""
-    await one_order(chaos, f"{failpoint}=crash@1")
-    result = await chaos.verify()
-    crashed(result, failpoint)
-    m = result.exit_of("orders-a").last("transaction.committed")["message_id"]
-    assert result.runs("orders", m) == 1
-    deletes = result.events("side_effect.published", endpoint="orders", message_id=m,
-                            kind="http_delete")
-    assert deletes, "nobody finished the DELETE"
-    assert result.before_sweep["requests on payments"] == 0
-
-
-@pytest.mark.parametrize("failpoint", ["callee.after_commit", "callee.before_reply"])
-async def test_callee_crash(chaos: Run, failpoint: str) -> None:
-    """Callee `callee.after_commit` / `callee.before_reply`: payments committed the payment
-    (and, before the reply, finished it), then its process died: the caller's POST fails
-    and the follow-up is retried while the callee restarts. Left: a committed (or answered)
-    request; repaired by the retried POST, which finishes and answers the stored response.
-    Asserted: payments crashed there; the payment's handler ran once and committed once;
-    the follow-up was retried and its handler ran once; the oracle (one debit) holds."""
-    await chaos.start("payments", "payments", f"{failpoint}=crash@1")
+async def test_callee_crash(chaos: Run) -> None:
+    """Callee `callee.after_commit`: payments committed the payment, then its process died
+    before finishing it: the caller's POST fails and the follow-up is retried while the
+    callee restarts. Left: a committed request; repaired by the retried POST, which
+    finishes it and answers the stored response. Asserted: payments crashed there; the
+    payment's handler ran once and committed once; the follow-up was retried and its handler
+    ran once; the oracle (one debit) holds."""
+    await chaos.start("payments", "payments", "callee.after_commit=crash@1")
     await one_order(chaos, "")
     result = await chaos.verify()
-    crashed(result, failpoint, name="payments")
+    crashed(result, "callee.after_commit", name="payments")
     request = result.exit_of("payments").last("transaction.committed")["message_id"]
     assert result.runs("payments", request) == 1
     assert result.commits("payments", request) == 1

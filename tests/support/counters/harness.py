@@ -15,6 +15,7 @@ from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from adapters.memory.inbox import MemoryInbox
 from adapters.memory.request_store import MemoryRequestStore
 from adapters.memory.token_store import MemoryTokenStore
+from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.system.clock import ManualClock, SeededIds
 from application.assembly import build_processor
 from application.codec import encode
@@ -101,9 +102,12 @@ class Counters:
                                s.settings.conflict_retries, s.grace)
 
 
-def counters(failpoints: str | None = None, seed: int = 11, **settings: Any) -> Counters:
+def counters(failpoints: str | None = None, seed: int = 11, colocated: bool = False,
+             **settings: Any) -> Counters:
     """The counters service through `EmbeddedContainer` with `settings` (keyword overrides of
-    `load_settings`) and `failpoints` (an `EO_FAILPOINTS` spec, `crash` raising `Crash`)."""
+    `load_settings`) and `failpoints` (an `EO_FAILPOINTS` spec, `crash` raising `Crash`);
+    `colocated`: the token endpoints' stores hold the tokens (protocol 3.2's fast path, as
+    the services' PostgreSQL does when `EO_TOKEN_DSN` is unset) instead of the general path."""
     loaded = load_settings(**settings)
     container = EmbeddedContainer(settings=loaded, service=resolve_service(loaded, REGISTRY))
     clock, events, blobs = ManualClock(), CountingSink(), MemoryBlobStore()
@@ -115,7 +119,12 @@ def counters(failpoints: str | None = None, seed: int = 11, **settings: Any) -> 
     container.broker.override(broker)
     container.tokens.override(tokens)
     container.failpoints.override(Failpoints.from_spec(failpoints, crash))
-    return Counters(container.system(), broker, clock, events, blobs, tokens)
+    system = container.system()
+    if colocated:  # before any worker is built: each takes its ports from the system
+        for name in system.token_receivers:
+            system.stores[name] = MemoryTransactionalStore(clock, tokens, name)
+        system.colocated_tokens = True
+    return Counters(system, broker, clock, events, blobs, tokens)
 
 
 def token_envelope(message: object, message_id: uuid.UUID) -> Envelope:

@@ -1,4 +1,10 @@
-"""Every row of the failure table (protocol 3.4): what a crash leaves and who repairs it."""
+"""Every row of the failure table (protocol 3.4): what a crash leaves and who repairs it.
+
+These are the rows' proofs: the sample's real-process failure table
+(tests/sample/chaos/test_failure_table.py, test_general_path.py) keeps one test per class of
+row and names, per row it left to memory, its twin here (or, for the HTTP artifacts and
+failpoints, in test_http_protocol.py).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,16 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.errors import Crash, TransientError
+from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
 from application.outcome import Outcome
+from application.records import Kind, SideEffectRecord
+from application.settlement import Consumer
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
-from tests.support.world import World
+from tests.support.world import World, crash
 
 M1, M2 = uuid.UUID(int=1), uuid.UUID(int=2)
 
@@ -55,8 +65,37 @@ def _envelope(world: World, message_id: uuid.UUID):  # type: ignore[no-untyped-d
     return Envelope(message_id, "Add", encode(Add("p", 1)), MappingProxyType({TOKEN_HEADER: "1"}))
 
 
+async def _take(broker: MemoryBroker, consumer: str) -> MemoryDelivery:
+    """The next delivery of the endpoint's queue for `consumer`, left unsettled (one must be
+    ready: a missing one fails the test instead of waiting for it)."""
+    assert broker.depth(COUNTER.name), "no delivery ready"
+    deliveries = broker.consume(COUNTER.name, consumer)
+    try:
+        return await anext(deliveries)
+    finally:
+        await deliveries.aclose()
+
+
 def _invoked(world: World) -> int:
     return world.events.total(HANDLER_INVOKED)
+
+
+def _record(world: World, kind: str) -> SideEffectRecord:
+    """The partition's one side-effect record of `kind`."""
+    [record] = [r for r in world.store.partitions["p"].records if r.kind == Kind(kind)]
+    return record
+
+
+async def _artifact_exists(world: World, record: SideEffectRecord) -> bool:
+    """Whether `record`'s artifact exists: its blob, or its outgoing message's token."""
+    if record.kind is Kind.BLOB:
+        return record.key in world.blobs.objects
+    return await world.tokens.exists(record.payload["destination"], uuid.UUID(record.key))
+
+
+def _general_path_only(kind: str) -> None:
+    if COLOCATED and kind == "message":
+        pytest.skip("co-located: an outgoing token is created by the commit, not before it")
 
 
 def _finished_by_the_redelivery(world: World) -> None:
@@ -93,38 +132,59 @@ class _Stalling:
 @pytest.mark.parametrize("point", ["after_token_load", "after_tr_load", "after_token_check",
                                    "after_handler"])
 async def test_crash_before_anything_durable_leaves_nothing(point: str) -> None:
+    """Row "token load, TR load, token check" (and a crash after the pure handler): nothing
+    left; the redelivery processes the message normally. The handler runs once, and before
+    that once more only where the crashed attempt reached it (`after_handler`)."""
     world, violations = await _world()
     await _crash_at(world, f"{point}=crash")
     assert world.store.record_count() == 0
     assert not world.blobs.objects
     assert await world.tokens.exists(world.endpoint.name, M1)
+    assert _invoked(world) == (1 if point == "after_handler" else 0)
     assert await _redeliver(world) is Outcome.PROCESSED
+    assert _invoked(world) == (2 if point == "after_handler" else 1)
     await world.quiesce()
     assert violations + check(world, {M1}) == []
 
 
-async def test_crash_after_register_leaves_a_record_the_winner_cleans() -> None:
+@pytest.mark.parametrize("kind", ["blob", "message"])
+async def test_crash_after_register_leaves_a_record_the_winner_cleans(kind: str) -> None:
+    """Row "register": the attempt registered its `kind` record (a blob, or on the general
+    path its outgoing message's token, after its blob was made) and died before creating
+    it. Left: a record without an artifact; repaired by the next winner's clean-up (a
+    no-op delete): the handler ran twice, once committed, and no record is left before
+    any sweep."""
+    _general_path_only(kind)
     world, violations = await _world()
-    await _crash_at(world, "after_register:blob=crash")
-    assert world.store.record_count() == 1
-    assert not world.blobs.objects
+    await _crash_at(world, f"after_register:{kind}=crash")
+    loser = _record(world, kind)
+    assert not await _artifact_exists(world, loser)
+    assert world.store.record_count() == (1 if kind == "blob" else 2)  # the blob's first
     assert await _redeliver(world) is Outcome.PROCESSED  # the token is still there: a winner
     assert _invoked(world) == 2
     assert world.store.record_count() == 0
+    assert not await _artifact_exists(world, loser)
     await world.quiesce()
     assert violations + check(world, {M1}) == []
 
 
 @pytest.mark.parametrize("kind", ["blob", "message"])
 async def test_crash_after_create_leaves_an_artifact_the_winner_deletes(kind: str) -> None:
-    if COLOCATED and kind == "message":
-        pytest.skip("co-located: an outgoing token is created by the commit, not before it")
+    """Row "create": the attempt created its `kind` artifact (a blob, or on the general path
+    its outgoing message's token, in the token store) and died before its re-check. Left:
+    an artifact of a losing attempt (and its blob); repaired by the next winner's clean-up,
+    before any sweep: the handler ran twice, once committed."""
+    _general_path_only(kind)
     world, violations = await _world()
     await _crash_at(world, f"after_create:{kind}=crash")
+    loser = _record(world, kind)
+    assert await _artifact_exists(world, loser)
     orphans = set(world.blobs.objects)
     assert orphans
-    await _redeliver(world)
+    assert await _redeliver(world) is Outcome.PROCESSED
+    assert _invoked(world) == 2
     assert not orphans & set(world.blobs.objects)
+    assert not await _artifact_exists(world, loser)  # the winner's, not the sweeper's
     await world.quiesce()
     assert violations + check(world, {M1}) == []
 
@@ -158,6 +218,38 @@ async def test_artifact_created_after_the_winners_clean_up_goes_by_deferred_clea
     assert len(world.blobs.objects) == 2  # the winner's and the orphan
     assert world.store.cleanups
     await world.quiesce()
+    assert violations + check(world, {M1}) == []
+
+
+async def test_an_outgoing_token_created_after_the_winners_clean_up_goes_by_deferred_clean_up(
+) -> None:
+    """Row "create", its last clause, for the general path's outgoing token (a token in a
+    store of its own): A stalls between registering its message's token and creating it; B
+    wins, and its finish cleans A's records (A's blob deleted, the token not created yet: a
+    no-op delete) and defers them; A creates the token and dies before its re-check. Left: a
+    token nobody will dispatch, still there while the grace period runs; repaired by the
+    deferred clean-up once it is over."""
+    _general_path_only("message")
+    world, violations = await _world()
+    envelope = await world.send(Add("p", 1), M1)
+    tokens = _Stalling(world.tokens, "create")
+    loser = world.processor("after_create:message=crash",
+                            wrap=lambda name, port: tokens if name == "tokens" else port)
+    task = asyncio.create_task(loser.process(envelope))
+    await tokens.started.wait()
+    orphan = _record(world, "message")
+    assert await world.processor().process(envelope) is Outcome.PROCESSED
+    assert world.store.cleanups  # B's finish deferred A's records
+    tokens.release.set()
+    with pytest.raises(Crash):
+        await task
+    assert await _artifact_exists(world, orphan)
+    world.clock.advance(timedelta(minutes=29))  # within the grace period: it stays
+    await world.sweeper(world.processor()).sweep()
+    assert await _artifact_exists(world, orphan)
+    await world.quiesce()
+    assert not await _artifact_exists(world, orphan)
+    assert _invoked(world) == 2
     assert violations + check(world, {M1}) == []
 
 
@@ -205,14 +297,24 @@ async def test_a_commit_rejected_by_a_conflict_is_retried_and_the_winner_cleans_
     assert violations + check(world, {M1}) == []
 
 
-async def test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans() -> None:
+@pytest.mark.parametrize("action", ["raise", "crash"])
+async def test_rejected_commit_leaves_records_and_artifacts_the_retry_cleans(action: str) -> None:
+    """Row "commit rejected (error)": everything prepared, the commit fails (`raise`: a
+    transient error, the delivery is retried; test_consumer.py has the retry) or the process
+    dies just before it (`crash`, the same left-overs). Left: the attempt's records and
+    artifacts; repaired by the retry or redelivery, whose winning finish cleans them before
+    any sweep: the handler ran twice, once committed."""
     world, violations = await _world()
     envelope = await world.send(Add("p", 1), M1)
-    with pytest.raises(TransientError):
-        await world.processor("before_commit=raise").process(envelope)
+    with pytest.raises(TransientError if action == "raise" else Crash):
+        await world.processor(f"before_commit={action}").process(envelope)
     assert world.store.record_count() == (1 if COLOCATED else 2)  # the message's is the commit's
-    assert world.blobs.objects
+    losers = set(world.blobs.objects)
+    assert losers
     assert await _redeliver(world) is Outcome.PROCESSED
+    assert _invoked(world) == 2
+    assert not losers & set(world.blobs.objects)
+    assert world.store.record_count() == 0
     await world.quiesce()
     assert violations + check(world, {M1}) == []
 
@@ -253,19 +355,24 @@ async def test_crash_after_commit_is_finished_by_redelivery_without_a_second_han
     assert violations + check(world, {M1}) == []
 
 
+@pytest.mark.parametrize("point", ["after_publish:1", "after_publish_all"])
 async def test_a_repeated_publication_never_recreates_an_outgoing_token_already_consumed(
+    point: str,
 ) -> None:
-    """Row "some or all dispatches": the crash comes after the first publication, the
-    receiver consumes that message, then the redelivery finishes. Tokens are created before
-    the commit, never at dispatch time (protocol 3.3): on the general path the redelivery
-    publishes the message again and the receiver finds no token for the second copy and
-    drops it; with co-located tokens the token stood for the message's record, so the
-    consumed message is not published again at all (`SideEffectRecord.in_token`)."""
+    """Row "some or all dispatches": the crash comes after the first publication
+    (`after_publish:1`) or after all of them (`after_publish_all`; the counter sends one),
+    the receiver consumes that message, then the redelivery finishes, without running the
+    handler again. Tokens are created before the commit, never at dispatch time (protocol
+    3.3): on the general path the redelivery publishes the message again and the receiver
+    finds no token for the second copy and drops it; with co-located tokens the token stood
+    for the message's record, so the consumed message is not published again at all
+    (`SideEffectRecord.in_token`)."""
     world, violations = await _world()
-    await _crash_at(world, "after_publish:1=crash")
+    await _crash_at(world, f"{point}=crash")
     ((destination, sent),) = world.dispatcher.sent
     await world.tokens.delete(destination, sent.message_id)  # the receiver consumed it
     assert await _redeliver(world) is Outcome.DUPLICATE
+    assert _invoked(world) == 1
     copies = 1 if COLOCATED else 2
     assert [e.message_id for _d, e in world.dispatcher.sent] == [sent.message_id] * copies
     assert sent.message_id not in world.tokens.rows
@@ -290,6 +397,7 @@ async def test_crash_after_token_delete_is_finished_by_the_next_message_of_the_p
     m2 = await world.send(Add("p", 2), M2)
     assert await world.processor().process(m2) is Outcome.PROCESSED
     assert world.store.partitions["p"].tr.message_id is None
+    assert _invoked(world) == 2  # M1's once, M2's once
     assert violations + check(world, {M1, M2}) == []
 
 
@@ -305,11 +413,27 @@ async def test_crash_after_token_delete_is_finished_by_the_sweeper() -> None:
     assert violations + check(world, {M1}) == []
 
 
-@pytest.mark.parametrize("point", ["after_tr_clear"])
+@pytest.mark.parametrize("point", ["after_tr_clear", "before_ack"])
 async def test_crash_after_clear_leaves_nothing_and_redelivery_is_dropped(point: str) -> None:
+    """Row "TR clear, before ack": the message was processed and consumed (token gone, TR
+    idle) and its consumer died before acking the delivery, after the clear or in the
+    consumer itself (`before_ack`). Left: nothing; the broker redelivers the unsettled
+    delivery to the next consumer, whose token check drops it: the handler ran once."""
     world, violations = await _world()
-    await _crash_at(world, f"{point}=crash")
-    assert await _redeliver(world) is Outcome.DUPLICATE
+    broker = MemoryBroker()
+    await broker.dispatch(COUNTER.name, await world.send(Add("p", 1), M1))
+    dying = Consumer(world.processor(f"{point}=crash"),
+                     failpoints=Failpoints.from_spec(f"{point}=crash", crash))
+    delivery = await _take(broker, "dying")
+    with pytest.raises(Crash):
+        await dying.settle(delivery)
+    assert world.store.partitions["p"].tr.message_id is None
+    assert not await world.tokens.exists(world.endpoint.name, M1)
+    assert broker.drop_consumer("dying") == 1  # its process is gone: the broker requeues
+    redelivered = await _take(broker, "next")
+    assert redelivered.envelope == delivery.envelope
+    assert await Consumer(world.processor()).settle(redelivered) is Outcome.DUPLICATE
     assert _invoked(world) == 1
+    assert broker.idle()
     await world.quiesce()
     assert violations + check(world, {M1}) == []

@@ -1,10 +1,17 @@
 """HTTP request/response exactly once (protocol 6): the counters' `bank` callee and the
-`counter` endpoint calling it (`Spend`, follow-up `Spent`)."""
+`counter` endpoint calling it (`Spend`, follow-up `Spent`).
+
+The failure table's rows for the HTTP artifacts and the caller's and callee's failpoints
+(protocol 3.4, 6, 10) are proven here, the caller's on both token paths (`PATHS`): the
+sample's real-process failure table (tests/sample/chaos/test_failure_table.py) keeps one
+callee crash and names, per row it left to memory, its twin here.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,10 +21,13 @@ from application.assembly import build_callee
 from application.codec import decode, encode
 from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, PermanentError, TransientError
+from application.http_callee import CalleeResponse, HttpCallee
 from application.http_caller import collect_response
+from application.observability import TRANSACTION_COMMITTED
 from application.outcome import Outcome
 from application.ports import HttpResult
 from application.processor import Processor
+from application.records import Kind
 from application.settlement import Consumer
 from domain.context import HttpResponse
 from tests.support.counters.endpoints import BANK, Reported, Spend, Tally, Withdraw
@@ -27,10 +37,14 @@ R1, R2 = uuid.UUID(int=101), uuid.UUID(int=102)
 #: The counter that spends, and its account at the bank.
 ACCOUNT = "c1"
 SPEND_ID = uuid.UUID(int=201)
+#: the caller's token paths: tokens in a store of their own, or co-located (protocol 3.2)
+PATHS = ["general", "colocated"]
+#: the consumer's retry delays (seconds): a retried delivery comes back at once
+FAST = (0.001,)
 
 
-def _system(failpoints: str | None = None) -> Counters:
-    return counters(failpoints)
+def _system(failpoints: str | None = None, path: str = "general") -> Counters:
+    return counters(failpoints, colocated=path == "colocated")
 
 
 def _open(system: Counters, balance: int = 500) -> None:
@@ -68,6 +82,16 @@ async def _spend(system: Counters, amount: int = 100) -> Envelope:
 
 async def _take(broker: MemoryBroker, queue: str, consumer: str = "test") -> MemoryDelivery:
     return await take(broker, queue, consumer, 1.0)
+
+
+async def _retried(broker: MemoryBroker, queue: str) -> MemoryDelivery:
+    """The delayed retry of a delivery of `queue` (one must be pending), when it is back."""
+    assert broker.pending()["delayed retries"] == 1, broker.pending()
+    deliveries = broker.consume(queue, "test")
+    try:
+        return await anext(deliveries)
+    finally:
+        await deliveries.aclose()
 
 
 def _counter_worker(system: Counters, spec: str) -> Processor:
@@ -472,18 +496,52 @@ async def test_crash_after_the_follow_up_commit_still_deletes_the_request_on_red
     assert system.broker.depth("counter") == 0
 
 
-async def test_crash_after_put_leaves_a_request_the_next_winner_deletes() -> None:
-    system = _system()
+def _request_of(system: Counters) -> uuid.UUID:
+    """The ID of the one request the counter's partition has a record of (a URL
+    `inproc://bank/requests/<id>`)."""
+    [record] = [r for r in system.store("counter").partitions[ACCOUNT].records
+                if r.kind is Kind.HTTP_REQUEST]
+    return uuid.UUID(record.key.rpartition("/")[2])
+
+
+async def _nothing_left(system: Counters) -> None:
+    """What is at rest once the counter's messages are consumed: no request on the bank, no
+    record, committed transaction or token of the counter's; once every grace period has
+    passed and the sweepers ran, no deferred clean-up either."""
+    assert not system.requests.requests
+    assert not [m for m, endpoint in system.tokens.addresses.items() if endpoint == "counter"]
+    for name in ("counter", "bank"):
+        store = system.store(name)
+        assert store.record_count() == 0, name
+        assert not any(p.tr.is_committed for p in store.partitions.values()), name
+    system.clock.advance(timedelta(hours=2))
+    for name in ("counter", "bank"):
+        await system.sweeper(name).sweep()
+        assert not system.store(name).cleanups, name
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("point", ["after_put", "after_create:http_request"])
+async def test_crash_after_put_leaves_a_request_the_next_winner_deletes(
+    point: str, path: str
+) -> None:
+    """Row "create" for the HTTP request (caller `after_put`, `after_create:http_request`):
+    the request is stored on the bank, the attempt dies before its re-check. Left: a
+    request of a losing attempt on the callee; repaired by the next winner's clean-up,
+    which DELETEs it (a tombstone) before any sweep: the handler ran twice, once committed,
+    and the bank debited once."""
+    system = _system(path=path)
     _open(system, balance=500)
     spend = await _spend(system)
     with pytest.raises(Crash):
-        await _counter_worker(system, "after_put=crash").process(spend)
+        await _counter_worker(system, f"{point}=crash").process(spend)
     abandoned = set(system.requests.requests)
     assert len(abandoned) == 1
     assert len(await system.blobs.keys("receipts")) == 1  # the loser's receipt
     assert system.broker.depth("counter") == 0  # the follow-up was never sent
 
     assert await system.processor("counter").process(spend) is Outcome.PROCESSED
+    assert system.runs("counter") == 2
     assert abandoned.isdisjoint(system.requests.requests)
     assert abandoned <= set(system.requests.tombstones)
     assert len(system.requests.requests) == 1  # the winner's
@@ -495,8 +553,130 @@ async def test_crash_after_put_leaves_a_request_the_next_winner_deletes() -> Non
     assert not system.requests.requests
     assert _bank_runs(system) == 1
     assert _balance(system) == 400
+    await _nothing_left(system)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("point", "stored"), [("after_register:http_request", False),
+                                               ("before_commit", True)])
+async def test_a_crash_before_the_request_or_the_commit_leaves_a_record_the_winner_cleans(
+    point: str, stored: bool, path: str
+) -> None:
+    """Row "register" for the HTTP request (`after_register:http_request`: a record, no
+    request on the bank) and a crash just before the commit (`before_commit`: the request
+    stored, re-checked, never committed). Left: the attempt's records (and request);
+    repaired by the next winner's clean-up, whose DELETE leaves a tombstone either way (for
+    a request never stored too: a no-op delete a late PUT cannot undo), before any sweep:
+    the handler ran twice, once committed, and the bank debited once."""
+    system = _system(path=path)
+    _open(system, balance=500)
+    spend = await _spend(system)
+    with pytest.raises(Crash):
+        await _counter_worker(system, f"{point}=crash").process(spend)
+    loser = _request_of(system)
+    assert (loser in system.requests.requests) is stored
+    assert system.broker.depth("counter") == 0  # the follow-up was never sent
+
+    assert await system.processor("counter").process(spend) is Outcome.PROCESSED
+    assert system.runs("counter") == 2
+    assert loser not in system.requests.requests
+    assert loser in system.requests.tombstones
+    (receipt,) = _tally(system).receipts
+    assert await system.blobs.keys("receipts") == [receipt]
+
+    follow_up = await _take(system.broker, "counter")
+    assert await system.processor("counter").process(follow_up.envelope) is Outcome.PROCESSED
+    await follow_up.ack()
+    assert (_bank_runs(system), _balance(system)) == (1, 400)
+    assert _tally(system).spent == (100,)
+    await _nothing_left(system)
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_commit_rejected_by_an_error_is_retried_and_the_winner_deletes_its_request(
+    path: str,
+) -> None:
+    """Row "commit rejected (error)" for the HTTP request: the Spend's attempt stored its
+    request and receipt, and its commit failed (`before_commit=raise`: a transient error).
+    The consumer retries the delivery; the retry's winning finish DELETEs the failed
+    attempt's request and receipt before any sweep: the message retried once, the handler
+    ran twice, once committed, and the bank debited once."""
+    system = _system(path=path)
+    _open(system, balance=500)
+    spend = await _spend(system)
+    await system.broker.dispatch("counter", spend)
+    consumer = Consumer(_counter_worker(system, "before_commit=raise@1"), retry_delays=FAST)
+    assert await consumer.settle(await _take(system.broker, "counter")) is Outcome.RETRIED
+    (loser,) = system.requests.requests
+    retried = await _retried(system.broker, "counter")
+    assert (retried.envelope.message_id, retried.attempt) == (spend.message_id, 2)
+    assert await consumer.settle(retried) is Outcome.PROCESSED
+    assert system.runs("counter") == 2
+    assert loser not in system.requests.requests
+    assert loser in system.requests.tombstones
+    (receipt,) = _tally(system).receipts
+    assert await system.blobs.keys("receipts") == [receipt]
+
+    assert await consumer.settle(await _take(system.broker, "counter")) is Outcome.PROCESSED
+    assert consumer.counts == {Outcome.RETRIED: 1, Outcome.PROCESSED: 2}
+    assert (_bank_runs(system), _balance(system)) == (1, 400)
+    assert len(await _audit(system)) == 1
+    assert system.broker.idle()
+    await _nothing_left(system)
+
+
+class _ConnectionLost:
+    """The bank as its caller sees it over a network: a callee process that dies while it
+    answers a POST (`Crash`) is a connection lost to the caller, a transient error."""
+
+    def __init__(self, callee: HttpCallee) -> None:
+        self.callee = callee
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.callee, name)
+
+    async def post(self, request_id: uuid.UUID) -> CalleeResponse:
+        try:
+            return await self.callee.post(request_id)
+        except Crash:
+            raise TransientError("connection lost: the callee died") from None
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("point", ["callee.after_commit", "callee.before_reply"])
+async def test_a_callee_that_dies_answering_the_post_is_asked_again_and_debits_once(
+    point: str, path: str
+) -> None:
+    """Callee `callee.after_commit` / `callee.before_reply` seen from the caller: the bank
+    committed the debit (and, before the reply, finished it), then its process died, so
+    the follow-up's POST fails as a lost connection does and the consumer retries the
+    follow-up; the bank restarts, and the retried POST finishes the committed transaction
+    (or finds it answered) and gets the stored response. Asserted: the bank's handler ran
+    once and committed once; the follow-up was retried once and its handler ran once."""
+    system = _system(f"{point}=crash@1", path=path)
+    _open(system, balance=500)
+    await system.processor("counter").process(await _spend(system))
+    (request_id,) = system.requests.requests
+    callees = system.system.callees
+    callees["bank"] = _ConnectionLost(system.bank)  # type: ignore[assignment]
+    consumer = Consumer(system.processor("counter"), retry_delays=FAST)
+    assert await consumer.settle(await _take(system.broker, "counter")) is Outcome.RETRIED
+    assert (_bank_runs(system), _balance(system)) == (1, 400)  # committed before it died
+    # the restarted bank process (no failpoint), on the same stores
+    callees["bank"] = build_callee(BANK, system.system.ports("bank"), system.requests,
+                                   "Withdraw")
+    assert await consumer.settle(await _retried(system.broker, "counter")) is Outcome.PROCESSED
+    assert consumer.counts == {Outcome.RETRIED: 1, Outcome.PROCESSED: 1}
+    assert _tally(system).spent == (100,)
+    assert system.runs("counter") == 2  # the Spend's, the follow-up's
+    assert (_bank_runs(system), _balance(system)) == (1, 400)
+    assert system.events.counts[("bank", TRANSACTION_COMMITTED)] == 1
+    assert request_id in system.requests.tombstones
+    assert len(await _audit(system)) == 1
+    await _nothing_left(system)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     ("point", "outcome"),
     [
@@ -506,18 +686,29 @@ async def test_crash_after_put_leaves_a_request_the_next_winner_deletes() -> Non
     ],
 )
 async def test_crash_around_the_follow_ups_post_and_delete_is_repaired_by_redelivery(
-    point: str, outcome: Outcome
+    point: str, outcome: Outcome, path: str
 ) -> None:
-    system = _system()
+    """Caller `after_post` (the bank answered, the caller died before its handler: the
+    redelivered follow-up's POST gets the stored response) and `before_delete` /
+    `after_delete` (the follow-up committed, its finish died around the DELETE, its first
+    publication: the redelivery finishes it, DELETE again, idempotent). Asserted: the bank
+    debited once, the follow-up's handler ran once, the request deleted (tombstone), one
+    report, nothing at rest."""
+    system = _system(path=path)
     _open(system, balance=500)
     await system.processor("counter").process(await _spend(system))
+    (request_id,) = system.requests.requests
     follow_up = await _take(system.broker, "counter")
     with pytest.raises(Crash):
         await _counter_worker(system, f"{point}=crash").process(follow_up.envelope)
     assert await system.processor("counter").process(follow_up.envelope) is outcome
+    await follow_up.ack()
     assert _tally(system).spent == (100,)
+    assert system.runs("counter") == 2  # the Spend's, the follow-up's: once each
     assert _bank_runs(system) == 1
     assert _balance(system) == 400
     assert not system.requests.requests
+    assert request_id in system.requests.tombstones
     assert len(await _audit(system)) == 1
     assert not await system.tokens.exists("counter", follow_up.envelope.message_id)
+    await _nothing_left(system)
