@@ -3,12 +3,55 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
+from tests.support import xdist_groups
 from tests.support.processes import leftovers
 from tests.support.services import AMQP_ENV, LOCAL_AMQP, LOCAL_POSTGRES, POSTGRES_ENV
 from tests.support.spark import spark  # noqa: F401 - the pipeline tests' Spark session
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the `xdist_group` mark, which pytest-xdist declares too: the marks of
+    `pytest_collection_modifyitems` pass `--strict-markers` even with `-p no:xdist`."""
+    config.addinivalue_line("markers", "xdist_group(name): the tests that `./dev test` "
+                                       "runs in one process (tests/support/xdist_groups.py)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test's xdist group (`xdist_groups.mark_groups`): its file, or "spark" for all
+    the files that use Spark."""
+    xdist_groups.mark_groups(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker: the tests' groups written for the controller's scheduler, before
+    pytest-xdist's own hook tells the controller that the worker has collected."""
+    xdist_groups.publish_groups(session.config, session.items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """In the xdist controller: a worker about to start is told where to write its groups."""
+    xdist_groups.share_directory(node.config, node.workerinput)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`: the scheduler of tests/support/xdist_groups.py (pytest-xdist's
+    own does not group on pytest 9.2); any other `--dist`: pytest-xdist's."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return xdist_groups.make_scheduler(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The groups' directory removed (the controller's; nothing elsewhere)."""
+    xdist_groups.remove_directory(config)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

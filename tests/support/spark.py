@@ -1,6 +1,7 @@
 """One Spark session for the whole test run (starting one costs seconds): local, 2 cores,
-driver on 127.0.0.1, UI off, the PostgreSQL JDBC driver on the class path. The pipeline
-tests' conftest modules import the fixture."""
+driver on 127.0.0.1, UI off, the PostgreSQL JDBC driver on the class path. tests/conftest.py
+imports the fixture; under `./dev test` the files that use it all run in one xdist process,
+so the run starts one (tests/support/xdist_groups.py)."""
 
 from __future__ import annotations
 

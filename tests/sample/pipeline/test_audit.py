@@ -216,18 +216,37 @@ def test_a_clean_run_reports_nothing_and_exits_0(
     assert "**PASS**: no violation" in (out / "report.md").read_text()
 
 
-def test_each_injected_violation_is_reported_and_exits_1(
-        injected: Scenario, moto: str, input_dir: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, spark: SparkSession) -> None:
+@dataclass
+class Audited:
+    """An `eo pipeline audit` run: its exit code, what it printed, its output directory."""
+
+    exit_code: int
+    output: str
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def injected_audit(injected: Scenario, moto: str, input_dir: Path, spark: SparkSession,
+                   tmp_path_factory: pytest.TempPathFactory) -> Audited:
+    """The injected scenario audited once, in this process's shared `local[2]` session:
+    what test_each_injected_violation_is_reported_and_exits_1 checks and what the audit on
+    a standalone cluster must equal."""
+    out = tmp_path_factory.mktemp("injected-audit") / "audit"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _environment(monkeypatch, injected, moto)
+        # threshold 0: everything before now counts (the young token is stamped in the future)
+        result = CliRunner().invoke(pipeline_app, [
+            "audit", "--input", str(input_dir), "--output", str(out), "--older-than", "0",
+            "--no-dead-letters", "--partitions", "2", "--list-splits", "8"])
+    return Audited(result.exit_code, result.output, out)
+
+
+def test_each_injected_violation_is_reported_and_exits_1(injected: Scenario,
+                                                         injected_audit: Audited) -> None:
     marks = injected.injected
-    _environment(monkeypatch, injected, moto)
-    out = tmp_path / "audit"
-    # threshold 0: everything before now counts (the young token is stamped in the future)
-    result = CliRunner().invoke(pipeline_app, [
-        "audit", "--input", str(input_dir), "--output", str(out), "--older-than", "0",
-        "--no-dead-letters", "--partitions", "2", "--list-splits", "8"])
-    assert result.exit_code == 1, result.output
-    assert "FAIL: 10 violation(s)" in result.output
+    out = injected_audit.out
+    assert injected_audit.exit_code == 1, injected_audit.output
+    assert "FAIL: 10 violation(s)" in injected_audit.output
 
     orders = {(r["order_key"], r["problem"]): r for r in read_rows(out / "orders")}
     assert set(orders) == {(marks["doubled_line"], "doubled line"),
@@ -381,24 +400,24 @@ def _findings(out: Path) -> dict[str, list[str]]:
 
 
 def test_on_a_standalone_cluster_from_another_directory_the_audit_equals_local(
-        injected: Scenario, moto: str, input_dir: Path, tmp_path: Path,
-        spark_cluster: str) -> None:
-    """The injected scenario audited by `eo` started outside the project, on `local[2]` and
-    on the cluster (the listing's tasks need the project's code): the same findings."""
+        injected: Scenario, injected_audit: Audited, moto: str, input_dir: Path,
+        tmp_path: Path, spark_cluster: str) -> None:
+    """The injected scenario audited by `eo` started outside the project, on the cluster
+    (the listing's tasks need the project's code): the same findings as the audit in this
+    process's `local[2]` session (`injected_audit`)."""
     env = {"EO_PROFILE": "local", "EO_DATABASE_DSN": injected.dsn, "EO_S3_ENDPOINT_URL": moto,
            "EO_S3_BUCKET": injected.bucket, "EO_S3_ACCESS_KEY": "test",
            "EO_S3_SECRET_KEY": "test"}
-    found = {}
-    for name, master in (("local", "local[2]"), ("cluster", spark_cluster)):
-        out = tmp_path / name
-        result = eo_elsewhere(tmp_path, [
-            "pipeline", "audit", "--input", str(input_dir), "--output", str(out),
-            "--older-than", "0", "--no-dead-letters", "--partitions", "2",
-            "--list-splits", "8", "--master", master], env)
-        assert result.returncode == 1, result.stdout + result.stderr[-3000:]
-        assert "FAIL: 10 violation(s)" in result.stdout
-        found[name] = _findings(out)
-    assert found["cluster"] == found["local"]
-    assert {name: len(rows) for name, rows in found["local"].items()} == {
+    out = tmp_path / "cluster"
+    result = eo_elsewhere(tmp_path, [
+        "pipeline", "audit", "--input", str(input_dir), "--output", str(out),
+        "--older-than", "0", "--no-dead-letters", "--partitions", "2",
+        "--list-splits", "8", "--master", spark_cluster], env)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert "FAIL: 10 violation(s)" in result.stdout
+    assert injected_audit.exit_code == 1, injected_audit.output
+    local = _findings(injected_audit.out)
+    assert _findings(out) == local
+    assert {name: len(rows) for name, rows in local.items()} == {
         "orders": 3, "outcomes": 1, "customers": 2, "orphans": 1, "missing_objects": 1,
         "stale_tokens": 1, "dead_letter_tokens": 0, "stale_transactions": 1}
