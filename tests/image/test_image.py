@@ -38,7 +38,7 @@ from tests.support.image import (
 from tests.support.processes import Proc, Where, calling, delete_vhost, private_vhost, this_run
 from tests.support.services import discover
 
-pytestmark = needs_image
+pytestmark = [needs_image, pytest.mark.slow]  # containers
 
 CALLEE_TOKEN = "image-check-callee-token"
 #: the settings of every container of this module, over `Fleet.env`'s

@@ -67,6 +67,8 @@ from tests.support.processes import (
     with_database,
 )
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DATABASE = "eo_it_consumer_process"
 VHOST = "eo-it-consumer-process"
 BANK_TOKEN = "consumer-process-bank-token"

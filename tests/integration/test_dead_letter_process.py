@@ -46,6 +46,8 @@ from tests.support.processes import (
     where_for,
 )
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DATABASE = "eo_it_dead_letters"
 VHOST = "eo-it-dead-letters"
 

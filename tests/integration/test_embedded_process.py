@@ -9,8 +9,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.counters.registry import SPEC
 from tests.support.processes import ROOT, eo_command
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 
 def _line(queue: str, message_id: int | None, type_: str, counter: str, amount: int) -> str:

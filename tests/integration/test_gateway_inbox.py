@@ -44,6 +44,8 @@ from tests.support.processes import (
     where_for,
 )
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DELAYS = (0.05, 0.1)
 QUEUES = ("front", "counter")
 

@@ -18,6 +18,8 @@ import pytest
 from tests.support.hostile import SEED, TARGETS, run
 from tests.support.processes import Where, where_for
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DELIVERIES = int(os.environ.get("EO_TEST_HOSTILE_DELIVERIES", "200"))
 COMMANDS = int(os.environ.get("EO_TEST_HOSTILE_COMMANDS", "40"))
 

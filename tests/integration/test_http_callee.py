@@ -33,6 +33,8 @@ from tests.support.counters.endpoints import Account, Spend, Tally
 from tests.support.counters.harness import take, token_envelope
 from tests.support.processes import Where, fresh_fleet, states, where_for
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 R1, R2 = uuid.UUID(int=101), uuid.UUID(int=102)
 STORED = "EO-Stored-Response"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

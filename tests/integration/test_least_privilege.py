@@ -46,6 +46,8 @@ from application.ports import Clear, CommitRequest
 from tests.support.counters.endpoints import Tally
 from tests.support.services import discover
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
 DELAYS = (0.05,)

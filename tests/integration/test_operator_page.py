@@ -38,10 +38,10 @@ from tests.support.processes import (
 )
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     not Path(CHROMIUM).exists(),
     reason="the operator page's test drives Debian's chromium (apt-get install chromium; "
-           "./dev test installs it as root)")
+           "./dev test installs it as root)"), pytest.mark.slow]  # processes and a browser
 
 TOKEN = "alice-operator-token-0123456789"
 

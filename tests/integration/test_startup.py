@@ -58,6 +58,8 @@ from tests.support.processes import (
     where_for,
 )
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DATABASE = "eo_it_startup"
 VHOST = "eo-it-startup"
 BANK_TOKEN = "startup-bank-token"

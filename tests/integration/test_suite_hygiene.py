@@ -12,6 +12,8 @@ import pytest
 from tests.support.processes import leftovers, this_run, where_for
 from tests.support.services import AMQP_ENV, discover
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 
 def _rabbitmqctl(*args: str) -> str:
     return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,

@@ -38,6 +38,8 @@ from tests.support.shipping import Ship, Shipment
 from tests.support.shipping_service import SPEC
 from tools.fake_provider import FakeProvider, fake_provider
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 ENDPOINTS = ("shipping",)
 
 

@@ -20,6 +20,8 @@ from tools.settings import load_tool_settings
 from tools.tpch.data import generate
 from tools.tpch.oracle import check_oracle
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 runner = CliRunner()
 
 

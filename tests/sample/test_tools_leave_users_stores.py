@@ -34,6 +34,8 @@ from tools.demo.local import demo_settings, run_local_demo
 from tools.settings import load_tool_settings
 from tools.tpch.data import generate
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 
 @pytest.fixture(scope="module")
 def services() -> Iterator[Services]:

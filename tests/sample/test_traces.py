@@ -29,6 +29,8 @@ from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.support.processes import Where, calling, fresh_fleet, publisher, where_for
 from tools.tpch.data import generate
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 TOKEN = "traces-test-token"
 PRODUCER_TRACE = "5b8efff798038103d269b633813fc60c"
 PRODUCER_SPAN = "eee19b7ec3c1b174"

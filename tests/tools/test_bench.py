@@ -33,6 +33,8 @@ from tools.bench.report import BenchResult, Params, as_json, print_table, write_
 from tools.bench.run import PATHS, run_bench, spawn_worker
 from tools.bench.worker import TEMPLATE_PATHS
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 MESSAGES, PARTITIONS = 200, 50
 
 

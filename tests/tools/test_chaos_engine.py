@@ -96,6 +96,7 @@ def _workload(path: Path) -> int:
     return len(lines)
 
 
+@pytest.mark.slow  # a campaign of real processes
 async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users_stores_alone(
         tmp_path: Path) -> None:
     services = discover()
@@ -136,6 +137,7 @@ async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users
                if kind.startswith(("failpoint", "kill", "broker"))) > 0
 
 
+@pytest.mark.slow  # a campaign of real processes
 async def test_a_declared_workload_with_states_before_it_and_a_domain_check(
         tmp_path: Path) -> None:
     """`--workload`: the counters' generator, their bank accounts opened in the campaign's

@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 
 from entrypoints.cli import app
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 runner = CliRunner()
 
 

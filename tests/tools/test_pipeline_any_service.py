@@ -34,6 +34,8 @@ from tools.pipeline.audit import FINDINGS, read_rows
 from tools.pipeline.cli import pipeline_app
 from tools.pipeline.ingest import natural_id, natural_ids, producer_namespace
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

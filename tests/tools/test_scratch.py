@@ -27,6 +27,8 @@ from tests.support.users_stores import (
 from tools import scratch
 from tools.scratch import fresh_name, own_database, own_vhost
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DELAYS = (0.1, 1.0)
 
 

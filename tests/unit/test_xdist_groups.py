@@ -12,6 +12,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFTEST = '''

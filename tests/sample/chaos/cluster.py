@@ -66,9 +66,9 @@ from entrypoints.faults import CRASH_EXIT
 from entrypoints.local import postgres_stores
 from entrypoints.settings import Service, resolve_service
 from service.registry import REGISTRY
-from tests.support.zygote import Zygote
 from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
+from tests.support.zygote import Zygote
 from tools.chaos.checks import (
     at_rest,
     audit_logs,

@@ -97,6 +97,8 @@ from tests.support.processes import (
     where_for,
 )
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DATABASE = "eo_badinput_campaign"
 VHOST = "eo-badinput"
 

@@ -32,6 +32,8 @@ from entrypoints.settings import load_settings, resolve_service
 from tests.sample.chaos.cluster import RETRY_DELAYS, Run, log_events, pick_orders
 from tools.chaos.engine import topology_of
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 ORDERS = pick_orders(12, seed=11)
 TWO_ORDERS = pick_orders(2, seed=3)
 #: every endpoint consumes again within this many seconds after an outage ends

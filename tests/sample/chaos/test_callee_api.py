@@ -47,6 +47,8 @@ from domain.sample.payments import open_account
 from entrypoints.settings import DEFAULT_SERVICE
 from tests.support.processes import Fleet, Where, reset, where_for
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 DATABASE = "eo_badinput_callee"
 VHOST = "eo-badinput"
 TOKEN = "badinput-callee-token"

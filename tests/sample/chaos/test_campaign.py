@@ -10,6 +10,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from adapters.postgres.admin import with_database
@@ -21,6 +22,8 @@ from tests.support.services import discover
 from tools.chaos.engine import plan_run, topology_of
 from tools.tpch.chaos import TpchWorkload
 from tools.tpch.data import generate
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 ORDERS_PER_RUN = 8
 

@@ -61,7 +61,11 @@ that exists only on the general path.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.sample.chaos.cluster import Run, crashed, pick_orders
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 ONE_ORDER = pick_orders(1, seed=1)
 #: the finalising message of ONE_ORDER is the orders process's K-th commit

@@ -28,7 +28,11 @@ process uses the separate token database.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.sample.chaos.cluster import Run, crashed, pick_orders
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 GENERAL_PATH = True
 ONE_ORDER = pick_orders(1, seed=3)

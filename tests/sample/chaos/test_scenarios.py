@@ -18,10 +18,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 
+import pytest
+
 from application.codec import encode
 from application.envelope import REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
 from domain.sample.messages import PaymentResult
 from tests.sample.chaos.cluster import Run, Verified, crashed, pick_orders
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 ONE_ORDER = pick_orders(1, seed=2)
 K = len(ONE_ORDER.commands)

@@ -30,7 +30,7 @@ from tests.support.image import ImageFleet, image_fleet, needs_image, s3_api
 from tests.support.processes import Where, calling, unfinished, until, where_for
 from tools.tpch.oracle import check_oracle
 
-pytestmark = needs_image
+pytestmark = [needs_image, pytest.mark.slow]  # containers
 
 ORDERS = pick_orders(3, seed=7)
 BUCKET = "eo-invoices"

@@ -38,6 +38,8 @@ from tools.tpch.audit import (
 from tools.tpch.data import TpchSample, generate
 from tools.tpch.oracle import check_oracle
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from typer.testing import CliRunner
 
 from adapters.postgres.admin import drop_database, with_database
 from tests.support.processes import this_run
 from tests.support.services import discover
 from tools.pipeline.cli import pipeline_app
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

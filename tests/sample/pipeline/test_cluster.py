@@ -11,8 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.sample.pipeline.cluster import python_elsewhere
 from tools.pipeline.spark import spark_failure
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 
 def test_executors_import_the_shipped_project_and_the_driver_gets_its_memory(

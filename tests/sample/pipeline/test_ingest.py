@@ -25,6 +25,8 @@ from tools.pipeline.cli import pipeline_app
 from tools.tpch.data import export_tables, generate
 from tools.tpch.ingest import derive_commands, ingest, read_tables, table_paths
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

@@ -20,6 +20,8 @@ from tools.pipeline.listing import (
     split_prefix,
 )
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

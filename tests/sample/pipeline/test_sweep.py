@@ -24,6 +24,8 @@ from tests.support.services import discover
 from tools.pipeline.audit import read_rows
 from tools.pipeline.cli import pipeline_app
 
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+
 BUCKET = "eo-pipeline-sweep"
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from application.errors import PermanentError, TransientError
 from application.processor import Processor
 from tests.support.counter import PLAIN_COUNTER, Add
@@ -13,6 +15,8 @@ from tests.support.invariants import check, install_probes
 from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.world import World
 from tests.unit.application.test_interleavings import LIMIT
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 
 async def _scenario(prefix: list[Choice], racing_single: bool) -> tuple[Run, list[str]]:

@@ -7,6 +7,8 @@ import dataclasses
 import os
 import uuid
 
+import pytest
+
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from application.errors import PermanentError, TransientError
 from application.finisher import Finisher
@@ -16,6 +18,8 @@ from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
 from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.world import World
+
+pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 
 #: Upper bound on schedules per exploration (a safety net: the bounded spaces below are
 #: enumerated completely: 5,204 and 26,720 schedules on the general path).
