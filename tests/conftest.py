@@ -54,6 +54,40 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     xdist_groups.remove_directory(config)
 
 
+#: seconds and tests by file group (`_file_group`), in this process: the controller
+#: under xdist, which receives every worker's reports
+_GROUP_SECONDS: dict[str, list[float]] = {}
+
+
+def _file_group(nodeid: str) -> str:
+    """The file group a test's time counts in: `tests/<suite>`, or `tests/sample/<part>`
+    (a module directly in tests/sample is its own group)."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "/".join(parts[:3] if parts[1:2] == ["sample"] and len(parts) > 3 else parts[:2])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each phase's seconds added to its test's file group."""
+    seconds = _GROUP_SECONDS.setdefault(_file_group(report.nodeid), [0.0, 0.0])
+    seconds[0] += report.duration
+    seconds[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """With `--durations`: the suite's time by file group (seconds summed over the
+    processes, setup and teardown included), the table docs/testing.md keeps."""
+    seconds = _GROUP_SECONDS
+    if not config.getoption("durations", None) or not seconds:
+        return
+    terminalreporter.write_sep("=", "time by file group (seconds, summed over processes)")
+    total = sum(s for s, _ in seconds.values())
+    for group, (spent, tests) in sorted(seconds.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{group:<32} {spent:8.1f} s {int(tests):6} tests "
+                                    f"{spent / total:6.1%}")
+    terminalreporter.write_line(f"{'all':<32} {total:8.1f} s "
+                                f"{int(sum(t for _, t in seconds.values())):6} tests")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a database or virtual host named with this run's ID is still there
     after the last test: a test made it and did not remove it (a second copy of the suite,
