@@ -54,7 +54,9 @@ from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from adapters.system.clock import OffsetClock
 from application.codec import encode, to_jsonable
+from application.dead_letters import letter_digest
 from application.envelope import (
+    BODY_SHA256_HEADER,
     REASON_HEADER,
     TOKEN_HEADER,
     Envelope,
@@ -129,8 +131,10 @@ class EmbeddedReport:
     """What a run came to: the input published or rejected, every delivery's settlement per
     endpoint (`processed`, `duplicate`, `retried`, `dead_lettered`, `unsettled`), the
     endpoints' states (JSON-ready, by partition), the messages the endpoints sent each other
-    (`outputs`), the dead letters with reasons, what is left at rest (all zero when every
-    message was consumed: I8, I9), the blob keys, and how many crashes were injected."""
+    (`outputs`), the dead letters with reasons (one per message, `times` its copies), what is
+    left at rest (`at_rest`: all zero when every message was consumed or dead-lettered: I8,
+    I9), what the protocol keeps at rest on purpose (`kept`: the tokens dead letters keep
+    for their replay), the blob keys, and how many crashes were injected."""
 
     service: str
     lines: int = 0
@@ -141,6 +145,7 @@ class EmbeddedReport:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     dead_letters: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     at_rest: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=dict)
     blobs: list[str] = field(default_factory=list)
     crashes: int = 0
 
@@ -151,27 +156,34 @@ class EmbeddedReport:
                           "rejected": self.rejected},
                 "settled": self.settled, "states": self.states, "outputs": self.outputs,
                 "dead_letters": self.dead_letters, "at_rest": self.at_rest,
-                "blobs": self.blobs}
+                "kept": self.kept, "blobs": self.blobs}
 
 
 @dataclass(frozen=True)
 class Sent:
-    """A message an endpoint sent: its destination, message ID, type and JSON body."""
+    """A message an endpoint sent: its destination, message ID, type, JSON body, and its
+    headers (the protocol's lineage among them: `eo-causation-id` names the message whose
+    processing sent it, `eo-origin-id` the outside message its chain started from)."""
 
     to: str
     message_id: uuid.UUID
     type: str
     body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A dead letter of `queue`: the message ID as sent, its type and the reason."""
+    """A dead letter of `queue`: the message ID as sent, its type, the reason (the last
+    copy's), and how many copies of the message were dead-lettered (`times`): one entry per
+    message, as the dead-letter store keeps them (copies under one message ID with one type
+    and body are one message; `application.dead_letters.letter_digest`)."""
 
     queue: str
     message_id: str
     type: str
     reason: str
+    times: int = 1
 
 
 class _Recording:
@@ -513,21 +525,41 @@ class EmbeddedService:
 
     def outputs(self, to: str | None = None) -> list[Sent]:
         """The messages the endpoints sent (to `to` only, when given), in order."""
-        return [Sent(destination, e.message_id, e.type, _json(e.body))
+        return [Sent(destination, e.message_id, e.type, _json(e.body), dict(e.headers))
                 for destination, e in self._recording.sent if to in (None, destination)]
 
     def dead_letters(self, queue: str | None = None) -> list[DeadLetter]:
-        """The dead letters (of `queue` only, when given), with their reasons."""
-        return [DeadLetter(name, e.header(RAW_ID_HEADER) or str(e.message_id), e.type,
-                           e.header(REASON_HEADER) or "")
-                for name, letters in self.broker.dead_letters.items()
-                if queue in (None, name) for e in letters]
+        """The dead letters (of `queue` only, when given), one per message, with their
+        reasons, in the order they were first dead-lettered."""
+        merged: dict[tuple[str, str, str], DeadLetter] = {}
+        for name, letters in self.broker.dead_letters.items():
+            if queue not in (None, name):
+                continue
+            for e in letters:
+                message_id = e.header(RAW_ID_HEADER) or str(e.message_id)
+                key = (name, message_id, letter_digest(e.type, e.body,
+                                                       e.header(BODY_SHA256_HEADER)))
+                known = merged.get(key)
+                merged[key] = DeadLetter(name, message_id, e.type,
+                                         e.header(REASON_HEADER) or "",
+                                         known.times + 1 if known is not None else 1)
+        return list(merged.values())
+
+    async def kept_tokens(self) -> int:
+        """Tokens the dead letters keep on purpose, for their replay (`eo inspect`'s "kept
+        by dead letters"): not in flight."""
+        return await self.system.tokens.count_of(
+            [(name, e.message_id) for name, letters in self.broker.dead_letters.items()
+             for e in letters])
 
     async def at_rest(self) -> dict[str, int]:
-        """What is left in the stores: tokens, unfinished transaction records, side-effect
-        records, deferred clean-ups, requests on callees, unrelayed inbox rows."""
+        """What is left in the stores that nothing will take further: tokens in flight (not
+        those dead letters keep: `kept_tokens`), unfinished transaction records, side-effect
+        records, deferred clean-ups (after a sweep as if every grace had passed), requests on
+        callees, unrelayed inbox rows. All zero once every message was consumed or
+        dead-lettered (I8, I9)."""
         system, rest = self.system, Counter[str]()
-        rest["tokens"] = await system.tokens.count()
+        rest["tokens in flight"] = await system.tokens.count() - await self.kept_tokens()
         for name in system.registry.names():
             store: Any = system.stores[name]
             rest["unfinished transaction records"] += await store.unfinished_count()
@@ -556,8 +588,9 @@ class EmbeddedService:
         for letter in self.dead_letters():
             report.dead_letters.setdefault(letter.queue, []).append(
                 {"message_id": letter.message_id, "type": letter.type,
-                 "reason": letter.reason})
+                 "reason": letter.reason, "times": letter.times})
         report.at_rest = await self.at_rest()
+        report.kept = {"tokens kept by dead letters": await self.kept_tokens()}
         blobs = self.system.blobs
         report.blobs = await blobs.keys() if blobs is not None else []
         report.crashes = self._crashes

@@ -85,7 +85,7 @@ def test_eo_embedded_reports_the_counters_run_as_json(tmp_path: Path) -> None:
     assert (dead["type"], dead["reason"]) == ("Add", "no message_id")
     assert sum(len(letters) for letters in report["dead_letters"].values()) == 1
     assert report["at_rest"] == {
-        "tokens": 0, "unfinished transaction records": 0, "side-effect records": 0,
+        "tokens in flight": 0, "unfinished transaction records": 0, "side-effect records": 0,
         "deferred clean-ups": 0, "requests on callees": 0, "unrelayed inbox rows": 0}
     receipts = sorted(key for state in counters.values() for key in state["receipts"])
     assert report["blobs"] == receipts

@@ -5,7 +5,7 @@ One `Cluster` per test module: a private database (`eo_chaos_<pid>`, plus
 RabbitMQ virtual host (`eo-chaos-<pid>`, deleted at the end), one moto S3 server, and the
 long-lived processes that carry no failpoints (`gateway`, `ledger`, `payments`: `eo consume`
 / `eo serve --endpoint payments` through the demo's `Fleet`, forked by a zygote that imported
-the service once: tests/support/zygote.py). Each test starts its own orders processes with the
+the service once: tools/zygote.py). Each test starts its own orders processes with the
 failpoints it needs (`EO_FAILPOINTS`), or replaces a long-lived process by one with
 failpoints (restored afterwards); a process that exits is restarted once without its
 failpoints, as an orchestrator would.
@@ -68,7 +68,7 @@ from entrypoints.settings import Service, resolve_service
 from service.registry import REGISTRY
 from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
-from tests.support.zygote import Zygote
+from tools.zygote import Zygote
 from tools.chaos.checks import (
     at_rest,
     audit_logs,
@@ -679,7 +679,7 @@ class Run:
                 quiet_since, size = time.monotonic(), now_size
             rest = await self.rest()
             done = (await self.depth() == 0 and await self.settled() >= want
-                    and rest.get("tokens", 0) <= tokens
+                    and rest.get("tokens in flight", 0) <= tokens
                     and rest.get("unfinished transaction records", 0) == 0
                     and all(self.cluster.alive(n) for n in self.cluster.specs)
                     and not self.attempts_in_flight())
@@ -756,9 +756,10 @@ class Run:
         # grace period), which only the final sweep may do
         leftover = {k: v for k, v in before.items()
                     if v and not k.startswith("deferred") and not k.startswith("aborted")
-                    and not (k == "tokens" and v == tokens + orphan_tokens)}
+                    and not (k == "tokens in flight" and v == tokens + orphan_tokens)}
         assert not leftover, f"left before the final sweep: {before}\n{tails}"
-        assert {k: v for k, v in after.items() if v and not (k == "tokens" and v == tokens)
+        assert {k: v for k, v in after.items()
+                if v and not (k == "tokens in flight" and v == tokens)
                 } == {}, f"left after the final sweep: {after}"
         assert found_dead == dict(dead or {}), f"dead letters {found_dead}\n{tails}"
         assert audit.violations == [], f"{audit.violations}\n{tails}"

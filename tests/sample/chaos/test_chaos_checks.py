@@ -15,7 +15,7 @@ import asyncpg
 
 from tests.support.processes import private_database, this_run
 from tests.support.services import discover
-from tools.chaos.checks import AT_REST, at_rest, audit_logs, read_logs
+from tools.chaos.checks import AT_REST, at_rest, audit_logs, kept_at_rest, read_logs
 
 
 def ev(event: str, message: str = "m1", endpoint: str = "orders", **fields: Any
@@ -104,31 +104,41 @@ def test_a_publication_from_an_attempt_that_did_not_commit_is_i3() -> None:
 
 
 #: One row of each kind `AT_REST` must count, and beside it one it must not (a cleared TR, a
-#: relayed inbox row).
+#: relayed inbox row, a token a dead letter keeps, a deferred clean-up within its grace).
 _LEFT_OVER = [
-    ("tokens", "INSERT INTO eo_token VALUES ($1, 'Add', '', '{}', now(), 'counter')"),
+    ("tokens in flight", "INSERT INTO eo_token VALUES ($1, 'Add', '', '{}', now(), 'counter')"),
     ("unfinished transaction records",
      "INSERT INTO eo_transaction_record VALUES ('counter', 'p', $1, $1, 2, now(), NULL)"),
     ("side-effect records", "INSERT INTO eo_side_effect_record VALUES ('counter', 'p', 'blob', "
      "'k', $1, $1, 0, '{}', now())"),
-    ("aborted artifacts (deferred clean-ups)", "INSERT INTO eo_deferred_cleanup (endpoint, "
+    ("deferred clean-ups past their grace", "INSERT INTO eo_deferred_cleanup (endpoint, "
      "kind, key, payload, due) SELECT 'counter', 'blob', 'k', '{}', now() WHERE $1::uuid "
      "IS NOT NULL"),
-    ("requests on payments", "INSERT INTO eo_http_request VALUES ('bank', $1, 'Spend', '', "
+    ("requests on callees", "INSERT INTO eo_http_request VALUES ('bank', $1, 'Spend', '', "
      "'{}', false, now())"),
     ("unrelayed inbox rows", "INSERT INTO eo_inbox VALUES ('front', $1, 'Add', '', now(), "
      "NULL)"),
 ]
+_KEPT_TOKEN = "00000000-0000-4000-8000-000000000001"
 _NOT_LEFT_OVER = [
     "INSERT INTO eo_transaction_record VALUES ('counter', 'q', NULL, NULL, 4, NULL, NULL)",
     "INSERT INTO eo_inbox VALUES ('front', $1, 'Add', '', now(), now())",
+    f"INSERT INTO eo_token VALUES ('{_KEPT_TOKEN}', 'Add', '', '{{}}', now(), 'counter')",
+    "INSERT INTO eo_dead_letter (endpoint, message_id, body, replayable, reasons, first_at, "
+    f"last_at) VALUES ('counter', '{_KEPT_TOKEN}', '', true, '[]', now(), now())",
+    "INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due) VALUES "
+    "('counter', 'blob', 'k2', '{}', now() + interval '1 hour')",
 ]
 
 
 def test_the_stores_at_rest_checks_count_each_kind_of_left_over() -> None:
-    """On a migrated database: nothing at rest on an empty one, a cleared TR and a relayed
-    inbox row are not left-overs, and each kind of left-over is counted under its name."""
+    """On a migrated database: nothing at rest on an empty one; a cleared TR, a relayed inbox
+    row, the token a dead letter keeps and a deferred clean-up within its grace are not
+    left-overs (the last two are counted as kept); each kind of left-over is counted under
+    its name."""
     assert [name for name, _sql in _LEFT_OVER] == list(AT_REST)  # one probe per query
+
+    kept: list[dict[str, int]] = []
 
     async def probe(dsn: str) -> list[dict[str, int]]:
         seen = []
@@ -138,6 +148,7 @@ def test_the_stores_at_rest_checks_count_each_kind_of_left_over() -> None:
             for sql in _NOT_LEFT_OVER:
                 await pool.execute(sql, *([uuid.uuid4()] if "$1" in sql else []))
             seen.append(await at_rest(pool))
+            kept.append(await kept_at_rest(pool))
             for _name, sql in _LEFT_OVER:
                 await pool.execute(sql, uuid.uuid4())
                 seen.append(await at_rest(pool))
@@ -152,6 +163,8 @@ def test_the_stores_at_rest_checks_count_each_kind_of_left_over() -> None:
     finally:
         services.close()
     assert seen[0] == seen[1] == dict.fromkeys(AT_REST, 0)
+    assert kept == [{"tokens kept by dead letters": 1,  # as `eo inspect` counts them apart
+                     "deferred clean-ups within their grace": 1}]
     for i, (name, _sql) in enumerate(_LEFT_OVER):  # each insert moves its own count only
         assert {k: v for k, v in seen[i + 2].items() if v} == {
             n: 1 for n, _ in _LEFT_OVER[:i + 1]}, name

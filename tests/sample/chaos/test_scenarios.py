@@ -65,7 +65,7 @@ async def _concurrent_copies(chaos: Run, failpoints: str,
     assert result.runs("orders", m) == 1 + len(conflicts), conflicts
     # nothing of a losing attempt remains, without waiting for the deferred clean-up
     assert set(result.blobs_before) == result.invoices
-    assert result.before_sweep["requests on payments"] == 0
+    assert result.before_sweep["requests on callees"] == 0
     return result, m
 
 

@@ -20,8 +20,8 @@ from entrypoints.settings import load_settings, resolve_service
 from tests.support.counters.registry import REGISTRY
 
 A, B, C, D = (str(uuid.UUID(int=n)) for n in (1, 2, 3, 4))
-NOTHING_AT_REST = {"tokens": 0, "unfinished transaction records": 0, "side-effect records": 0,
-                   "deferred clean-ups": 0, "requests on callees": 0,
+NOTHING_AT_REST = {"tokens in flight": 0, "unfinished transaction records": 0,
+                   "side-effect records": 0, "deferred clean-ups": 0, "requests on callees": 0,
                    "unrelayed inbox rows": 0}
 
 

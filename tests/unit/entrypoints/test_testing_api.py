@@ -15,8 +15,8 @@ from entrypoints.testing import EmbeddedService, Faults
 from tests.support.counters.endpoints import Account, Add, AuditLog, Spend
 from tests.support.counters.registry import REGISTRY
 
-NOTHING_AT_REST = {"tokens": 0, "unfinished transaction records": 0, "side-effect records": 0,
-                   "deferred clean-ups": 0, "requests on callees": 0,
+NOTHING_AT_REST = {"tokens in flight": 0, "unfinished transaction records": 0,
+                   "side-effect records": 0, "deferred clean-ups": 0, "requests on callees": 0,
                    "unrelayed inbox rows": 0}
 #: Crashes of the whole service at several steps of the token path and the gateway's.
 CRASHES = ("after_commit=crash@3;after_create:blob=crash@4;before_ack=crash@6;"
@@ -41,6 +41,27 @@ async def test_send_run_and_read_the_states_as_domain_objects() -> None:
     assert report.settled["front"]["duplicate"] == 1
     assert report.at_rest == NOTHING_AT_REST
     assert len(report.blobs) == 2  # one receipt per applied Add
+
+
+async def test_a_rejection_keeps_its_token_apart_and_copies_are_one_dead_letter() -> None:
+    """The documented idiom `not any(report.at_rest.values())` holds on a run with a
+    handler's rejection: the token its dead letter keeps for a replay is counted apart
+    (`report.kept`, as `eo inspect` does). A malformed message published twice under one
+    message ID is one dead letter, seen twice (as the dead-letter store keeps it)."""
+    async with EmbeddedService.start(REGISTRY) as service:
+        await service.send("front", Add("c1", -5))  # counter rejects it: dead-lettered
+        twice = uuid.uuid4()
+        for _ in range(2):
+            await service.send("front", b"{still not json", type_name="Add", message_id=twice)
+        report = await service.run_until_quiet()
+        rejected = service.dead_letters("counter")
+        [malformed] = service.dead_letters("front")
+    assert [d.reason for d in rejected] == ["rejected by handler: negative amount -5"]
+    assert (malformed.message_id, malformed.times) == (str(twice), 2)
+    assert report.at_rest == NOTHING_AT_REST
+    assert not any(report.at_rest.values())
+    assert report.kept == {"tokens kept by dead letters": 1}
+    assert [d["times"] for d in report.dead_letters["front"]] == [2]
 
 
 async def test_a_message_a_queue_does_not_take_is_refused_by_name() -> None:
