@@ -2,8 +2,9 @@
 
 Starting `eo consume` imports the whole framework (aio-pika, asyncpg, aioboto3, FastAPI,
 pydantic, ...): 2.5 s of CPU per process here with the bytecode compiled (5.5 s without), on
-2 cores, and the process tests start hundreds. The zygote pays that once per test process
-(`tests/conftest.py`'s session fixture; `Fleet` forks through it): it imports the modules
+2 cores, and the process tests and `eo chaos` start hundreds. The zygote pays that once per
+test process (`tests/support/processes.py`'s `Fleet` forks through it) and once per campaign
+(`tools/chaos/fleet.py`'s `Fleet`): it imports the modules
 every `eo` command needs (`PRELOADED`, those that exist), then for each request forks a
 child that takes the request's environment, sends stdout and stderr to the request's log
 file, and runs `eo <args>` as `main()`; the service itself (`EO_SERVICE`) is imported by
@@ -12,7 +13,8 @@ SIGTERM or SIGKILL and exit with their own codes, which the zygote reports. Noth
 zygote imports may start a thread or read the environment's settings at import: the child's
 environment is the request's, set after the fork.
 
-Wire protocol (JSON lines): stdin `{"argv": [...], "env": {...}, "log": path}`; stdout
+Wire protocol (JSON lines): stdin `{"argv": [...], "env": {...}, "log": path, "cwd": path}`
+(`cwd` optional: the child's working directory); stdout
 `{"pid": n}` for each request in order, and `{"exited": pid, "code": c}` when a child ends.
 EOF on stdin kills the remaining children and ends the zygote.
 """
@@ -30,7 +32,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in the fork
@@ -43,6 +45,8 @@ def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in the f
         os.dup2(null, 0)
         os.environ.clear()
         os.environ.update(request["env"])
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
@@ -150,12 +154,13 @@ class ZygoteProcess:
 
 
 class Zygote:
-    """The test side of the fork server: `spawn(argv, env, log)` -> `ZygoteProcess`."""
+    """The caller's side of the fork server: `spawn(argv, env, log)` -> `ZygoteProcess`;
+    `close()` ends it and the children still running."""
 
     def __init__(self) -> None:
         python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tests.support.zygote import serve; serve()"],
+            [sys.executable, "-c", "from tools.zygote import serve; serve()"],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": python_path})
         self.codes: dict[int, int] = {}
@@ -176,13 +181,15 @@ class Zygote:
                     self.codes[int(message["exited"])] = int(message["code"])
                 self.changed.notify_all()
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> ZygoteProcess:
-        """Fork `eo <argv>` with exactly `env`, stdout and stderr appended to `log`."""
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+              ) -> ZygoteProcess:
+        """Fork `eo <argv>` with exactly `env`, stdout and stderr appended to `log`, in
+        `cwd` (default: the zygote's, the project's root)."""
         assert self.proc.stdin is not None
         with self._lock, self.changed:
             before = len(self._pids)
-            self.proc.stdin.write((json.dumps({"argv": argv, "env": env,
-                                               "log": str(log)}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "log": str(log),
+                                               "cwd": str(cwd or "")}) + "\n").encode())
             self.proc.stdin.flush()
             if not self.changed.wait_for(lambda: len(self._pids) > before, 60):
                 raise RuntimeError("the zygote did not fork within 60 s")

@@ -92,7 +92,7 @@ async def test_the_chaos_campaign_leaves_a_users_database_and_virtual_host_alone
             users_vhost(services.amqp_url, this_run("eo-chaos-user", "-"), "orders") as url:
         # the command runs its own event loop: in a thread of its own
         result = await asyncio.to_thread(CliRunner().invoke, app, [
-            "chaos", "--duration", "0", "--seed", str(_gentle_seed(2)), "--orders-per-run",
+            "chaos", "--duration", "0", "--seed", str(_gentle_seed(2)), "--size",
             "2", "--no-fence", "--database", name, "--report", str(tmp_path / "report.json")],
             env={"EO_AMQP_URL": url, "EO_DATABASE_DSN": with_database(dsn, "postgres"),
                  "EO_FAILPOINTS": ""})

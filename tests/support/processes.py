@@ -17,7 +17,7 @@ Typical use (see tests/integration/test_consumer_process.py)::
     await fleet.ready(counter, bank)             # URL logged, then 200 on /ready or /health
     await until(check, 20, "what we wait for", fleet, rabbit)
 
-The processes are forked from this test process's zygote (tests/support/zygote.py: the
+The processes are forked from this test process's zygote (tools/zygote.py: the
 framework imported once, 2.5 s of CPU saved per process), each an ordinary process of its
 own; `Fleet(forked=False)` starts `eo` cold instead, for a test of the console entry point.
 
@@ -65,7 +65,7 @@ from application.codec import from_jsonable
 from application.envelope import REASON_HEADER, TOKEN_HEADER
 from tests.support.counters.registry import REGISTRY, SPEC
 from tests.support.services import discover
-from tests.support.zygote import Zygote, ZygoteProcess
+from tools.zygote import Zygote, ZygoteProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The counters' endpoints with a work queue (what `eo consume` serves).
@@ -193,7 +193,7 @@ _ZYGOTE: list[Zygote] = []
 
 
 def shared_zygote() -> Zygote:
-    """This test process's fork server (tests/support/zygote.py), started on first use and
+    """This test process's fork server (tools/zygote.py), started on first use and
     ended when the process exits (its children with it)."""
     if not _ZYGOTE:
         _ZYGOTE.append(Zygote())

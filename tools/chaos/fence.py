@@ -35,6 +35,7 @@ workload gives no such pair is reported as skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from application.codec import decode
+from application.envelope import CAUSATION_ID_HEADER
 from application.errors import MalformedMessage, UnknownMessageType
 from application.observability import FAULT_INJECTED, MESSAGE_DUPLICATE
 from application.registry import Registration
@@ -59,18 +61,22 @@ HALVES: dict[str, str] = {"attempt guard": "after_tr_load",
 #: How long each step may take to happen before the scenario reports it did not.
 STEP_TIMEOUT_S = 60.0
 #: At most this many candidate pairs are tried per endpoint against the fault-free run.
-PAIR_CANDIDATES = 4
+PAIR_CANDIDATES = 12
 
 
 @dataclass(frozen=True)
 class FencePair:
     """Two outside messages whose processing commits once each on `partition` of
-    `endpoint`, in this order, with nothing dead-lettered."""
+    `endpoint`, in this order, after the messages `before` (processed first, without a
+    fault: what the two need to find, such as an order opened before its items)."""
 
     endpoint: str
     partition: str
     first: OutsideMessage
     second: OutsideMessage
+    before: tuple[OutsideMessage, ...] = ()
+    #: the commits the messages `before` make, over every consuming endpoint
+    before_commits: int = 0
 
 
 class StepMissed(Exception):
@@ -98,52 +104,167 @@ def partition_of(registration: Registration, type_name: str, body: Any) -> str |
         return None
 
 
+@dataclass(frozen=True)
+class Arrivals:
+    """What one outside message made an endpoint receive in a fault-free run: the
+    partitions of its *first* arrivals there (those no earlier arrival there caused: the
+    outside message itself, or what other endpoints sent on its account), how many arrivals
+    came after them (follow-ups, messages the endpoint sent itself), and how many of them it
+    committed and dead-lettered."""
+
+    first: tuple[str | None, ...] = ()
+    later: int = 0
+    committed: int = 0
+    dead_lettered: int = 0
+
+    @property
+    def all_committed(self) -> bool:
+        """Every arrival committed, none dead-lettered (nor dropped as a duplicate)."""
+        return self.committed == len(self.first) + self.later and not self.dead_lettered
+
+
+@dataclass(frozen=True)
+class Step:
+    """One outside message's run until quiet: its `Arrivals` per fenced endpoint, and every
+    (endpoint, partition) its messages reached (what later messages may depend on)."""
+
+    arrivals: Mapping[str, Arrivals]
+    touched: frozenset[tuple[str, str]]
+
+
+async def steps_of(embedded: Settings, service: Service, messages: Sequence[OutsideMessage],
+                   seeds: Mapping[str, Mapping[str, Any]], endpoints: Sequence[str]
+                   ) -> list[Step]:
+    """`messages` one by one through a fault-free embedded service seeded with `seeds`, each
+    followed by a run until quiet: a `Step` each, with `Arrivals` for `endpoints` (an
+    arrival's cause is its `eo-causation-id`)."""
+    registry = service.registry
+    consuming = list(registry.consuming())
+    found: list[Step] = []
+    async with EmbeddedService.start(registry, settings=embedded) as run:
+        for endpoint, states in seeds.items():
+            run.seed_states(endpoint, states)
+        seen, before = 0, {q: (0, 0) for q in consuming}
+        for message in messages:
+            await run.send_line(message.line())
+            report = await run.run_until_quiet(timeout_s=120, quiet_polls=3)
+            sent = run.outputs()
+            tree = [(message.queue, message.message_id, "", message.type, message.body)]
+            tree += [(s.to, str(s.message_id), s.headers.get(CAUSATION_ID_HEADER, ""), s.type,
+                      s.body) for s in sent[seen:]]
+            seen = len(sent)
+            now = {q: (report.settled.get(q, {}).get("processed", 0),
+                       len(report.dead_letters.get(q, []))) for q in consuming}
+            touched = frozenset((to, str(partition_of(registry[to], t, b)))
+                                for to, _m, _c, t, b in tree if to in now)
+            found.append(Step({e: _arrivals(registry[e], e, tree, now[e][0] - before[e][0],
+                                            now[e][1] - before[e][1]) for e in endpoints},
+                              touched))
+            before = now
+    return found
+
+
+def _arrivals(registration: Registration, endpoint: str,
+              tree: Sequence[tuple[str, str, str, str, Any]], committed: int, dead: int
+              ) -> Arrivals:
+    """The `Arrivals` at `endpoint` of one step's message tree ((to, message ID, cause,
+    type, body) of the outside message and what the endpoints sent on its account)."""
+    cause = {m: c for _to, m, c, _t, _b in tree}
+    at = {m for to, m, _c, _t, _b in tree if to == endpoint}
+    first, later = [], 0
+    for to, _m, c, t, b in tree:
+        if to != endpoint:
+            continue
+        ancestors, hop = set(), c
+        while hop and hop not in ancestors:
+            ancestors.add(hop)
+            hop = cause.get(hop, "")
+        if ancestors & at:
+            later += 1
+        else:
+            first.append(partition_of(registration, t, b))
+    return Arrivals(tuple(first), later, committed, dead)
+
+
+def preamble(steps: Sequence[Step], i: int, j: int) -> list[int]:
+    """The messages before `j` (other than `i`) that messages `i` and `j` may depend on, in
+    order: each earlier message that reached an (endpoint, partition) they reach, or that
+    one of those reaches (the closure, walking back from `j`)."""
+    reached = set(steps[i].touched | steps[j].touched)
+    chosen = []
+    for k in range(j - 1, -1, -1):
+        if k != i and steps[k].touched & reached:
+            chosen.append(k)
+            reached |= steps[k].touched
+    return sorted(chosen)
+
+
 async def find_pairs(settings: Settings, service: Service, messages: Sequence[OutsideMessage],
                      seeds: Mapping[str, Mapping[str, Any]]
                      ) -> tuple[dict[str, FencePair], dict[str, str]]:
-    """A `FencePair` per fenced endpoint, and why each other one has none.
+    """A `FencePair` per consuming endpoint whose partitions see two messages, whatever
+    feeds it (outside producers, other endpoints, follow-ups), and why each other consuming
+    endpoint has none.
 
-    `messages` go one by one through a fault-free embedded service (seeded with `seeds`),
-    each followed by a run until quiet: the messages each one makes the endpoint receive
-    (itself, or the outputs it causes) name their partitions. Candidates (two messages of
-    the workload each giving the endpoint exactly one message, on the same partition) are
-    then confirmed alone, in order, by a fresh embedded run: both committed there, nothing
-    dead-lettered."""
-    registry = service.registry
-    endpoints = fenced_endpoints(service)
+    `messages` go one by one through a fault-free embedded service (`steps_of`). A candidate
+    is two messages of the workload that each make the endpoint receive exactly one first
+    message, on the same partition (what the first causes after its commit, a follow-up or
+    a message to itself, comes later and does not matter: the scenario's crash is at the
+    first commit), with the `preamble` they may depend on. Candidates, the shortest
+    preamble first, are then confirmed alone (the preamble, then the two, in order) by a
+    fresh embedded run: the same arrivals, each committed by the endpoint (a producer's
+    retry of one message is no pair: its second copy is a duplicate)."""
     embedded = _embedded(settings)
-    arrivals: dict[str, dict[str, list[int]]] = {e: defaultdict(list) for e in endpoints}
-    async with EmbeddedService.start(registry, settings=embedded) as reference:
-        for endpoint, states in seeds.items():
-            reference.seed_states(endpoint, states)
-        seen = 0
-        for i, message in enumerate(messages):
-            await reference.send_line(message.line())
-            await reference.run_until_quiet(timeout_s=120, quiet_polls=3)
-            sent = reference.outputs()
-            received = [(s.to, s.type, s.body) for s in sent[seen:]]
-            seen = len(sent)
-            received.append((message.queue, message.type, message.body))
-            for endpoint in endpoints:
-                mine = [partition_of(registry[endpoint], t, b)
-                        for to, t, b in received if to == endpoint]
-                if len(mine) == 1 and mine[0] is not None:
-                    arrivals[endpoint][mine[0]].append(i)
+    fenced = fenced_endpoints(service)
     pairs: dict[str, FencePair] = {}
-    skipped: dict[str, str] = {}
-    for endpoint in endpoints:
-        candidates = [(p, i, j) for p, found in arrivals[endpoint].items()
-                      for i, j in itertools.pairwise(found)]
-        candidates.sort(key=lambda c: (c[2], c[1]))
-        for partition, i, j in candidates[:PAIR_CANDIDATES]:
-            pair = FencePair(endpoint, partition, messages[i], messages[j])
-            if await _both_committed(embedded, service, pair, seeds):
-                pairs[endpoint] = pair
+    skipped = {n: "the state strategy commits no transaction record: there is no fence "
+                  "to stage" for n in service.registry.consuming() if n not in fenced}
+    steps = await steps_of(embedded, service, messages, seeds, fenced)
+    for endpoint in fenced:
+        by_partition: dict[str, list[int]] = defaultdict(list)
+        received: dict[str, int] = defaultdict(int)
+        for i, step in enumerate(steps):
+            mine = step.arrivals[endpoint]
+            for p in mine.first:
+                received[str(p)] += 1
+            if len(mine.first) == 1 and mine.first[0] is not None:
+                by_partition[str(mine.first[0])].append(i)
+        candidates = sorted(((len(preamble(steps, i, j)), j - i, p, i, j)
+                             for p, at in by_partition.items()
+                             for i, j in itertools.pairwise(at)
+                             if messages[i].message_id != messages[j].message_id))
+        tried = candidates[:PAIR_CANDIDATES]
+        for _n, _d, partition, i, j in tried:
+            pair = FencePair(endpoint, partition, messages[i], messages[j],
+                             tuple(messages[k] for k in preamble(steps, i, j)))
+            commits = await _confirmed(embedded, service, pair, seeds)
+            if commits is not None:
+                pairs[endpoint] = dataclasses.replace(pair, before_commits=commits)
                 break
         else:
-            skipped[endpoint] = ("the workload has no two messages that it commits on one "
-                                 "partition (one message each, nothing dead-lettered)")
+            skipped[endpoint] = _why_none(received, by_partition, len(tried))
     return pairs, skipped
+
+
+def _why_none(received: Mapping[str, int], by_partition: Mapping[str, list[int]], tried: int
+              ) -> str:
+    """Why an endpoint got no pair, in words for the summary."""
+    if not received:
+        return "the workload sends it nothing (no message of the workload reaches it)"
+    if max(received.values()) < 2:
+        return (f"no partition of its {len(received)} receives two messages in the fault-free "
+                "run: give the workload two messages of one partition")
+    if not any(len(at) >= 2 for at in by_partition.values()):
+        return ("the messages that reach one of its partitions twice come from one outside "
+                "message (or reach it several times at once): give the workload two "
+                "messages, each reaching it once, of one partition")
+    if not tried:
+        return ("the messages that reach one of its partitions twice are copies of one message "
+                "(a producer's retry: the second commits nothing): give the workload two "
+                "messages of one partition")
+    return (f"the {tried} nearest pairs of messages of one partition did not both commit "
+            "there when sent alone after the messages before them they depend on (one "
+            "dead-lettered, or depended on another message)")
 
 
 def _embedded(settings: Settings) -> Settings:
@@ -151,16 +272,18 @@ def _embedded(settings: Settings) -> Settings:
                                        "failpoints": ""})
 
 
-async def _both_committed(embedded: Settings, service: Service, pair: FencePair,
-                          seeds: Mapping[str, Mapping[str, Any]]) -> bool:
-    async with EmbeddedService.start(service.registry, settings=embedded) as alone:
-        for endpoint, states in seeds.items():
-            alone.seed_states(endpoint, states)
-        for message in (pair.first, pair.second):
-            await alone.send_line(message.line())
-        report = await alone.run_until_quiet(timeout_s=120)
-    return (report.settled.get(pair.endpoint, {}).get("processed") == 2
-            and not any(report.dead_letters.values()))
+async def _confirmed(embedded: Settings, service: Service, pair: FencePair,
+                     seeds: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """Whether `pair`, alone after its preamble, gives its endpoint one first arrival each
+    on its partition, and the endpoint commits every message they make it receive: then
+    the commits of the preamble (over every consuming endpoint), else None."""
+    consuming = list(service.registry.consuming())
+    steps = await steps_of(embedded, service, [*pair.before, pair.first, pair.second], seeds,
+                           consuming)
+    if all(step.arrivals[pair.endpoint].first == (pair.partition,)
+           and step.arrivals[pair.endpoint].all_committed for step in steps[-2:]):
+        return sum(a.committed for step in steps[:-2] for a in step.arrivals.values())
+    return None
 
 
 @dataclass(frozen=True)

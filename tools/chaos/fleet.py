@@ -25,13 +25,15 @@ import httpx
 from pydantic import SecretStr
 
 from adapters.postgres.state_stream import PostgresStateStream
+from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.system.clock import OffsetClock, SystemClock
 from application.registry import Role
 from application.strategy import Strategy
-from entrypoints.local import LocalContainer, postgres_stores
+from entrypoints.local import LocalContainer, postgres_stores, provided
 from entrypoints.logs import configure_logging
 from entrypoints.settings import CalleeSettings, Service, Settings, resolve_service
+from tools.zygote import Zygote, ZygoteProcess
 
 S = TypeVar("S", bound=Settings)
 
@@ -78,9 +80,12 @@ class Fleet:
 
     def __init__(self, settings: Settings, log_dir: Path, duplicate_rate: float,
                  extra_env: dict[str, str] | None = None,
-                 callees: Sequence[str] | None = None) -> None:
+                 callees: Sequence[str] | None = None, zygote: Zygote | None = None) -> None:
         """`callees`: the endpoints served over HTTP (default: the registry's callees, of
-        the service `settings` names)."""
+        the service `settings` names). `zygote`: fork the processes from it (tools/zygote.py:
+        the framework imported once, a start costs a fraction of a second of CPU instead of
+        seconds); default: start each one cold."""
+        self.zygote = zygote
         self.log_dir = log_dir
         if callees is None:
             callees = resolve_service(settings).registry.names(Role.CALLEE)
@@ -108,7 +113,7 @@ class Fleet:
                 self.env[f"EO_APIS__{name.upper()}__URL"] = api.url
         self.env.pop("EO_TOKEN_DSN", None)  # the co-located path unless extra_env says
         self.env.update(extra_env or {})
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[bytes] | ZygoteProcess] = {}
         self.starts: Counter[str] = Counter()
 
     def start(self, name: str, endpoint: str, env: Mapping[str, str | None] | None = None
@@ -117,11 +122,16 @@ class Fleet:
         with `env` over the fleet's environment (e.g. `EO_FAILPOINTS` for this process; a
         None value unsets the variable)."""
         self.starts[name] += 1
-        log = (self.log_dir / f"{name}.{self.starts[name]}.jsonl").open("wb")
+        path = self.log_dir / f"{name}.{self.starts[name]}.jsonl"
+        if self.zygote is not None:
+            self.procs[name] = self.zygote.spawn(self.args(endpoint), self.env_of(endpoint, env),
+                                                 path, Path.cwd())
+            return
         command = [sys.executable, "-c", "from entrypoints.cli import main; main()",
                    *self.args(endpoint)]
-        self.procs[name] = subprocess.Popen(command, env=self.env_of(endpoint, env),
-                                            stdout=log, stderr=log)
+        with path.open("wb") as log:
+            self.procs[name] = subprocess.Popen(command, env=self.env_of(endpoint, env),
+                                                stdout=log, stderr=log)
 
     def args(self, endpoint: str) -> list[str]:
         """The `eo` arguments of a process of `endpoint`."""
@@ -170,6 +180,17 @@ class Fleet:
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"{name} did not answer within {timeout_s} s")
 
+    def stop(self, name: str, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM process `name` (a graceful stop: what it holds goes back to its queue),
+        SIGKILL when it has not exited within `timeout_s`; returns its exit code."""
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return None
+
     def kill(self, name: str) -> None:
         """SIGKILL: no clean-up, no ack; its deliveries go back to the queue."""
         self.procs[name].send_signal(signal.SIGKILL)
@@ -205,7 +226,10 @@ class Fleet:
 
 
 async def final_sweep(settings: Settings, service: Service) -> None:
-    """Every endpoint's sweeper once, as if every grace period had passed (quiescence)."""
+    """Every endpoint's sweeper once, as if every grace period had passed (quiescence), then
+    every consuming endpoint's dead-letter queue moved into the dead-letter store (what its
+    consumers do every sweep interval): the store then holds every dead letter, one entry
+    per message, as an operator finds them."""
     configure_logging("WARNING")  # the report is the output; the processes' logs are on disk
     container = LocalContainer(settings=settings.model_copy(update={"duplicate_rate": 0.0}),
                                service=service)
@@ -216,6 +240,12 @@ async def final_sweep(settings: Settings, service: Service) -> None:
                                                     + settings.stale_after_s + 1))
         for name in service.registry.names():
             await system.sweeper(name, later).sweep()
+        if settings.dead_letter_collect:
+            rabbit = await provided(container.rabbit)
+            kept = await provided(container.dead_letter_store)
+            for name in service.registry.consuming():
+                await DeadLetterCollector(rabbit, name, kept, container.service_user(),
+                                          system.events).drain()
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
 

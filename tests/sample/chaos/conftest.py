@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.sample.chaos.cluster import Cluster, Run, make_cluster
-from tests.support.zygote import Zygote
+from tools.zygote import Zygote
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ def test_a_short_campaign_injects_faults_and_finds_no_violation(tmp_path: Path) 
         seed = _seed_with_a_kill_and_a_crash()
         report = tmp_path / "report.json"
         result = CliRunner().invoke(app, [
-            "chaos", "--duration", "0", "--seed", str(seed), "--orders-per-run",
+            "chaos", "--duration", "0", "--seed", str(seed), "--size",
             str(ORDERS_PER_RUN), "--no-fence", "--log-dir", str(tmp_path / "logs"),
             "--report", str(report), "--database", this_run("eo_chaos_ci")],
             env={"EO_AMQP_URL": amqp, "EO_DATABASE_DSN": server, "EO_FAILPOINTS": ""})
