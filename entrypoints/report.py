@@ -20,12 +20,14 @@ console = Console(highlight=False)
 
 
 def print_endpoints(service: Service) -> None:
-    """The registry as a table: name, role, strategy, the queues it declares, what it uses."""
+    """The registry as a table: name, role, strategy, the queues it declares, what it uses
+    (blobs, the callees and the third-party APIs it calls, a callee's stored requests)."""
     registry = service.registry
     table = Table("endpoint", "role", "strategy", "queues", "uses",
                   title=f"service {registry.service}")
     for r in registry:
-        uses = [*(["blobs"] if r.blobs else []), *(f"calls {c}" for c in r.callees)]
+        uses = [*(["blobs"] if r.blobs else []), *(f"calls {c}" for c in r.callees),
+                *(f"calls API {a}" for a in r.apis)]
         if r.role is Role.CALLEE:
             uses.append(f"stored requests: {r.stored_request}")
         table.add_row(r.name, str(r.role), str(service.strategy(r.name)),

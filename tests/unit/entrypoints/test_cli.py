@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from entrypoints import cli
 from tests.support.counters.registry import SPEC
+from tests.support.shipping_service import SPEC as SHIPPING_SPEC
 
 ROOT = Path(__file__).resolve().parents[3]
 NAMES = ["front", "counter", "audit", "bank"]
@@ -46,6 +47,15 @@ def test_endpoints_lists_the_services_endpoints_with_role_strategy_and_queues() 
     assert rows["front"][:3] == ["gateway", "outbox", "front, counter"]
     assert rows["counter"] == ["consumer", "token", "counter, audit", "blobs, calls bank"]
     assert rows["bank"] == ["callee", "token", "-", "stored requests: Withdraw"]
+
+
+def test_endpoints_lists_the_third_party_apis_an_endpoint_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EO_SERVICE", SHIPPING_SPEC)
+    code, output = _eo("endpoints")
+    assert code == 0, output
+    (shipping,) = [line for line in output.splitlines() if line.startswith("│ shipping ")]
+    assert shipping.split("│")[5].strip() == "calls API carrier"
 
 
 def test_endpoints_applies_eo_strategies(monkeypatch: pytest.MonkeyPatch) -> None:
