@@ -33,7 +33,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
               "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
     "pipeline": ("tools.pipeline.cli", "pipeline_app",
                  "The data pipeline on Spark for every endpoint: ingest into a gateway, the "
-                 "exactly-once audit, the orphan sweep (and the sample's TPC-H jobs)."),
+                 "exactly-once audit, the orphan sweep."),
     "local-services": ("tools.local_services", "local_services_app",
                        "The local profile's shared services: an S3 API that outlives one "
                        "process, the settings to export."),
