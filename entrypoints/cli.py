@@ -5,6 +5,7 @@ fraction of a second): each command imports what it runs, and the tools (`demo`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -207,7 +208,8 @@ def embedded(
         help="a JSON-lines file of messages, or - for standard input")] = "-",
     output: Annotated[str, typer.Option("--format", help="json or text")] = "text",
     blob_dir: Annotated[Path | None, typer.Option(
-        help="where blobs go (default: a new temporary directory)")] = None,
+        help="where blobs go, kept after the run (default: a temporary directory, removed "
+             "at the end)")] = None,
 ) -> None:
     """Run every endpoint of the service in this process on the memory adapters, feed them
     the messages (outside producers' format: one JSON object per line with queue,
@@ -219,8 +221,6 @@ def embedded(
 
     if output not in ("json", "text"):
         raise typer.BadParameter("json or text", param_hint="--format")
-    blobs = blob_dir or Path(tempfile.mkdtemp(prefix="eo-embedded-blobs-"))
-    settings, service = load("embedded", blob_dir=blobs)
     if messages == "-":
         lines = sys.stdin.read().splitlines()
     else:
@@ -228,7 +228,12 @@ def embedded(
             lines = Path(messages).read_text().splitlines()
         except OSError as exc:
             raise fail(f"cannot read {messages}: {exc}", 2) from exc
-    report = asyncio.run(run_embedded(settings, service, lines))
+    # the blobs of a run nobody asked to keep go with it, whatever ends it
+    with contextlib.ExitStack() as scratch:
+        blobs = blob_dir or Path(scratch.enter_context(
+            tempfile.TemporaryDirectory(prefix="eo-embedded-blobs-")))
+        settings, service = load("embedded", blob_dir=blobs)
+        report = asyncio.run(run_embedded(settings, service, lines))
     if output == "json":
         typer.echo(json.dumps(report.as_json(), indent=2, default=str))
     else:
