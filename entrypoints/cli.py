@@ -288,6 +288,49 @@ def inspect_command(profile: _PROFILE = None) -> None:
     print_inspection(service, found)
 
 
+@app.command(name="states")
+def states_command(
+    endpoint: Annotated[str, typer.Argument(help="the endpoint (see `eo endpoints`)")],
+    partition: Annotated[str | None, typer.Option(
+        help="this partition only (its key)")] = None,
+    limit: Annotated[int, typer.Option(
+        min=1, max=1000, help="at most this many partitions, the first by key")] = 20,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    profile: _PROFILE = None,
+) -> None:
+    """Print an endpoint's business states on PostgreSQL, read through its store (its
+    transaction records, or its stream's newest entries on the `state` strategy): the first
+    --limit partitions by key, or one --partition. Read-only. Exits 2 for an unknown
+    endpoint or option, 3 when the database cannot be read."""
+    import asyncpg
+
+    from application.errors import MalformedMessage, TransientError
+    from entrypoints.states import read_states
+
+    if output not in ("table", "json"):
+        raise typer.BadParameter("table or json", param_hint="--format")
+    settings, service = load(profile, services=True)
+    if endpoint not in service.registry:
+        raise fail(f"no endpoint {endpoint!r}; the service has {service.registry.names()}", 2)
+    try:
+        page = asyncio.run(read_states(settings, service, endpoint, limit, partition))
+    except asyncpg.UndefinedTableError as exc:
+        raise fail("reading states failed: the database has no eo_* tables: run `eo "
+                   "migrate`", 3) from exc
+    except (OSError, asyncpg.PostgresError, TransientError) as exc:
+        raise fail(f"reading states failed: {type(exc).__name__}: {exc}", 3) from exc
+    except MalformedMessage as exc:
+        raise fail(f"a state of {endpoint} does not decode as "
+                   f"{service.registry[endpoint].endpoint.state_type.__name__}: {exc}", 3
+                   ) from exc
+    if output == "json":
+        typer.echo(json.dumps(page.as_json(), indent=2))
+    else:
+        from entrypoints.report import print_states
+
+        print_states(page)
+
+
 @app.command()
 def failpoints(
     spec: Annotated[str | None, typer.Argument(help="an EO_FAILPOINTS value to check")] = None,
