@@ -5,6 +5,7 @@ fraction of a second): each command imports what it runs, and the tools (`demo`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -33,7 +34,7 @@ TOOLS: dict[str, tuple[str, str, str]] = {
               "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
     "pipeline": ("tools.pipeline.cli", "pipeline_app",
                  "The data pipeline on Spark for every endpoint: ingest into a gateway, the "
-                 "exactly-once audit, the orphan sweep (and the sample's TPC-H jobs)."),
+                 "exactly-once audit, the orphan sweep."),
     "local-services": ("tools.local_services", "local_services_app",
                        "The local profile's shared services: an S3 API that outlives one "
                        "process, the settings to export."),
@@ -207,7 +208,8 @@ def embedded(
         help="a JSON-lines file of messages, or - for standard input")] = "-",
     output: Annotated[str, typer.Option("--format", help="json or text")] = "text",
     blob_dir: Annotated[Path | None, typer.Option(
-        help="where blobs go (default: a new temporary directory)")] = None,
+        help="where blobs go, kept after the run (default: a temporary directory, removed "
+             "at the end)")] = None,
 ) -> None:
     """Run every endpoint of the service in this process on the memory adapters, feed them
     the messages (outside producers' format: one JSON object per line with queue,
@@ -219,8 +221,6 @@ def embedded(
 
     if output not in ("json", "text"):
         raise typer.BadParameter("json or text", param_hint="--format")
-    blobs = blob_dir or Path(tempfile.mkdtemp(prefix="eo-embedded-blobs-"))
-    settings, service = load("embedded", blob_dir=blobs)
     if messages == "-":
         lines = sys.stdin.read().splitlines()
     else:
@@ -228,7 +228,12 @@ def embedded(
             lines = Path(messages).read_text().splitlines()
         except OSError as exc:
             raise fail(f"cannot read {messages}: {exc}", 2) from exc
-    report = asyncio.run(run_embedded(settings, service, lines))
+    # the blobs of a run nobody asked to keep go with it, whatever ends it
+    with contextlib.ExitStack() as scratch:
+        blobs = blob_dir or Path(scratch.enter_context(
+            tempfile.TemporaryDirectory(prefix="eo-embedded-blobs-")))
+        settings, service = load("embedded", blob_dir=blobs)
+        report = asyncio.run(run_embedded(settings, service, lines))
     if output == "json":
         typer.echo(json.dumps(report.as_json(), indent=2, default=str))
     else:
@@ -281,6 +286,49 @@ def inspect_command(profile: _PROFILE = None) -> None:
     except (OSError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
         raise fail(f"inspection failed: {type(exc).__name__}: {exc}", 3) from exc
     print_inspection(service, found)
+
+
+@app.command(name="states")
+def states_command(
+    endpoint: Annotated[str, typer.Argument(help="the endpoint (see `eo endpoints`)")],
+    partition: Annotated[str | None, typer.Option(
+        help="this partition only (its key)")] = None,
+    limit: Annotated[int, typer.Option(
+        min=1, max=1000, help="at most this many partitions, the first by key")] = 20,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    profile: _PROFILE = None,
+) -> None:
+    """Print an endpoint's business states on PostgreSQL, read through its store (its
+    transaction records, or its stream's newest entries on the `state` strategy): the first
+    --limit partitions by key, or one --partition. Read-only. Exits 2 for an unknown
+    endpoint or option, 3 when the database cannot be read."""
+    import asyncpg
+
+    from application.errors import MalformedMessage, TransientError
+    from entrypoints.states import read_states
+
+    if output not in ("table", "json"):
+        raise typer.BadParameter("table or json", param_hint="--format")
+    settings, service = load(profile, services=True)
+    if endpoint not in service.registry:
+        raise fail(f"no endpoint {endpoint!r}; the service has {service.registry.names()}", 2)
+    try:
+        page = asyncio.run(read_states(settings, service, endpoint, limit, partition))
+    except asyncpg.UndefinedTableError as exc:
+        raise fail("reading states failed: the database has no eo_* tables: run `eo "
+                   "migrate`", 3) from exc
+    except (OSError, asyncpg.PostgresError, TransientError) as exc:
+        raise fail(f"reading states failed: {type(exc).__name__}: {exc}", 3) from exc
+    except MalformedMessage as exc:
+        raise fail(f"a state of {endpoint} does not decode as "
+                   f"{service.registry[endpoint].endpoint.state_type.__name__}: {exc}", 3
+                   ) from exc
+    if output == "json":
+        typer.echo(json.dumps(page.as_json(), indent=2))
+    else:
+        from entrypoints.report import print_states
+
+        print_states(page)
 
 
 @app.command()

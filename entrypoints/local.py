@@ -163,23 +163,28 @@ def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
     return HttpxRequests(client, credentials) if credentials else None
 
 
-def third_party_apis(settings: Settings, registry: Registry, client: Any
-                     ) -> ThirdPartyApis | None:
+def third_party_apis(settings: Settings, registry: Registry, client: Any,
+                     consumer: str | None = None) -> ThirdPartyApis | None:
     """The declared third-party APIs (protocol 12): those with `EO_APIS__<NAME>__URL` over
     httpx on `client`, the others on an in-process sandbox provider (the embedded and
     local profiles; production requires every URL: `resolve_service`). None when the
-    registry declares none."""
+    registry declares none. `consumer`: the endpoint this process consumes, if any; it alone
+    calls APIs (only a consumer may: `Registry`), so only its own APIs on a sandbox are
+    logged (`api.sandbox`), not in an operator's command that calls none."""
     if not registry.apis:
         return None
+    called = set(registry[consumer].apis) if consumer is not None else set()
     endpoints = {}
     routes: dict[str, ThirdPartyApis] = {}
     for api in registry.apis:
         own = settings.api(api.name)
         if own.url is None:
             routes[api.name] = SandboxApis()
-            log.warning("api.sandbox", api=api.name,
-                        reason=f"EO_APIS__{api.name.upper()}__URL is not set: calls go to an "
-                               "in-process sandbox, whose keys this process alone knows")
+            if api.name in called:
+                log.warning("api.sandbox", api=api.name, endpoint=consumer,
+                            reason=f"EO_APIS__{api.name.upper()}__URL is not set: calls go to "
+                                   "an in-process sandbox, whose keys this process alone "
+                                   "knows")
         else:
             endpoints[api.name] = ApiEndpoint(
                 own.url, own.token.get_secret_value() if own.token else None,
@@ -241,7 +246,10 @@ class LocalContainer(containers.DeclarativeContainer):
     blobs = providers.Resource(blob_resource, settings, registry)
     http_client = providers.Resource(http_client_resource, settings.provided.http_timeout_s)
     http = providers.Callable(http_requests, settings, http_client)
-    apis = providers.Singleton(third_party_apis, settings, registry, http_client)
+    #: the endpoint whose consumer this process runs (None: a callee, an operator's
+    #: command): the one that calls third-party APIs
+    consumer = providers.Object[str | None](None)
+    apis = providers.Singleton(third_party_apis, settings, registry, http_client, consumer)
     system = providers.Singleton(
         local_system, service=service, settings=settings, pools=pools, clock=clock,
         events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http,

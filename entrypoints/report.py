@@ -1,4 +1,5 @@
-"""What `eo embedded`, `eo endpoints` and `eo inspect` print for people (rich tables)."""
+"""What `eo embedded`, `eo endpoints`, `eo inspect` and `eo states` print for people (rich
+tables)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,24 @@ from rich.table import Table
 from application.dead_letters import ActionResult
 from application.records import DeadLetter
 from application.registry import Role
+from application.strategy import Strategy
 from entrypoints.operations import Inspection
 from entrypoints.run_embedded import EmbeddedReport
 from entrypoints.settings import Service
+from entrypoints.states import StatesPage
 
 console = Console(highlight=False)
 
 
 def print_endpoints(service: Service) -> None:
-    """The registry as a table: name, role, strategy, the queues it declares, what it uses."""
+    """The registry as a table: name, role, strategy, the queues it declares, what it uses
+    (blobs, the callees and the third-party APIs it calls, a callee's stored requests)."""
     registry = service.registry
     table = Table("endpoint", "role", "strategy", "queues", "uses",
                   title=f"service {registry.service}")
     for r in registry:
-        uses = [*(["blobs"] if r.blobs else []), *(f"calls {c}" for c in r.callees)]
+        uses = [*(["blobs"] if r.blobs else []), *(f"calls {c}" for c in r.callees),
+                *(f"calls API {a}" for a in r.apis)]
         if r.role is Role.CALLEE:
             uses.append(f"stored requests: {r.stored_request}")
         table.add_row(r.name, str(r.role), str(service.strategy(r.name)),
@@ -55,6 +60,20 @@ def print_inspection(service: Service, found: Inspection) -> None:
                       "-" if name not in found.dead_letters else
                       "no queue" if dlq is None else str(dlq),
                       ", ".join(f"{n} {s}" for s, n in sorted(kept.items())) or "0")
+    console.print(table)
+
+
+def print_states(page: StatesPage) -> None:
+    """`eo states`' table: one row per partition, its state as compact JSON."""
+    where = "its stream's newest entries" if page.strategy is Strategy.STATE else \
+        "its transaction records"
+    shown = len(page.states)
+    title = (f"{page.endpoint}: the first {shown} partitions by key (more: --limit, "
+             "--partition)" if page.more else
+             f"{page.endpoint}: {shown} partition{'' if shown == 1 else 's'}")
+    table = Table("partition", "state", title=f"{title}; from {where}")
+    for partition, state in page.as_json()["states"].items():
+        table.add_row(partition, _compact(state, 400))
     console.print(table)
 
 

@@ -124,7 +124,7 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         except OSError as exc:
             raise SettingsError(f"invalid setting {exc}") from exc
     deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
-    container = await started_container(settings, service, endpoint, deadline)
+    container = await started_container(settings, service, endpoint, deadline, consumer=True)
     lost: BrokerUnavailable | None = None
     # the stops' tasks, held: the event loop keeps only weak references to tasks, and one
     # suspended on a future nothing else holds (a channel the broker closed) would be

@@ -151,16 +151,19 @@ async def _init_resources(container: LocalContainer) -> None:
         raise
 
 
-async def started_container(settings: Settings, service: Service, name: str, deadline: float
-                     ) -> LocalContainer:
+async def started_container(settings: Settings, service: Service, name: str, deadline: float,
+                            consumer: bool = False) -> LocalContainer:
     """Process `name`'s composition root, its resources started: `preflight`, then the
     pools, the broker connection, the blob store and the HTTP client, waiting until
-    `deadline` (the event loop's clock) for a server that is away. Raises as `preflight`."""
+    `deadline` (the event loop's clock) for a server that is away. `consumer`: the process
+    consumes endpoint `name` (`LocalContainer.consumer`). Raises as `preflight`."""
     configure_logging(settings.log_level)
     await preflight(settings, deadline=deadline)
     container = LocalContainer(settings=settings, service=service)
     container.connection_name.override(f"eo {name} pid {os.getpid()}")
     container.process_name.override(name)
+    if consumer:
+        container.consumer.override(name)
     await waiting_for("the PostgreSQL pools and the RabbitMQ connection",
                        partial(_init_resources, container), deadline, endpoint=name)
     return container

@@ -185,14 +185,17 @@ async def _init(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, min_size: int = 1, max_size: int = 10,
-                      max_queries: int = 50_000) -> asyncpg.Pool:
+                      max_queries: int = 50_000, read_only: bool = False) -> asyncpg.Pool:
     """A pool whose connections encode and decode `jsonb` as JSON, each replaced by a new
-    one after `max_queries` queries (asyncpg's default). Raises `TransientError` when the
-    server does not answer (the DSN is never put in the message)."""
+    one after `max_queries` queries (asyncpg's default); with `read_only`, every transaction
+    of theirs is read-only (the server refuses a write: an operator's reading command).
+    Raises `TransientError` when the server does not answer (the DSN is never put in the
+    message)."""
+    server = {"default_transaction_read_only": "on"} if read_only else None
     async with translated():
         pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init,
                                          reset=_keep_session, command_timeout=30,
-                                         max_queries=max_queries)
+                                         max_queries=max_queries, server_settings=server)
     if pool is None:  # create_pool returns None only when awaited oddly; keep mypy honest
         raise TransientError("PostgreSQL pool could not be created")
     return pool

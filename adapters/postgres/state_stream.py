@@ -123,12 +123,23 @@ class PostgresStateStream(StateStream):
         async with translated():
             return int(await db(self.pool).fetchval(TRUNCATE, self.endpoint, before))
 
-    async def states(self) -> dict[str, Any]:
-        """The newest state of every partition (oracles, audits)."""
+    async def states(self, limit: int | None = None, partition: str | None = None
+                     ) -> dict[str, Any]:
+        """The newest state of every partition (oracles, audits), in key order; with `limit`,
+        of the first `limit` partitions (`eo states`); with `partition`, of that one only
+        (nothing when it has no entry)."""
+        query = "SELECT DISTINCT ON (partition_key) partition_key, state FROM eo_state_entry " \
+                "WHERE endpoint = $1"
+        args: list[Any] = [self.endpoint]
+        if partition is not None:
+            args.append(partition)
+            query += f" AND partition_key = ${len(args)}"
+        query += " ORDER BY partition_key, version DESC"
+        if limit is not None:
+            args.append(limit)
+            query += f" LIMIT ${len(args)}"
         async with translated():
-            rows = await db(self.pool).fetch(
-                """SELECT DISTINCT ON (partition_key) partition_key, state FROM eo_state_entry
-                    WHERE endpoint = $1 ORDER BY partition_key, version DESC""", self.endpoint)
+            rows = await db(self.pool).fetch(query, *args)
         return {r["partition_key"]: from_jsonable(self.state_type, r["state"]) for r in rows}
 
     async def entry_count(self) -> int:

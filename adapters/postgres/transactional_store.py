@@ -354,12 +354,22 @@ class PostgresTransactionalStore(TransactionalStore):
         async with translated():
             return int(await db(self.pool).fetchval(sql.CLEANUP_COUNT, self.endpoint))
 
-    async def states(self) -> dict[str, Any]:
-        """Every partition's business state (oracles, audits, the demo's report)."""
+    async def states(self, limit: int | None = None, partition: str | None = None
+                     ) -> dict[str, Any]:
+        """Every partition's business state (oracles, audits, the demo's report); with
+        `limit`, the first `limit` partitions in key order (`eo states`); with `partition`,
+        that one only (nothing when it has no state)."""
+        query = ("SELECT partition_key, state FROM eo_transaction_record "
+                 "WHERE endpoint = $1 AND state IS NOT NULL")
+        args: list[Any] = [self.endpoint]
+        if partition is not None:
+            args.append(partition)
+            query += f" AND partition_key = ${len(args)}"
+        if limit is not None:
+            args.append(limit)
+            query += f" ORDER BY partition_key LIMIT ${len(args)}"
         async with translated():
-            rows = await db(self.pool).fetch(
-                "SELECT partition_key, state FROM eo_transaction_record "
-                "WHERE endpoint = $1 AND state IS NOT NULL", self.endpoint)
+            rows = await db(self.pool).fetch(query, *args)
         return {r["partition_key"]: from_jsonable(self.state_type, r["state"]) for r in rows}
 
     async def seed_states(self, states: dict[str, Any]) -> None:

@@ -10,6 +10,14 @@ again, or retrying after a lost confirm, sends the same message, which the gatew
 copy. aio-pika (through aiormq) gives a message published without an ID a random one: every
 retry of such a producer would be processed again, so this example refuses to send without.
 
+A gateway's message IDs must be UUIDs (`6f1c2a4e-0000-4000-8000-000000000001`): the
+service's deduplication keys are UUID columns. A message whose ID is not one (`order-1`) is
+never processed: the gateway dead-letters it at once with the reason "message_id 'order-1'
+is not a UUID" (`eo dead-letters list`), and it cannot be replayed, since its ID is the
+fault: discard it, and publish the message again under a UUID. So this example refuses a
+given ID that is not a UUID, before it connects; a business key of any form goes to `--key`,
+which derives a UUID from it.
+
 The message carries `user_id` = the URL's user: RabbitMQ checks it against the user that
 publishes, and a gateway scopes deduplication to it (one producer cannot squat another's IDs;
 production requires it). With `--inbound`, to the gateway's exchange `<QUEUE>.in` (the only
@@ -47,22 +55,33 @@ async def publish(url: str, queue: str, type_: str, body: dict, message_id: str,
             routing_key=queue, mandatory=True)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
     parser.add_argument("queue")
     parser.add_argument("type")
     parser.add_argument("body", type=json.loads)
-    parser.add_argument("message_id", nargs="?")
-    parser.add_argument("--key", help="derive the message ID from this business key")
+    parser.add_argument("message_id", nargs="?", help="a UUID")
+    parser.add_argument("--key", help="derive the message ID (a UUID) from this business key")
     parser.add_argument("--namespace", default="https://producer.example/eo",
                         help="the producer's own namespace for derived IDs")
     parser.add_argument("--inbound", action="store_true")
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if (options.message_id is None) == (options.key is None):
         parser.error("give the message ID, or --key to derive it from the business key "
                      "(never a random one: a retry would be a new message)")
-    message_id = options.message_id or natural_id(options.namespace, options.type,
-                                                   options.key)
+    if options.message_id is not None:
+        try:  # the gateway dead-letters any other ID unprocessed: refuse it here instead
+            message_id = str(uuid.UUID(options.message_id))
+        except ValueError:
+            parser.error(f"message ID {options.message_id!r} is not a UUID: the gateway would "
+                         "dead-letter it unprocessed; give a UUID, or the business key with "
+                         "--key to derive one")
+    else:
+        message_id = natural_id(options.namespace, options.type, options.key)
     asyncio.run(publish(options.url, options.queue, options.type, options.body, message_id,
                         options.inbound))
+
+
+if __name__ == "__main__":
+    main()

@@ -209,6 +209,10 @@ def test_the_audit_finds_the_protocols_problems_for_any_service_and_the_sweep_it
     assert summary["counts"] == {"orphans": 1, "missing_objects": 1, "stale_tokens": 1,
                                  "dead_letter_tokens": 1, "stale_transactions": 1}
     found = tmp_path / "found"
+    report = (found / "report.md").read_text()  # the framework's words, not the sample's
+    assert ("| missing_objects | 1 | artifact keys named by committed states with no object "
+            "in the bucket |") in report
+    assert "invoice" not in report
     assert [r["key"] for r in read_rows(found / "orphans")] == [orphan]
     assert [(r["key"], r["endpoint"], r["partition_key"])
             for r in read_rows(found / "missing_objects")] == [(lost, "counter", "c2")]

@@ -1,6 +1,7 @@
 """Protocol 11's wiring: the registry's declarations and checks, the settings that name an
-API's URL, credential and window, and the httpx adapter's request (key, credential, base URL
-fixed by settings, `Retry-After`)."""
+API's URL, credential and window, the sandbox announced by the processes that call an API
+only, and the httpx adapter's request (key, credential, base URL fixed by settings,
+`Retry-After`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from adapters.http.apis import ApiEndpoint, HttpxApis, retry_after_s
 from application.errors import PermanentError, TransientError
 from application.registry import Registration, Registry, RegistryError, ThirdPartyApi
 from application.strategy import Strategy
+from entrypoints.local import LocalContainer, provided, shutdown_resources
 from entrypoints.settings import SettingsError, load_settings, resolve_service
 from entrypoints.system import api_policies
 from tests.support.shipping import SHIPPING
@@ -54,6 +57,26 @@ def test_an_unknown_api_or_a_production_api_without_https_stops_start_up_naming_
             resolve_service(load_settings(**production, apis=apis), REGISTRY)
     resolve_service(load_settings(**production, apis={"carrier": {
         "url": "https://carrier.example", "token": "secret"}}), REGISTRY)
+
+
+@pytest.mark.parametrize(("consumer", "announced"), [
+    (None, []),                                      # eo inspect, eo dead-letters, eo operator
+    ("shipping", [{"api": "carrier", "endpoint": "shipping"}]),  # eo consume of its caller
+])
+async def test_only_the_consumer_that_calls_an_api_warns_of_its_sandbox(
+        consumer: str | None, announced: list[dict[str, str]]) -> None:
+    settings = load_settings(profile="local")          # no EO_APIS__CARRIER__URL: a sandbox
+    container = LocalContainer(settings=settings, service=resolve_service(settings, REGISTRY))
+    if consumer is not None:
+        container.consumer.override(consumer)         # as `started_container` does for it
+    try:
+        with capture_logs() as logs:
+            apis = await provided(container.apis)
+    finally:
+        await shutdown_resources(container)
+    assert set(getattr(apis, "routes", {})) == {"carrier"}   # the sandbox is there either way
+    assert [{k: e.get(k) for k in ("api", "endpoint")} for e in logs
+            if e["event"] == "api.sandbox"] == announced
 
 
 async def test_a_request_carries_its_key_and_credential_to_the_configured_base_only() -> None:

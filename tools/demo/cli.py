@@ -7,6 +7,7 @@ import asyncio
 import random
 import tempfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
@@ -77,6 +78,12 @@ def demo(
     keep_database: Annotated[bool, typer.Option(
         help="local: keep the run's database (named in the report) for a look or the "
              "pipeline's audit; by default it is dropped at the end")] = False,
+    blob_dir: Annotated[Path | None, typer.Option(
+        help="embedded: where the invoices go, kept after the run (default: a temporary "
+             "directory, removed at the end)")] = None,
+    log_dir: Annotated[Path | None, typer.Option(
+        help="local: where the processes' JSON logs go, kept after the run (default: a "
+             "temporary directory, removed at the end)")] = None,
 ) -> None:
     """Run the sample end to end with duplicates and out-of-order delivery, check the oracle.
 
@@ -89,37 +96,54 @@ def demo(
     base, _ = _load()
     strategies = {name: str(value) for name, value in base.strategies.items()}
     strategies.update(_strategies(strategy))
-    blob_dir = Path(tempfile.mkdtemp(prefix="eo-demo-blobs-"))
-    settings, service = _load(strategies=strategies, blob_dir=blob_dir)
-    with console.status(f"generating TPC-H sf={sf} with DuckDB"):
-        sample = generate(sf)
-    ingest_dir = feed = None
-    if ingest == "spark":
-        from tools.demo.spark_ingest import export_input
+    # what nobody asked to keep (--blob-dir, --log-dir) goes with the run, however it ends
+    with ExitStack() as scratch:
+        def temporary(kind: str) -> Path:
+            return Path(scratch.enter_context(
+                tempfile.TemporaryDirectory(prefix=f"eo-demo-{kind}-")))
 
-        with console.status(f"exporting TPC-H sf={sf} for the Spark ingest"):
-            ingest_dir = export_input(sf)
-        if profile == "embedded":  # no PostgreSQL: Spark's commands go to the memory inbox
-            with console.status("deriving the commands with Spark"):
-                feed = _spark_commands(settings, ingest_dir)
-    with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        bar = progress.add_task("orders", total=len(sample.expected))
+        settings, service = _load(strategies=strategies,
+                                  blob_dir=blob_dir or temporary("blobs"))
+        with console.status(f"generating TPC-H sf={sf} with DuckDB"):
+            sample = generate(sf)
+        ingest_dir = feed = None
+        if ingest == "spark":
+            from tools.demo.spark_ingest import export_input
 
-        def advance(done: int) -> None:
-            progress.update(bar, completed=done)
+            with console.status(f"exporting TPC-H sf={sf} for the Spark ingest"):
+                ingest_dir = export_input(sf, temporary("tpch"))
+            if profile == "embedded":  # no PostgreSQL: Spark's commands go to the memory inbox
+                with console.status("deriving the commands with Spark"):
+                    feed = _spark_commands(settings, ingest_dir)
+        with Progress(TextColumn("orders settled"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            bar = progress.add_task("orders", total=len(sample.expected))
 
-        if profile == "local":
-            report = _local_demo(settings, service, sample, consumers, duplicates, seed,
-                                 advance, ingest_dir, keep_database)
-        else:
-            report = _embedded_demo(settings, service, sample, consumers, duplicates, seed,
-                                    log_file, advance, feed)
+            def advance(done: int) -> None:
+                progress.update(bar, completed=done)
+
+            if profile == "local":
+                if log_dir is not None:
+                    log_dir.mkdir(parents=True, exist_ok=True)
+                    console.print(f"the processes' logs: {log_dir}")
+                report = _local_demo(settings, service, sample, consumers, duplicates, seed,
+                                     advance, log_dir or temporary("logs"), ingest_dir,
+                                     keep_database)
+            else:
+                report = _embedded_demo(settings, service, sample, consumers, duplicates,
+                                        seed, log_file, advance, feed)
     workers = (f"1 gateway, {max(consumers, 2)} orders and 1 ledger process"
                if profile == "local" else f"{consumers} consumers per endpoint")
     shown = {name: str(value) for name, value in service.strategies.items()}
     _print_report(report, sf, workers, shown)
+    if blob_dir is not None and profile == "embedded":
+        console.print(f"invoices kept in {blob_dir}")
+    if log_dir is not None and profile == "local":
+        console.print(f"the processes' logs kept in {log_dir}")
     if not report.ok:
+        if log_dir is None and profile == "local":
+            console.print("the processes' logs were removed with the run: --log-dir DIR "
+                          "keeps them")
         raise typer.Exit(1)
 
 
@@ -151,13 +175,11 @@ def _embedded_demo(settings: ToolSettings, service: Service, sample: TpchSample,
 
 
 def _local_demo(settings: ToolSettings, service: Service, sample: TpchSample, consumers: int,
-                duplicates: float, seed: int, advance: Callable[[int], None],
+                duplicates: float, seed: int, advance: Callable[[int], None], log_dir: Path,
                 ingest_dir: Path | None = None, keep_database: bool = False) -> DemoReport:
     local_base, _ = _load(profile="local")
     local = demo_settings(local_base, settings.blob_dir)
     local = local.model_copy(update={"strategies": settings.strategies})
-    log_dir = Path(tempfile.mkdtemp(prefix="eo-demo-logs-"))
-    console.print(f"consumer logs: {log_dir}")
     try:
         return asyncio.run(run_local_demo(local, service, sample, max(consumers, 2),
                                           duplicates, seed, log_dir, advance,

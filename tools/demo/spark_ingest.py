@@ -3,7 +3,6 @@ ingest`) through the gateway's inbox instead of being published to the gateway's
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -19,10 +18,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def export_input(sf: float) -> Path:
-    """TPC-H `orders`, `lineitem` and `customer` at scale factor `sf` as Parquet in a new
-    temporary directory (the ingest's input); returns the directory."""
-    directory = Path(tempfile.mkdtemp(prefix="eo-demo-tpch-"))
+def export_input(sf: float, directory: Path) -> Path:
+    """TPC-H `orders`, `lineitem` and `customer` at scale factor `sf` as Parquet in
+    `directory` (the ingest's input: the caller removes it); returns the directory."""
     export_tables(sf, directory)
     return directory
 

@@ -44,6 +44,19 @@ if TYPE_CHECKING:
 
 FINDINGS = ("orphans", "missing_objects", "stale_tokens", "dead_letter_tokens",
             "stale_transactions")
+#: What a row of each of the protocol's findings means, in the terms the framework knows
+#: for any service (artifact keys, states, tokens, records), for the report's reader.
+MEANINGS = {
+    "orphans": "objects under the service's artifact prefixes that no committed state, "
+               "side-effect record or deferred clean-up names, older than the threshold",
+    "missing_objects": "artifact keys named by committed states with no object in the bucket",
+    "stale_tokens": "tokens older than the threshold that no dead letter keeps (messages "
+                    "neither consumed nor dead-lettered)",
+    "dead_letter_tokens": "tokens kept by dead letters waiting for an operator (replay or "
+                          "discard)",
+    "stale_transactions": "committed-but-unfinished transaction records older than the "
+                          "threshold",
+}
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,8 @@ class AuditResult:
     files: dict[str, Path] = field(default_factory=dict)
     #: the prefixes orphans were looked for under (declared, or derived from the keys named)
     prefixes: tuple[str, ...] = ()
+    #: what each finding's rows mean (`Finding.meaning`), for the report
+    meanings: dict[str, str] = field(default_factory=dict)
 
     @property
     def violations(self) -> int:
@@ -228,12 +243,14 @@ class DomainAudit(Protocol):
 
 @dataclass(frozen=True)
 class Finding:
-    """One finding to write: its offending rows, the stage label, and the rows the stage
-    went through (given the finding's count; 0: not counted)."""
+    """One finding to write: its offending rows, the stage label, the rows the stage went
+    through (given the finding's count; 0: not counted), and what an offending row means,
+    for the report's reader (in the words of whoever adds the finding)."""
 
     frame: DataFrame
     label: str
     rows: Callable[[int], int] = lambda _n: 0
+    meaning: str = ""
 
 
 @dataclass(frozen=True)
@@ -384,18 +401,20 @@ def run_audit(
         f"WHERE message_id IS NOT NULL AND committed_at < {stamp}")
     findings.update({
         "orphans": Finding(orphan_objects(listing, every_named, cutoff, prefixes),
-                           "find orphan objects", lambda _n: objects),
+                           "find orphan objects", lambda _n: objects, MEANINGS["orphans"]),
         "missing_objects": Finding(
             missing_objects(named, listing) if named is not None else listing.limit(0).select(
                 "key", F.lit(None).cast("string").alias("endpoint"),
                 F.lit(None).cast("string").alias("partition_key")),
-            "find missing objects"),
+            "find missing objects", meaning=MEANINGS["missing_objects"]),
         "stale_tokens": Finding(tokens.join(waiting.select(*kept), kept, "left_anti"),
-                                "find stale tokens (JDBC)"),
+                                "find stale tokens (JDBC)", meaning=MEANINGS["stale_tokens"]),
         "dead_letter_tokens": Finding(tokens.join(waiting, kept, "left_semi"),
-                                      "find tokens of dead letters (JDBC)"),
+                                      "find tokens of dead letters (JDBC)",
+                                      meaning=MEANINGS["dead_letter_tokens"]),
         "stale_transactions": Finding(unfinished,
-                                      "find unfinished transaction records (JDBC)"),
+                                      "find unfinished transaction records (JDBC)",
+                                      meaning=MEANINGS["stale_transactions"]),
     })
     counts: dict[str, int] = {}
     files: dict[str, Path] = {}
@@ -416,7 +435,7 @@ def run_audit(
     if domain is not None:
         domain.finished()
     return AuditResult(counts, dict(dead_letters or {}), clock.stages, samples, output, cutoff,
-                       files, prefixes)
+                       files, prefixes, {n: f.meaning for n, f in findings.items()})
 
 
 def write_summary(result: AuditResult) -> Path:

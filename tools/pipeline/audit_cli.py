@@ -8,6 +8,8 @@ Exit codes: 0 clean (audit) or done; 1 the audit found violations; 2 bad input o
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -110,21 +112,34 @@ def pipeline_service(settings: ToolSettings) -> Service:
         raise fail(str(exc), 2) from exc
 
 
-def _domain(spec: str | None, input_dir: Path | None) -> DomainAudit | None:
-    """The domain check `spec` (module:name, called with `input_dir`); without `spec`, the
-    sample's TPC-H oracle when there is an `input_dir` and a sample. Exits 2 naming the
-    option when it cannot be loaded."""
-    import importlib
+#: The domain check `--input` runs without `--domain` where its module is installed (the
+#: sample's TPC-H oracle, while the service keeps the sample): a module path resolved with
+#: importlib, so the framework's tools import no sample (pyproject.toml's contracts) and a
+#: service without it never meets its name.
+INSTALLED_DOMAIN = "tools.tpch.audit:TpchAudit"
 
+
+def default_domain() -> str | None:
+    """`INSTALLED_DOMAIN` when its module is installed, else None (`--input` then needs
+    `--domain`)."""
+    try:
+        found = importlib.util.find_spec(INSTALLED_DOMAIN.partition(":")[0]) is not None
+    except ImportError:  # its package is absent
+        found = False
+    return INSTALLED_DOMAIN if found else None
+
+
+def _domain(spec: str | None, input_dir: Path | None) -> DomainAudit | None:
+    """The domain check `spec` (module:name, called with `input_dir`); without `spec`,
+    `default_domain()` when there is an `input_dir`. Exits 2 naming the option when it
+    cannot be loaded."""
     if spec is None:
         if input_dir is None:
             return None
-        spec = "tools.tpch.audit:TpchAudit"
-        try:
-            importlib.import_module("tools.tpch.audit")
-        except ImportError as exc:
-            raise fail(f"--input {input_dir}: the input of a domain check; name the check "
-                        "with --domain module:name (this service has no sample)", 2) from exc
+        spec = default_domain()
+        if spec is None:
+            raise fail(f"--input {input_dir}: the input of a domain check, and none is "
+                        "named: add --domain module:name (a DomainAudit factory)", 2)
     module_name, _, name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), name)
@@ -171,16 +186,18 @@ def progress_bar(console: Console) -> Progress:
                     console=console, transient=True)
 
 
+_DOMAIN_HELP = ("module:name of your domain check (a DomainAudit factory, called with "
+                "--input; tools/pipeline/audit.py)"
+                + (f"; default with --input: {d}" if (d := default_domain()) else ""))
+
+
 def audit_command(
     output: Annotated[Path, typer.Option(
         help="directory for the findings (Parquet), summary.json, report.md, counts.png")],
     input_dir: Annotated[Path | None, typer.Option(
-        "--input", help="the domain check's input (the sample's: the TPC-H tables `eo "
-                        "pipeline export-tpch` writes)")] = None,
-    domain: Annotated[str | None, typer.Option(
-        help="module:name of your domain check (a DomainAudit factory, called with --input; "
-             "tools/pipeline/audit.py); default: the sample's TPC-H oracle with --input")
-    ] = None,
+        "--input", help="the domain check's input: what its factory is called with (a "
+                        "directory of the data its expectations are computed from)")] = None,
+    domain: Annotated[str | None, typer.Option(help=_DOMAIN_HELP)] = None,
     older_than: Annotated[float | None, typer.Option(
         "--older-than", min=0, help="seconds: orphans, tokens and unfinished transaction "
                                     "records count when older (default EO_AUDIT_OLDER_THAN_S)")
@@ -200,7 +217,7 @@ def audit_command(
 ) -> None:
     """Audit exactly-once at rest, for every endpoint of the service: stale tokens, tokens
     of dead letters, unfinished transaction records, orphan and missing objects, dead
-    letters; plus your domain check (--domain; the sample's TPC-H oracle with --input).
+    letters; plus your domain check (--domain, on its --input).
     Exits 1 on any violation, 2 on bad input or settings, 3 when Spark fails."""
     from tools.pipeline.audit import audit_config, run_audit, write_summary
     from tools.pipeline.listing import ListingError, S3Location, list_bucket, read_inventory
@@ -260,7 +277,7 @@ def audit_command(
     summary = write_summary(result)
     _annotate(summary, service=service.registry.service, bucket=settings.bucket(),
               inventory=str(inventory or ""), input=str(input_dir or ""),
-              domain=domain or ("tools.tpch.audit:TpchAudit" if check is not None else ""),
+              domain=domain or (check is not None and default_domain()) or "",
               database=redacted_dsn(settings.database()))
     report = write_report(result)
     table = Table("finding", "rows",

@@ -1,5 +1,7 @@
-"""The audit's report for people: `report.md` with the counts, a bar chart of them
-(`counts.png`, matplotlib's Agg backend, no display needed) and the first offending rows."""
+"""The audit's report for people: `report.md` with the counts and what each finding means
+(`Finding.meaning`: the protocol's in the framework's terms, a domain check's in its own), a
+bar chart of them (`counts.png`, matplotlib's Agg backend, no display needed) and the first
+offending rows."""
 
 from __future__ import annotations
 
@@ -7,23 +9,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tools.pipeline.audit import AuditResult
+from tools.pipeline.audit import MEANINGS, AuditResult
 
 CENT = Decimal("0.01")
-#: What each finding means, for the reader of the report.
-MEANING = {
-    "orders": "order states that differ from the oracle (line missing, doubled or unexpected, "
-              "wrong total, not settled)",
-    "outcomes": "orders the ledger recorded other than exactly once, or against the order's "
-                "status",
-    "customers": "customers whose payments debits, confirmed totals and ledger revenue "
-                 "disagree, or over the credit limit",
-    "orphans": "objects in the bucket no committed record names, older than the threshold",
-    "missing_objects": "invoice keys of committed order states with no object in the bucket",
-    "stale_tokens": "tokens older than the threshold (messages not consumed)",
-    "stale_transactions": "committed-but-unfinished transaction records older than the "
-                          "threshold",
-}
 
 
 def chart(result: AuditResult, path: Path) -> Path:
@@ -76,7 +64,8 @@ def markdown(result: AuditResult, chart_name: str = "counts.png") -> str:
              f"{result.cutoff.isoformat()} count.", "",
              "| finding | rows | meaning | Parquet |", "|---|---:|---|---|"]
     for name, count in result.counts.items():
-        lines.append(f"| {name} | {count:,} | {MEANING.get(name, '')} | `{name}/` |")
+        meaning = result.meanings.get(name) or MEANINGS.get(name, "")
+        lines.append(f"| {name} | {count:,} | {meaning} | `{name}/` |")
     for endpoint, depth in result.dead_letters.items():
         shown = "no queue" if depth is None else f"{depth:,}"
         lines.append(f"| dead letters: {endpoint} | {shown} | messages in `{endpoint}.dlq` | |")

@@ -358,11 +358,18 @@ class TpchAudit:
         clock.run("read ledger states (JDBC)", ledgers.count)
         return {
             "orders": Finding(order_findings(orders, tables.lineitem),
-                              "compare order states with the oracle", lambda _n: lines),
+                              "compare order states with the oracle", lambda _n: lines,
+                              "order states that differ from the oracle (line missing, "
+                              "doubled or unexpected, wrong total, not settled)"),
             "outcomes": Finding(outcome_findings(orders, expected, ledgers),
-                                "count confirmations and rejections"),
+                                "count confirmations and rejections",
+                                meaning="orders the ledger recorded other than exactly once, "
+                                        "or against the order's status"),
             "customers": Finding(customer_findings(tables, orders, ledgers, accounts),
-                                 "reconcile payments, confirmations and ledger"),
+                                 "reconcile payments, confirmations and ledger",
+                                 meaning="customers whose payments debits, confirmed totals "
+                                         "and ledger revenue disagree, or over the credit "
+                                         "limit"),
         }
 
     def finished(self) -> None:

@@ -283,6 +283,8 @@ def test_each_injected_violation_is_reported_and_exits_1(injected: Scenario,
     report = (out / "report.md").read_text()
     assert "**FAIL**: 10 violation(s)" in report
     assert "![violation counts](counts.png)" in report
+    assert "order states that differ from the oracle" in report  # the sample's own words
+    assert "artifact keys named by committed states" in report   # the framework's
     assert marks["orphan"] in report
     assert (out / "counts.png").read_bytes().startswith(b"\x89PNG")
 

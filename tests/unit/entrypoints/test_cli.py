@@ -7,14 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from entrypoints import cli
+from entrypoints import cli, run_embedded
+from entrypoints.settings import Settings
 from tests.support.counters.registry import SPEC
+from tests.support.shipping_service import SPEC as SHIPPING_SPEC
 
 ROOT = Path(__file__).resolve().parents[3]
 NAMES = ["front", "counter", "audit", "bank"]
@@ -46,6 +49,15 @@ def test_endpoints_lists_the_services_endpoints_with_role_strategy_and_queues() 
     assert rows["front"][:3] == ["gateway", "outbox", "front, counter"]
     assert rows["counter"] == ["consumer", "token", "counter, audit", "blobs, calls bank"]
     assert rows["bank"] == ["callee", "token", "-", "stored requests: Withdraw"]
+
+
+def test_endpoints_lists_the_third_party_apis_an_endpoint_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EO_SERVICE", SHIPPING_SPEC)
+    code, output = _eo("endpoints")
+    assert code == 0, output
+    (shipping,) = [line for line in output.splitlines() if line.startswith("│ shipping ")]
+    assert shipping.split("│")[5].strip() == "calls API carrier"
 
 
 def test_endpoints_applies_eo_strategies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,6 +119,40 @@ def test_embedded_exits_1_when_a_message_is_dead_lettered_or_rejected(tmp_path: 
     report = json.loads(output)
     assert report["dead_letters"]["front"][0]["reason"] == "message_id 'abc' is not a UUID"
     assert report["input"]["rejected"][0]["line"] == 2
+
+
+@pytest.fixture
+def temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The directory `tempfile` makes temporary directories in, empty, for this test."""
+    directory = tmp_path / "tmp"
+    directory.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    return directory
+
+
+def test_embedded_removes_its_temporary_blobs_and_keeps_those_of_blob_dir(
+        tmp_path: Path, temporary: Path) -> None:
+    messages = _lines(tmp_path / "in.jsonl", _add(1, 1), _add(2, 2))
+    code, output = _eo("embedded", str(messages), "--format", "json")
+    assert code == 0, output
+    assert len(json.loads(output)["blobs"]) == 2
+    assert list(temporary.iterdir()) == []          # no eo-embedded-blobs-* left
+    code, output = _eo("embedded", str(messages), "--blob-dir", str(tmp_path / "kept"))
+    assert code == 0, output
+    assert len(list((tmp_path / "kept" / "receipts").iterdir())) == 2
+    assert list(temporary.iterdir()) == []
+
+
+def test_embedded_removes_its_temporary_blobs_when_the_run_fails(
+        tmp_path: Path, temporary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(settings: Settings, *_args: object) -> None:
+        (settings.blob_dir / "half-written").write_bytes(b"x")
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(run_embedded, "run_embedded", broken)
+    code, _ = _eo("embedded", str(_lines(tmp_path / "in.jsonl", _add(1, 1))))
+    assert code == 1
+    assert list(temporary.iterdir()) == []
 
 
 def test_embedded_refuses_an_unknown_format_and_a_missing_file(tmp_path: Path) -> None:
