@@ -29,6 +29,16 @@ _BATCH_INTERLEAVINGS = "tests/unit/application/test_batch_interleavings.py"
 _CLAIM_CHECK = "tests/unit/application/test_colocated_claim_check.py"
 _API = "tests/unit/application/test_third_party_api.py"
 _FENCE_CAMPAIGN = "tests/template/test_fence_on_the_fixture.py"
+_SAMPLE_CAMPAIGN = "tests/sample/chaos/test_campaign.py"
+#: Where each half of finish's fence is written (the fence campaigns' mutations remove it).
+_ATTEMPT_GUARD = ("application/finisher.py",
+                  """            if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
+                return False""", """            if False:
+                return False""")
+_COMPARE_AND_CLEAR = ("adapters/postgres/sql.py",
+                      """   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
+  RETURNING 1)\"\"\"""", """   WHERE endpoint = $1 AND partition_key = $2 AND $3::bigint IS NOT NULL
+  RETURNING 1)\"\"\"""")
 
 
 @dataclass(frozen=True)
@@ -614,11 +624,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="fence-campaign-sees-finish-without-the-attempt-guard",
         guard="eo chaos (tools/chaos/fence.py): the fence scenario of the attempt guard "
               "reports a finish without it, on real processes",
-        file="application/finisher.py",
-        before="""            if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
-                return False""",
-        after="""            if False:
-                return False""",
+        file=_ATTEMPT_GUARD[0], before=_ATTEMPT_GUARD[1], after=_ATTEMPT_GUARD[2],
         killers=(f"{_FENCE_CAMPAIGN}::test_the_fence_scenarios_find_no_violation_on_the_"
                  "fixture_service",),
         invariants=("I1",)),
@@ -626,12 +632,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="fence-campaign-sees-clear-without-compare",
         guard="eo chaos (tools/chaos/fence.py): the fence scenario of the compare-and-clear "
               "reports PostgreSQL's clear without its compare, on real processes",
-        file="adapters/postgres/sql.py",
-        before="""   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
-  RETURNING 1)\"\"\"""",
-        after="""   WHERE endpoint = $1 AND partition_key = $2 AND $3::bigint IS NOT NULL
-  RETURNING 1)\"\"\"""",
+        file=_COMPARE_AND_CLEAR[0], before=_COMPARE_AND_CLEAR[1], after=_COMPARE_AND_CLEAR[2],
         killers=(f"{_FENCE_CAMPAIGN}::test_the_fence_scenarios_find_no_violation_on_the_"
                  "fixture_service",),
+        invariants=("I1",)),
+    Mutation(
+        name="fence-campaign-on-the-sample-sees-finish-without-the-attempt-guard",
+        guard="eo chaos on the sample (issue 38): its fence scenarios report a finish "
+              "without the attempt guard",
+        file=_ATTEMPT_GUARD[0], before=_ATTEMPT_GUARD[1], after=_ATTEMPT_GUARD[2],
+        killers=(f"{_SAMPLE_CAMPAIGN}::test_a_short_campaign_injects_faults_and_finds_no_"
+                 "violation",),
+        invariants=("I1",)),
+    Mutation(
+        name="fence-campaign-on-the-sample-sees-clear-without-compare",
+        guard="eo chaos on the sample (issue 38): its fence scenarios report PostgreSQL's "
+              "clear without its compare",
+        file=_COMPARE_AND_CLEAR[0], before=_COMPARE_AND_CLEAR[1], after=_COMPARE_AND_CLEAR[2],
+        killers=(f"{_SAMPLE_CAMPAIGN}::test_a_short_campaign_injects_faults_and_finds_no_"
+                 "violation",),
         invariants=("I1",)),
 )

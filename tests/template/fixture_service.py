@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import uuid
 
-from application.registry import Registration, Registry, Role
+from application.registry import Registration, Registry, Role, ThirdPartyApi
 from tests.template.fixture.parcels import PARCELS, TRACKING
 
 REGISTRY = Registry(service="parcel-service", endpoints=(
     Registration(PARCELS, role=Role.GATEWAY, blobs=True),
-    Registration(TRACKING),
-))
+    Registration(TRACKING, apis=("pickups",)),
+), apis=(ThirdPartyApi("pickups"),))
 #: What `EO_SERVICE` names to run the fixture's endpoints in processes.
 SPEC = "tests.template.fixture_service:REGISTRY"
 
@@ -26,10 +26,24 @@ def ship(parcel: str, grams: int, message_id: str, destination: str = "lyon") ->
                        "body": {"parcel": parcel, "grams": grams, "destination": destination}})
 
 
+def insure(parcel: str, value: int, message_id: str) -> str:
+    """An outside producer's `Insure` command to `parcels`, as a JSON line."""
+    return json.dumps({"queue": "parcels", "message_id": message_id, "type": "Insure",
+                       "body": {"parcel": parcel, "value": value}})
+
+
 def campaign_lines() -> list[str]:
-    """A campaign's workload: 16 parcels to two destinations (tracking gets two messages of
-    one partition: its fence scenarios), a producer's retry of one, and one the service
-    refuses."""
+    """A campaign's workload, what a team's would hold: 16 parcels to lyon and paris
+    (tracking, fed only by parcels, gets two messages of one partition, and books a pickup
+    for each: a follow-up), 3 to nice, which takes 2 (which one is refused depends on the
+    order: a handler's rejection, its token kept by its dead letter), 2 parcels insured
+    after they ship (parcels commits twice on their partition; insured before it ships, a
+    parcel is refused: the order again), a producer's retry of one, one the service refuses
+    (its weight) and one that is not JSON."""
     lines = [ship(f"p-{n}", 100 + n, str(uuid.uuid4()), ("lyon", "paris")[n % 2])
              for n in range(16)]
-    return [*lines, lines[3], ship("p-x", -1, str(uuid.uuid4()))]
+    lines += [ship(f"n-{n}", 300 + n, str(uuid.uuid4()), "nice") for n in range(3)]
+    lines += [insure("p-1", 80, str(uuid.uuid4())), insure("p-2", 120, str(uuid.uuid4()))]
+    malformed = json.dumps({"queue": "parcels", "message_id": str(uuid.uuid4()),
+                            "type": "Ship", "body": "{still not json"})
+    return [*lines, lines[3], ship("p-x", -1, str(uuid.uuid4())), malformed]

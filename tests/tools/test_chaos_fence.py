@@ -37,8 +37,13 @@ async def test_each_pair_is_two_messages_the_fault_free_run_commits_on_one_parti
     pairs, skipped = await find_pairs(settings, service, messages,
                                       WORKLOAD.seed_states(messages))
     assert (set(pairs), skipped) == ({"front", "counter", "audit"}, {})
-    assert "Spend" in {pairs["counter"].first.type, pairs["counter"].second.type}
     assert {pairs["audit"].first.type, pairs["audit"].second.type} == {"Spend"}
+    steps = await fence.steps_of(fence._embedded(settings), service, messages,
+                                 WORKLOAD.seed_states(messages), ["counter"])
+    spends = [step.arrivals["counter"] for m, step in zip(messages, steps, strict=True)
+              if m.type == "Spend"]
+    # a Spend: one first arrival at counter, the bank's answer after it; each a candidate
+    assert spends and all(len(a.first) == 1 and a.later == 1 for a in spends)
     for endpoint, pair in pairs.items():
         assert pair.first in messages
         assert pair.second in messages

@@ -49,7 +49,7 @@ from application.codec import decode
 from application.envelope import CAUSATION_ID_HEADER
 from application.errors import MalformedMessage, UnknownMessageType
 from application.observability import FAULT_INJECTED, MESSAGE_DUPLICATE
-from application.registry import Registration
+from application.registry import Registration, Registry
 from application.strategy import Strategy
 from entrypoints.settings import Service, Settings
 from entrypoints.testing import EmbeddedService
@@ -123,13 +123,18 @@ class Arrivals:
         return self.committed == len(self.first) + self.later and not self.dead_lettered
 
 
+Place = tuple[str, str]  # (endpoint, partition)
+
+
 @dataclass(frozen=True)
 class Step:
-    """One outside message's run until quiet: its `Arrivals` per fenced endpoint, and every
-    (endpoint, partition) its messages reached (what later messages may depend on)."""
+    """One outside message's run until quiet: its `Arrivals` per fenced endpoint, and for
+    every (endpoint, partition) its messages reached, the places on the way there (that
+    one and those of the messages that caused the arrival: what its outcome there depends
+    on)."""
 
     arrivals: Mapping[str, Arrivals]
-    touched: frozenset[tuple[str, str]]
+    paths: Mapping[Place, frozenset[Place]]
 
 
 async def steps_of(embedded: Settings, service: Service, messages: Sequence[OutsideMessage],
@@ -155,13 +160,29 @@ async def steps_of(embedded: Settings, service: Service, messages: Sequence[Outs
             seen = len(sent)
             now = {q: (report.settled.get(q, {}).get("processed", 0),
                        len(report.dead_letters.get(q, []))) for q in consuming}
-            touched = frozenset((to, str(partition_of(registry[to], t, b)))
-                                for to, _m, _c, t, b in tree if to in now)
             found.append(Step({e: _arrivals(registry[e], e, tree, now[e][0] - before[e][0],
                                             now[e][1] - before[e][1]) for e in endpoints},
-                              touched))
+                              _paths(registry, tree, set(now))))
             before = now
     return found
+
+
+def _paths(registry: Registry, tree: Sequence[tuple[str, str, str, str, Any]],
+           consuming: set[str]) -> dict[Place, frozenset[Place]]:
+    """Place -> the places on the way to it (see `Step`), over one step's message tree."""
+    place = {m: (to, str(partition_of(registry[to], t, b)))
+             for to, m, _c, t, b in tree if to in consuming}
+    cause = {m: c for _to, m, c, _t, _b in tree}
+    paths: dict[Place, set[Place]] = defaultdict(set)
+    for m, here in place.items():
+        way, hop, seen = {here}, cause.get(m, ""), {m}
+        while hop and hop not in seen:
+            seen.add(hop)
+            if hop in place:
+                way.add(place[hop])
+            hop = cause.get(hop, "")
+        paths[here] |= way
+    return {p: frozenset(w) for p, w in paths.items()}
 
 
 def _arrivals(registration: Registration, endpoint: str,
@@ -186,16 +207,18 @@ def _arrivals(registration: Registration, endpoint: str,
     return Arrivals(tuple(first), later, committed, dead)
 
 
-def preamble(steps: Sequence[Step], i: int, j: int) -> list[int]:
-    """The messages before `j` (other than `i`) that messages `i` and `j` may depend on, in
-    order: each earlier message that reached an (endpoint, partition) they reach, or that
-    one of those reaches (the closure, walking back from `j`)."""
-    reached = set(steps[i].touched | steps[j].touched)
+def preamble(steps: Sequence[Step], i: int, j: int, place: Place) -> list[int]:
+    """The messages before `j` (other than `i`) that the arrivals of messages `i` and `j`
+    at `place` may depend on, in order: each earlier message that reached a place on their
+    way there, then (walking back from `j`) each that reached a place on the way of those."""
+    needed = set(steps[i].paths.get(place, {place}) | steps[j].paths.get(place, {place}))
     chosen = []
     for k in range(j - 1, -1, -1):
-        if k != i and steps[k].touched & reached:
+        hits = [p for p in steps[k].paths if p in needed]
+        if k != i and hits:
             chosen.append(k)
-            reached |= steps[k].touched
+            for p in hits:
+                needed |= steps[k].paths[p]
     return sorted(chosen)
 
 
@@ -229,14 +252,15 @@ async def find_pairs(settings: Settings, service: Service, messages: Sequence[Ou
                 received[str(p)] += 1
             if len(mine.first) == 1 and mine.first[0] is not None:
                 by_partition[str(mine.first[0])].append(i)
-        candidates = sorted(((len(preamble(steps, i, j)), j - i, p, i, j)
+        candidates = sorted(((len(preamble(steps, i, j, (endpoint, p))), j - i, p, i, j)
                              for p, at in by_partition.items()
                              for i, j in itertools.pairwise(at)
                              if messages[i].message_id != messages[j].message_id))
         tried = candidates[:PAIR_CANDIDATES]
         for _n, _d, partition, i, j in tried:
             pair = FencePair(endpoint, partition, messages[i], messages[j],
-                             tuple(messages[k] for k in preamble(steps, i, j)))
+                             tuple(messages[k] for k in preamble(steps, i, j,
+                                                                 (endpoint, partition))))
             commits = await _confirmed(embedded, service, pair, seeds)
             if commits is not None:
                 pairs[endpoint] = dataclasses.replace(pair, before_commits=commits)

@@ -1,8 +1,10 @@
 """CI's short `eo chaos` campaign on the sample: the command itself (the engine on the TPC-H
 workload, tools/tpch/chaos.py), against the local PostgreSQL and RabbitMQ (the campaign makes
-a virtual host of its own and deletes it), one moto server and real processes. It must end
-with every order settled, the oracle and the invariants holding, and faults really
-injected."""
+a virtual host of its own and deletes it), one moto server and real processes: the fence
+scenarios of every endpoint the draw gives a pair, then one random run. It must end with
+every order settled, the oracle and the invariants holding, faults really injected, and the
+fences staged; the mutation suite's `fence-campaign-on-the-sample-*` remove each half of
+finish's fence and this test must report it."""
 
 from __future__ import annotations
 
@@ -47,17 +49,27 @@ def test_a_short_campaign_injects_faults_and_finds_no_violation(tmp_path: Path) 
         seed = _seed_with_a_kill_and_a_crash()
         report = tmp_path / "report.json"
         result = CliRunner().invoke(app, [
-            "chaos", "--duration", "0", "--seed", str(seed), "--size",
-            str(ORDERS_PER_RUN), "--no-fence", "--log-dir", str(tmp_path / "logs"),
+            "chaos", "--duration", "900", "--runs", "1", "--seed", str(seed), "--size",
+            str(ORDERS_PER_RUN), "--log-dir", str(tmp_path / "logs"),
             "--report", str(report), "--database", this_run("eo_chaos_ci")],
             env={"EO_AMQP_URL": amqp, "EO_DATABASE_DSN": server, "EO_FAILPOINTS": ""})
     finally:
         services.close()
+    data = json.loads(report.read_text()) if report.exists() else {}
+    assert data.get("violations") == [], result.output[-6000:]
     assert result.exit_code == 0, result.output
-    data = json.loads(report.read_text())
-    assert data["runs"] == 1
-    assert data["violations"] == []
-    run = data["per_run"][0]
+    *fenced, run = data["per_run"]
+    # the boundary and the orders get their fences whatever the draw (each order's
+    # commands share its partition); the ledger when two orders share a customer
+    assert {r["scenario"] for r in fenced} >= {
+        f"fence ({half}) on {endpoint}" for half in ("attempt guard", "compare-and-clear")
+        for endpoint in ("gateway", "orders")}, data["fence_skipped"]
+    assert set(data["fence_skipped"]) <= {"ledger"}
+    assert data["fence_not_run"] == []
+    for scenario in fenced:
+        assert scenario["commits"] == scenario["expected_commits"] > 0
+        assert scenario["faults"]["process exit (crash failpoint)"] == 2
+    assert data["runs"] == len(fenced) + 1
     assert run["domain_checked"] is True  # the oracle on the run's orders
     assert run["commits"] == run["expected_commits"] > 0
     assert run["dead_letters"] == 0
