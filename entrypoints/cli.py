@@ -28,8 +28,9 @@ TOOLS: dict[str, tuple[str, str, str]] = {
     "demo": ("tools.demo.cli", "demo_app",
              "The sample end to end with duplicates and faults, checked by its oracle."),
     "chaos": ("tools.chaos.cli", "chaos_app",
-              "Randomized fault campaign with real processes, on your service's workload "
-              "(--messages, --workload) or the sample's."),
+              "Randomized fault campaign with real processes on your service's workload "
+              "(--messages, --workload): fence scenarios for every endpoint, then random "
+              "runs, within --duration."),
     "bench": ("tools.bench.cli", "bench_app",
               "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
     "pipeline": ("tools.pipeline.cli", "pipeline_app",

@@ -43,7 +43,8 @@ async def test_each_pair_is_two_messages_the_fault_free_run_commits_on_one_parti
     spends = [step.arrivals["counter"] for m, step in zip(messages, steps, strict=True)
               if m.type == "Spend"]
     # a Spend: one first arrival at counter, the bank's answer after it; each a candidate
-    assert spends and all(len(a.first) == 1 and a.later == 1 for a in spends)
+    assert spends
+    assert all(len(a.first) == 1 and a.later == 1 for a in spends)
     for endpoint, pair in pairs.items():
         assert pair.first in messages
         assert pair.second in messages

@@ -20,11 +20,15 @@ from rich.table import Table
 from application.errors import TransientError
 from entrypoints.settings import SettingsError, load_settings, resolve_service
 from tools.chaos.engine import ENGINE_DATABASE, EngineReport, EngineRun, engine_settings, run_engine
-from tools.chaos.workload import Workload, WorkloadError, load_workload
+from tools.chaos.workload import Workload, WorkloadError, load_attribute, load_workload
 from tools.guard import refuse_production
 
 console = Console()
 chaos_app = typer.Typer(add_completion=False)
+#: What `eo chaos` runs without --messages or --workload: a function of the registry that
+#: returns a workload (raising `SettingsError` when the registry lacks its endpoints), found
+#: by name so that the tool imports no endpoint: the sample's, where the sample is there.
+DEFAULT_WORKLOAD = "tools.tpch.chaos:default_workload"
 
 
 @chaos_app.command()
@@ -70,8 +74,10 @@ def chaos(
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
     own when the broker is local), duplicates and shuffled input; after each run the
-    protocol's invariants for every endpoint (and the domain's check). On your service's
-    workload with --messages or --workload; on the TPC-H sample (its oracle) without.
+    protocol's invariants for every endpoint (and the domain's check), first the fence
+    scenarios of every endpoint, all within --duration. On your service's workload with
+    --messages or --workload (without them, the sample's TPC-H workload and its oracle,
+    where the sample is there).
     Exits 1 on any violation, 2 on a bad setting or workload, 3 when a service is
     unreachable. Uses the local profile's PostgreSQL and RabbitMQ (EO_DATABASE_DSN and
     EO_AMQP_URL name the server and the broker): the campaign creates a database and a
@@ -82,24 +88,21 @@ def chaos(
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
                      messages, workload, check, size, workers, mode, runs=runs)
         return
-    try:
-        from tools.tpch.chaos import TpchWorkload
-        from tools.tpch.data import generate
-        from tools.tpch.oracle import require_sample
-    except ImportError as exc:  # a service made without the sample
+    try:  # the service's own default, where it declares one (the sample's workload)
+        default = load_attribute(DEFAULT_WORKLOAD, "the default workload")
+    except WorkloadError as exc:  # a service made without the sample
         Console(stderr=True).print(
-            f"[red]no sample here ({exc}): give your service's workload with --messages "
-            "FILE or --workload module:name[/red]")
+            f"[red]no workload given, and none by default here ({exc}): give your service's "
+            "workload with --messages FILE or --workload module:name[/red]")
         raise typer.Exit(2) from exc
     try:
-        require_sample(resolve_service(load_settings(profile="local")).registry)
+        with console.status("making the default workload"):
+            given = default(resolve_service(load_settings(profile="local")).registry)
     except SettingsError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    with console.status("generating TPC-H sf=0.001 with DuckDB"):
-        sample = TpchWorkload(generate(0.001))
     _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE, None,
-                 None, None, size, workers, mode, sample, runs)
+                 None, None, size, workers, mode, given, runs)
 
 
 def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,

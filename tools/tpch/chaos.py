@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from application.codec import encode
+from application.registry import Registry
 from domain.sample.payments import Account, open_account
 from tools.chaos.workload import OutsideMessage, RunOutcome
-from tools.tpch.data import TpchSample
-from tools.tpch.oracle import check_oracle
+from tools.tpch.data import TpchSample, generate
+from tools.tpch.oracle import check_oracle, require_sample
 
 #: Payments accounts open with TPC-H c_acctbal plus this: low enough that about one order in
 #: five of a run is refused.
@@ -65,3 +66,11 @@ class TpchWorkload:
                               list(outcome.blobs), self.credit_limit,
                               outcome.api_executions.get("carrier"))
         return list(oracle.violations)
+
+
+def default_workload(registry: Registry) -> TpchWorkload:
+    """`eo chaos`'s workload when none is given (tools/chaos/cli.py `DEFAULT_WORKLOAD`): the
+    TPC-H orders of sf=0.001, generated with DuckDB. Raises `SettingsError` naming
+    `EO_SERVICE` when `registry` does not register the sample's endpoints."""
+    require_sample(registry)
+    return TpchWorkload(generate(0.001))

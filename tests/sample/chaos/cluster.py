@@ -68,7 +68,6 @@ from entrypoints.settings import Service, resolve_service
 from service.registry import REGISTRY
 from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
-from tools.zygote import Zygote
 from tools.chaos.checks import (
     at_rest,
     audit_logs,
@@ -83,6 +82,7 @@ from tools.fake_provider import fake_provider
 from tools.settings import ToolSettings
 from tools.tpch.data import Command, TpchSample, generate
 from tools.tpch.oracle import check_oracle
+from tools.zygote import Zygote
 
 #: names of this test run's own: concurrent runs of the suite (several engineers, CI) never
 #: share a database or a virtual host (ports: every server here binds port 0)
