@@ -69,7 +69,8 @@ def chaos(
         help="first the fence scenarios (two scripted runs per endpoint that stage a late "
              "finisher against the next commit; not with --run)")] = True,
     fence_only: Annotated[bool, typer.Option(
-        help="the fence scenarios only, no random run")] = False,
+        help="the fence scenarios only, every one of them (no random run; --duration does "
+             "not apply)")] = False,
 ) -> None:
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its

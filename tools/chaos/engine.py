@@ -437,7 +437,9 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                 try:
                     campaign = _Campaign(settings, service, workload, layout, root,
                                          providers, pool, size, run_timeout_s, zygote)
-                    budget = Budget(started, duration_s if only_run is None else None)
+                    # a replay of one run, or the fence scenarios alone: what was asked for
+                    budget = Budget(started, duration_s if only_run is None
+                                    and fence != "only" else None)
                     report.time = budget.spent
                     if fence == "only" or (fence == "first" and only_run is None):
                         await _fence_runs(campaign, seed, report, on_run, temp is not None,
