@@ -15,11 +15,11 @@ OTHER_KEY = "labels/bed865f0-3583-5ee3-9e4b-ef80db14d82c"
 
 
 def _observed(commits: int = 3, dead: tuple[str, ...] = (), tracking: Any = None,
-              blobs: int = 2) -> Observed:
+              blobs: int = 2, destination: str = "lyon") -> Observed:
     return observed(["parcels", "tracking"], {"parcels": commits, "tracking": 2},
                     {"parcels": list(dead)},
                     {"parcels": {"p-1": {"label": KEY}},
-                     "tracking": {"lyon": tracking or {"parcels": ["p-1", "p-2"]}}},
+                     "tracking": {destination: tracking or {"parcels": ["p-1", "p-2"]}}},
                     blobs, {"pickups": {"k1": 1, "k2": 1}})
 
 
@@ -47,15 +47,18 @@ def test_what_two_orders_disagree_on_is_not_compared() -> None:
         _reference(_observed(dead=("destination nice is full: parcel n-0",))),
         _reference(_observed(dead=("destination nice is full: parcel n-2",),
                              tracking={"parcels": ["p-2", "p-1"]})))
-    assert expected.varying == ["commits on parcels", "commits on tracking",
+    assert expected.varying == ["blobs", "commits on parcels", "commits on tracking",
                                 "dead letters of parcels", "dead letters of tracking",
-                                "states of tracking"]
-    # a third order: other states, another parcel refused, one commit fewer: no violation
+                                "executions on pickups", "states of tracking"]
+    # a third order: other states, another parcel refused, one commit fewer, a blob more:
+    # no violation
     found = _observed(commits=2, dead=("destination nice is full: parcel n-1",),
-                      tracking={"parcels": ["p-1"]})
+                      tracking={"parcels": ["p-1"]}, blobs=3)
     assert expected.differences(found) == []
-    assert expected.differences(_observed(blobs=1)) == [
-        "blobs: 1 objects, the fault-free run wrote 2"]  # what both orders agree on
+    # what both orders agree on is still compared: the partitions
+    assert expected.differences(_observed(destination="paris")) == [
+        "states: tracking has partitions ['paris'] the fault-free run has not, and lacks "
+        "['lyon']"]
 
 
 def test_artifact_keys_and_timestamps_are_masked_other_ids_are_not() -> None:

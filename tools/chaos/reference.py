@@ -144,12 +144,20 @@ class Expected:
         messages an endpoint commits and which it dead-letters go together, and decide
         what reaches the endpoints after it: when the two runs disagree on one endpoint's
         commits or dead letters, every endpoint's are not compared (two orders may commit
-        as many messages, not the same ones: a third order, the processes', may not)."""
+        as many messages, not the same ones: a third order, the processes', may not); when
+        they disagree on those or on a state, neither are the blobs written nor the
+        executions of the APIs (what is checked of them whatever the order: no orphan, none
+        missing, each key executed once)."""
         one, two = self.first.outcome.aspects(), self.second.outcome.aspects()
-        differ = {k for k in one.keys() | two.keys() if one.get(k) != two.get(k)}
-        flow = {k for k in one.keys() | two.keys() if k.startswith(_FLOW)}
+        names = one.keys() | two.keys()
+        differ = {k for k in names if one.get(k) != two.get(k)}
+        flow = {k for k in names if k.startswith(_FLOW)}
         if differ & flow:
             differ |= flow
+        if any(k.startswith(_FLOW + ("states of ",)) for k in differ):
+            # the blobs written and the API calls made follow from which messages commit
+            # and the states they find: as many in two orders, not so in a third
+            differ |= {k for k in names if k == "blobs" or k.startswith("executions on ")}
         return sorted(differ)
 
     @property
