@@ -154,7 +154,7 @@ class Expected:
         flow = {k for k in names if k.startswith(_FLOW)}
         if differ & flow:
             differ |= flow
-        if any(k.startswith(_FLOW + ("states of ",)) for k in differ):
+        if any(k.startswith((*_FLOW, "states of ")) for k in differ):
             # the blobs written and the API calls made follow from which messages commit
             # and the states they find: as many in two orders, not so in a third
             differ |= {k for k in names if k == "blobs" or k.startswith("executions on ")}
