@@ -28,7 +28,7 @@ from tests.support.users_stores import (
     users_vhost,
     vhosts,
 )
-from tools.chaos.engine import plan_run, topology_of
+from tools.chaos.plan import plan_run, topology_of
 from tools.demo import local
 from tools.demo.local import demo_settings, run_local_demo
 from tools.settings import load_tool_settings

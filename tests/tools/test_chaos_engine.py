@@ -27,7 +27,8 @@ from tests.support.users_stores import (
     users_database,
     users_vhost,
 )
-from tools.chaos.engine import ENGINE_DATABASE, plan_run, topology_of
+from tools.chaos.engine import ENGINE_DATABASE
+from tools.chaos.plan import plan_run, topology_of
 from tools.chaos.workload import WorkloadError, load_workload, read_messages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +188,7 @@ def test_the_counters_domain_check_names_a_wrong_total_and_a_wrong_account() -> 
 
 
 def test_orphaned_missing_and_extra_blobs_are_named() -> None:
-    from tools.chaos.engine import blob_findings
+    from tools.chaos.verdict import blob_findings
 
     kept, lost, stray = (f"labels/{uuid.uuid5(uuid.uuid4(), 'labels/0')}" for _ in range(3))
     named = json.dumps({"parcels": {"p-1": {"label": kept}, "p-2": {"label": lost}}})

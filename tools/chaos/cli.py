@@ -19,7 +19,8 @@ from rich.table import Table
 
 from application.errors import TransientError
 from entrypoints.settings import SettingsError, load_settings, resolve_service
-from tools.chaos.engine import ENGINE_DATABASE, EngineReport, EngineRun, engine_settings, run_engine
+from tools.chaos.engine import ENGINE_DATABASE, engine_settings, run_engine
+from tools.chaos.report import EngineReport, EngineRun
 from tools.chaos.workload import Workload, WorkloadError, load_attribute, load_workload
 from tools.guard import refuse_production
 

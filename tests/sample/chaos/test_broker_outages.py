@@ -30,7 +30,7 @@ import pytest
 from adapters.rabbitmq import topology
 from entrypoints.settings import load_settings, resolve_service
 from tests.sample.chaos.cluster import RETRY_DELAYS, Run, log_events, pick_orders
-from tools.chaos.engine import topology_of
+from tools.chaos.plan import topology_of
 
 pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 

@@ -21,7 +21,7 @@ from entrypoints.settings import load_settings, resolve_service
 from service.registry import REGISTRY
 from tests.support.processes import this_run
 from tests.support.services import discover
-from tools.chaos.engine import plan_run, topology_of
+from tools.chaos.plan import plan_run, topology_of
 from tools.tpch.chaos import TpchWorkload
 from tools.tpch.data import generate
 

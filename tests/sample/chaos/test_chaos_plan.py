@@ -15,7 +15,7 @@ import pytest
 from application.failpoints import parse
 from entrypoints.settings import load_settings, resolve_service
 from service.registry import REGISTRY
-from tools.chaos.engine import CALLEE_POINTS, plan_run, topology_of
+from tools.chaos.plan import CALLEE_POINTS, plan_run, topology_of
 from tools.chaos.workload import RunOutcome
 from tools.tpch.chaos import TpchWorkload
 from tools.tpch.data import generate
