@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 import json
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,8 +19,10 @@ from typer import _click as click
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand, TyperGroup
 
+from entrypoints.commands import fail, load, run_service
+
 if TYPE_CHECKING:
-    from entrypoints.settings import Service, Settings
+    pass
 
 #: The tools' commands: name -> (module, attribute: a Typer app, short help). Listed by
 #: `eo --help` without importing them.
@@ -102,56 +104,6 @@ app = typer.Typer(cls=_WithTools, no_args_is_help=True, add_completion=False,
 _PROFILE = Annotated[str | None, typer.Option(
     help="local or production (default: EO_PROFILE; embedded means local here)")]
 _ENDPOINT = Annotated[str, typer.Option(help="the endpoint's name (see `eo endpoints`)")]
-
-
-def fail(message: str, code: int) -> typer.Exit:
-    """Print `message` in red on stderr; the `typer.Exit(code)` to raise."""
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[red]{message}[/red]", highlight=False)
-    return typer.Exit(code)
-
-
-def load(profile: str | None = None, services: bool = False, **overrides: object
-         ) -> tuple[Settings, Service]:
-    """Settings (with `profile` and `overrides`) and the service they name; with `services`,
-    the `embedded` profile becomes `local` (commands that need PostgreSQL and RabbitMQ).
-    Exits 2 naming the variable when a setting or the registry is invalid."""
-    from entrypoints.settings import SettingsError, load_settings, resolve_service
-
-    if profile is not None:
-        overrides["profile"] = profile
-    try:
-        settings = load_settings(**overrides)
-        if services and settings.profile == "embedded":
-            settings = load_settings(**{**overrides, "profile": "local"})
-        return settings, resolve_service(settings)
-    except SettingsError as exc:
-        raise fail(str(exc), 2) from exc
-
-
-def run_service(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a service process; exit 69 when a server stayed away for `EO_BROKER_GIVE_UP_S`
-    (the broker of a running consumer; PostgreSQL or RabbitMQ at start-up), 2 for a bad
-    setting, 3 when start-up finds what no wait fixes (a missing database or schema,
-    refused credentials)."""
-    from adapters.rabbitmq.connection import BrokerUnavailable
-    from application.errors import PermanentError, TransientError
-    from entrypoints.service import EXIT_BROKER_UNAVAILABLE
-    from entrypoints.settings import SettingsError
-    from entrypoints.startup import GaveUpWaiting
-
-    try:
-        asyncio.run(coro)
-    except BrokerUnavailable as exc:  # after start: the orchestrator should restart us
-        raise fail(f"broker unavailable, exiting: {exc}", EXIT_BROKER_UNAVAILABLE) from exc
-    except GaveUpWaiting as exc:  # a server away, not a fault of ours: restart us too
-        raise fail(f"gave up waiting at start-up, exiting: {exc}",
-                   EXIT_BROKER_UNAVAILABLE) from exc
-    except SettingsError as exc:
-        raise fail(str(exc), 2) from exc
-    except (TransientError, PermanentError) as exc:
-        raise fail(f"cannot start: {exc}", 3) from exc
 
 
 def _add_dead_letters() -> None:

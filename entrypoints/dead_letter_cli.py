@@ -101,7 +101,7 @@ def _run(profile: str | None, work: Callable[[DeadLetters], Awaitable[T]]) -> T:
     """`work` on the operations of the configured service; exits 3 naming the server when
     PostgreSQL or RabbitMQ does not answer."""
     from application.errors import TransientError
-    from entrypoints.cli import fail, load
+    from entrypoints.commands import fail, load
 
     settings, service = load(profile, services=True)
 
@@ -152,7 +152,7 @@ def show(dead_letter_id: Annotated[int, typer.Argument(help="the dead letter's I
     """One dead letter whole: its reason history, origin, what operators did, whether its
     token still exists, its headers and body."""
     from application.ports import DeadLetterQuery
-    from entrypoints.cli import fail
+    from entrypoints.commands import fail
     from entrypoints.dead_letter_api import letter_json
     from entrypoints.report import print_dead_letter
 
@@ -245,7 +245,7 @@ def serve(profile: _PROFILE = None) -> None:
     /openapi.json) on EO_OPERATOR_HOST:EO_OPERATOR_PORT (port 0: a free one, printed),
     each request, the OpenAPI document's too, authenticated by an operator's bearer token
     (EO_OPERATOR_TOKENS='{"alice": "<token>"}'), until SIGTERM."""
-    from entrypoints.cli import fail, load, run_service
+    from entrypoints.commands import fail, load, run_service
 
     settings, service = load(profile, services=True)
     if not settings.operator_tokens:
