@@ -82,6 +82,8 @@ def test_a_workload_that_cannot_be_used_is_named(tmp_path: Path) -> None:
         load_workload(None, "nowhere:thing", None)
     with pytest.raises(WorkloadError, match="--check goes with --messages"):
         load_workload(None, "tools.chaos.workload:FileWorkload", "x:y")
+    with pytest.raises(WorkloadError, match="--order-independent goes with --messages"):
+        load_workload(None, "tools.chaos.workload:FileWorkload", None, order_independent=True)
 
 
 def _workload(path: Path) -> int:

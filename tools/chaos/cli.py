@@ -44,6 +44,10 @@ def chaos(
     runs: Annotated[int | None, typer.Option(
         min=0, help="at most this many random runs (default: as many as --duration "
                     "allows)")] = None,
+    order_independent: Annotated[bool, typer.Option(
+        help="with --messages: the final states do not depend on the order the messages "
+             "are taken in, so compare every endpoint's states with the fault-free run's "
+             "(default: the partitions, and --check judges the states)")] = False,
     size: Annotated[int, typer.Option(
         min=1, help="the workload's draw per run, in its own unit (--workload: what its "
                     "draw(rng, size) takes; without a workload, the sample's TPC-H orders "
@@ -88,7 +92,8 @@ def chaos(
     mode: Literal["first", "only", "off"] = "only" if fence_only else "first" if fence else "off"
     if messages is not None or workload is not None or check is not None:
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
-                     messages, workload, check, size, workers, mode, runs=runs)
+                     messages, workload, check, size, workers, mode, runs=runs,
+                     order_independent=order_independent)
         return
     try:  # the service's own default, where it declares one (the sample's workload)
         default = load_attribute(DEFAULT_WORKLOAD, "the default workload")
@@ -111,7 +116,7 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
                  report: Path | None, database: str, messages: Path | None,
                  workload: str | None, check: str | None, size: int, workers: int,
                  fence: Literal["first", "only", "off"], given: Workload | None = None,
-                 runs: int | None = None) -> None:
+                 runs: int | None = None, order_independent: bool = False) -> None:
     """The campaign on the service `EO_SERVICE` names, with its workload (`given`, else
     the one `messages`, `workload` and `check` name)."""
     err = Console(stderr=True)
@@ -119,7 +124,8 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
         refuse_production("chaos")
         base = load_settings(profile="local")
         service = resolve_service(base)
-        load = given if given is not None else load_workload(messages, workload, check)
+        load = given if given is not None else load_workload(messages, workload, check,
+                                                             order_independent)
     except (SettingsError, WorkloadError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -205,6 +211,11 @@ def _print_engine_summary(report: EngineReport) -> None:
                                         for aspect, n in sorted(skipped.items())))
         table.add_row("checked whatever the order", "each message committed once or "
                       "dead-lettered, each effect once, nothing left at rest")
+    table.add_row("states compared with the fault-free run", "yes (the workload declares "
+                  "its outcome independent of the order)" if report.states_compared else
+                  "no: the workload does not declare its outcome independent of the order "
+                  "(order_independent, --order-independent); the partitions are compared, "
+                  "the domain check judges the states")
     kept = Counter[str]()
     for r in report.runs:
         kept.update(r.kept)

@@ -81,6 +81,9 @@ class EngineReport(RunTotals):
     fence_not_run: list[str] = field(default_factory=list)
     #: wall time by what it went to (seconds): set-up, fence scenarios, random runs, ...
     time: dict[str, float] = field(default_factory=dict)
+    #: whether the endpoints' states were compared with the fault-free runs' (the workload
+    #: declares its outcome independent of the order)
+    states_compared: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (plans included, for replay)."""
@@ -88,6 +91,7 @@ class EngineReport(RunTotals):
                 "seconds": round(self.seconds, 1), "runs": len(self.runs),
                 "faults": dict(self.faults), "violations": self.violations,
                 "fence_skipped": self.fence_skipped, "fence_not_run": self.fence_not_run,
+                "states_compared": self.states_compared,
                 "time_s": {k: round(v, 1) for k, v in self.time.items()},
                 "per_run": [{**asdict(r.plan), "scenario": r.scenario, "messages": r.messages,
                              "seconds": round(r.seconds, 1), "faults": dict(r.faults),

@@ -8,11 +8,14 @@ One message is one line of `eo embedded`'s input format (entrypoints/run_embedde
 A service declares a generated workload as a module attribute that `--workload module:name`
 names: an object with `draw(rng, size)` (the messages of one run, drawn from `rng`: the
 campaign's seed replays them) and, optionally, `shuffle` (bool: whether the campaign may
-publish them in any order; default True), `seed_states(messages)` (endpoint -> partition ->
-state written before a run of those messages, e.g. accounts opened) and `check(outcome)`
-(the domain's verdict on a run's final states: a list of violations). A file workload
-(`--messages FILE`) publishes the whole file each run; `--check module:function` adds a
-domain check to it.
+publish them in any order; default True), `order_independent` (bool: the final states do
+not depend on the order the messages are taken in, so the campaign compares every
+endpoint's states with the fault-free run's; default False: the domain check judges them),
+`seed_states(messages)` (endpoint -> partition -> state written before a run of those
+messages, e.g. accounts opened) and `check(outcome)` (the domain's verdict on a run's final
+states: a list of violations). A file workload (`--messages FILE`) publishes the whole file
+each run; `--check module:function` adds a domain check to it, `--order-independent`
+declares its outcome independent of the order.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ class FileWorkload:
     messages: tuple[OutsideMessage, ...]
     domain_check: Check | None = None
     shuffle: bool = True
+    order_independent: bool = False
 
     def draw(self, rng: random.Random, size: int) -> list[OutsideMessage]:
         return list(self.messages)
@@ -144,11 +148,11 @@ def load_attribute(spec: str, option: str) -> Any:
         raise WorkloadError(f"{option} {spec!r}: {module_name} has no {attribute}") from exc
 
 
-def load_workload(messages: Path | None, workload: str | None, check: str | None
-                  ) -> Workload:
+def load_workload(messages: Path | None, workload: str | None, check: str | None,
+                  order_independent: bool = False) -> Workload:
     """The workload of `eo chaos`'s options: `--messages FILE` or `--workload module:name`
-    (exactly one), and `--check module:function` with a file. Raises WorkloadError naming
-    the option."""
+    (exactly one), and `--check module:function` and `--order-independent` with a file.
+    Raises WorkloadError naming the option."""
     if (messages is None) == (workload is None):
         raise WorkloadError("give --messages FILE (JSON lines) or --workload module:name "
                             "(a generator the service declares)")
@@ -156,6 +160,9 @@ def load_workload(messages: Path | None, workload: str | None, check: str | None
         if check is not None:
             raise WorkloadError("--check goes with --messages: a declared workload has its "
                                 "own check")
+        if order_independent:
+            raise WorkloadError("--order-independent goes with --messages: a declared "
+                                "workload says it itself (order_independent)")
         found = load_attribute(workload, "--workload")
         if not isinstance(found, Workload):
             raise WorkloadError(f"--workload {workload!r}: no draw(rng, size) method")
@@ -164,4 +171,5 @@ def load_workload(messages: Path | None, workload: str | None, check: str | None
     domain_check = load_attribute(check, "--check") if check is not None else None
     if domain_check is not None and not callable(domain_check):
         raise WorkloadError(f"--check {check!r}: not a function")
-    return FileWorkload(tuple(read_messages(messages)), domain_check)
+    return FileWorkload(tuple(read_messages(messages)), domain_check,
+                        order_independent=order_independent)
