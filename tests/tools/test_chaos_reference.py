@@ -29,7 +29,7 @@ def _reference(outcome: Observed) -> Reference:
 
 def test_two_runs_that_agree_compare_everything_and_name_each_difference() -> None:
     """A workload that declares its outcome independent of the order: the states too."""
-    expected = Expected(_reference(_observed()), _reference(_observed()), states=True)
+    expected = Expected(_reference(_observed()), _reference(_observed()), order_independent=True)
     assert expected.varying == []
     found = _observed(commits=4, tracking={"parcels": ["p-1"]}, blobs=3)
     assert expected.differences(found) == [
@@ -47,7 +47,7 @@ def test_what_two_orders_disagree_on_is_not_compared() -> None:
     expected = Expected(
         _reference(_observed(dead=("destination nice is full: parcel n-0",))),
         _reference(_observed(dead=("destination nice is full: parcel n-2",),
-                             tracking={"parcels": ["p-2", "p-1"]})), states=True)
+                             tracking={"parcels": ["p-2", "p-1"]})), order_independent=True)
     assert expected.varying == ["blobs", "commits on parcels", "commits on tracking",
                                 "dead letters of parcels", "dead letters of tracking",
                                 "executions on pickups", "states of tracking"]
@@ -62,12 +62,14 @@ def test_what_two_orders_disagree_on_is_not_compared() -> None:
         "['lyon']"]
 
 
-def test_states_are_compared_only_where_the_workload_declares_them_order_independent(
+def test_the_outcome_is_compared_only_where_the_workload_declares_it_order_independent(
         ) -> None:
     """Two orders may agree and a third not (an order completes at its last command): by
-    default the partitions are compared, not the states."""
+    default the partitions are compared, not the states, commits, dead letters, blobs or
+    API executions."""
     expected = Expected(_reference(_observed()), _reference(_observed()))
-    assert expected.differences(_observed(tracking={"parcels": ["p-2", "p-1"]})) == []
+    assert expected.differences(_observed(
+        commits=2, dead=("refused",), tracking={"parcels": ["p-2", "p-1"]}, blobs=5)) == []
     assert expected.differences(_observed(destination="paris")) == [
         "states: tracking has partitions ['paris'] the fault-free run has not, and lacks "
         "['lyon']"]

@@ -147,7 +147,7 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
     started = time.monotonic()
     layout = topology_of(service, workers)
     report = EngineReport(seed=seed, service=service.registry.service,
-                          states_compared=bool(getattr(workload, "order_independent", False)))
+                          order_independent=bool(getattr(workload, "order_independent", False)))
     async with own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
                          len(settings.retry_delays_s), "eo chaos") as broker, \
             own_database(settings.database(), database) as dsn:
@@ -349,11 +349,12 @@ async def _stage(campaign: _Campaign, messages: Sequence[OutsideMessage], result
     first = await reference_run(campaign.settings, campaign.service, messages, seeds)
     other = await reference_run(campaign.settings, campaign.service,
                                 list(reversed(messages)) if second is None else second, seeds)
-    expected = Expected(first, other,
-                        states=bool(getattr(campaign.workload, "order_independent", False)))
+    expected = Expected(first, other, order_independent=bool(
+        getattr(campaign.workload, "order_independent", False)))
     result.expected_commits = expected.commits
-    result.not_compared = [a for a in expected.varying
-                           if expected.states or not a.startswith("states of ")]
+    result.not_compared = expected.not_compared
+    result.commits_compared = all(expected.compared(f"commits on {q}")
+                                  for q in campaign.layout.queues)
     await campaign.pool.execute("TRUNCATE " + ", ".join(TABLES))
     await _seed(campaign, seeds)
     await empty_bucket(campaign.settings)
@@ -567,9 +568,10 @@ async def _quiesce(campaign: _Campaign, fleet: Fleet, rabbit: RabbitConnection,
         idle = idle + 1 if busy == 0 and commits == last else 0
         last = commits
         # short of the fault-free runs' commits, wait 15 s for the rest (the checks then
-        # say what is missing), or 3 s when which messages commit depends on the order
+        # say what is missing), or 3 s when the commits are not compared (they may depend
+        # on the order)
         if idle >= (2 if commits >= result.expected_commits else
-                    6 if any(a.startswith("commits on ") for a in result.not_compared) else 30):
+                    30 if result.commits_compared else 6):
             break
 
 

@@ -42,6 +42,8 @@ class EngineRun:
     kept: dict[str, int] = field(default_factory=dict)
     #: the aspects two fault-free runs disagree on, not compared (tools/chaos/reference.py)
     not_compared: list[str] = field(default_factory=list)
+    #: whether the commits per endpoint are compared with the fault-free runs'
+    commits_compared: bool = True
 
     @property
     def label(self) -> str:
@@ -81,9 +83,9 @@ class EngineReport(RunTotals):
     fence_not_run: list[str] = field(default_factory=list)
     #: wall time by what it went to (seconds): set-up, fence scenarios, random runs, ...
     time: dict[str, float] = field(default_factory=dict)
-    #: whether the endpoints' states were compared with the fault-free runs' (the workload
-    #: declares its outcome independent of the order)
-    states_compared: bool = False
+    #: whether the workload declares its outcome independent of the order (then the whole
+    #: outcome is compared with the fault-free runs', else the partitions only)
+    order_independent: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (plans included, for replay)."""
@@ -91,7 +93,7 @@ class EngineReport(RunTotals):
                 "seconds": round(self.seconds, 1), "runs": len(self.runs),
                 "faults": dict(self.faults), "violations": self.violations,
                 "fence_skipped": self.fence_skipped, "fence_not_run": self.fence_not_run,
-                "states_compared": self.states_compared,
+                "order_independent": self.order_independent,
                 "time_s": {k: round(v, 1) for k, v in self.time.items()},
                 "per_run": [{**asdict(r.plan), "scenario": r.scenario, "messages": r.messages,
                              "seconds": round(r.seconds, 1), "faults": dict(r.faults),
