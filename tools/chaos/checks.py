@@ -39,7 +39,10 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
+from adapters.postgres.token_store import PostgresTokenStore
 from adapters.rabbitmq import topology
+from adapters.system.clock import SystemClock
 from application.envelope import REASON_HEADER
 from application.observability import (
     ATTEMPT_ABANDONED,
@@ -53,16 +56,13 @@ from application.observability import (
     TRANSACTION_CONFLICT,
 )
 
-#: A token that a dead letter waiting for an operator keeps on purpose, for its replay
-#: (`TokenStore.count_of` of `DeadLetterOperations.gauges`: what `eo inspect` counts apart).
-KEPT_BY_A_DEAD_LETTER = """EXISTS (SELECT 1 FROM eo_dead_letter d
-    WHERE d.status = 'dead' AND d.message_id = k.message_id
-      AND (k.endpoint = d.endpoint OR k.endpoint IS NULL))"""
+#: The tokens: `at_rest` counts those in flight, every token but those dead letters keep
+#: (`kept_tokens`).
+_TOKENS = "tokens in flight"
 #: SQL counting what must be gone at rest (name -> query): what `eo inspect` shows, less the
 #: protocol's own states at rest (`KEPT`).
 AT_REST: dict[str, str] = {
-    "tokens in flight":
-        f"SELECT count(*) FROM eo_token k WHERE NOT {KEPT_BY_A_DEAD_LETTER}",
+    _TOKENS: "SELECT count(*) FROM eo_token",
     "unfinished transaction records":
         "SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL",
     "side-effect records": "SELECT count(*) FROM eo_side_effect_record",
@@ -75,8 +75,6 @@ AT_REST: dict[str, str] = {
 #: letters keep for their replay, and deferred clean-ups still within their grace (protocol
 #: 8: an aborted attempt's artifact waits for it before it is deleted).
 KEPT: dict[str, str] = {
-    "tokens kept by dead letters":
-        f"SELECT count(*) FROM eo_token k WHERE {KEPT_BY_A_DEAD_LETTER}",
     "deferred clean-ups within their grace":
         "SELECT count(*) FROM eo_deferred_cleanup WHERE due > now()",
 }
@@ -251,15 +249,28 @@ def _report(audit: LogAudit, invariant: str, found: Iterable[str]) -> None:
         audit.violations.append(f"{invariant}: ... {len(items) - MAX_LISTED} more")
 
 
+async def kept_tokens(pool: asyncpg.Pool) -> int:
+    """The tokens that dead letters waiting for an operator keep for their replay, counted as
+    `eo inspect` counts them (`DeadLetters.gauges`: the store's waiting letters, the token
+    store's `count_of`)."""
+    waiting = await PostgresDeadLetterStore(pool, SystemClock()).waiting()
+    return await PostgresTokenStore(pool).count_of(waiting)
+
+
 async def at_rest(pool: asyncpg.Pool) -> dict[str, int]:
-    """What is left in the protocol's tables (`AT_REST`): all zero at quiescence after the
-    final sweep (I8, I9; a committed-but-unfinished record would break I5)."""
-    return {name: int(await pool.fetchval(sql)) for name, sql in AT_REST.items()}
+    """What is left in the protocol's tables (`AT_REST`, tokens less `kept_tokens`): all
+    zero at quiescence after the final sweep (I8, I9; a committed-but-unfinished record
+    would break I5)."""
+    found = {name: int(await pool.fetchval(sql)) for name, sql in AT_REST.items()}
+    found[_TOKENS] -= await kept_tokens(pool)
+    return found
 
 
 async def kept_at_rest(pool: asyncpg.Pool) -> dict[str, int]:
-    """What the protocol keeps at rest on purpose (`KEPT`): not a violation, reported."""
-    return {name: int(await pool.fetchval(sql)) for name, sql in KEPT.items()}
+    """What the protocol keeps at rest on purpose (`kept_tokens`, `KEPT`): not a violation,
+    reported."""
+    return {"tokens kept by dead letters": await kept_tokens(pool),
+            **{name: int(await pool.fetchval(sql)) for name, sql in KEPT.items()}}
 
 
 @dataclass(frozen=True)

@@ -476,7 +476,7 @@ async def _fence_run(campaign: _Campaign, seed: int, pair: FencePair, half: str,
         if pair.before:  # what the two depend on, processed first without a fault
             fleet.start(x, pair.endpoint)
             await publish(pair.before)
-            await _settle(campaign, rabbit, progress, pair.before_commits)
+            await _settle(campaign, progress, pair.before_commits)
             fleet.stop(x)
         try:
             await stage_fence(script, pair, half, CRASH_EXIT, asyncio.sleep)
@@ -492,23 +492,28 @@ async def _fence_run(campaign: _Campaign, seed: int, pair: FencePair, half: str,
     return result
 
 
-async def _settle(campaign: _Campaign, rabbit: RabbitConnection, progress: CommitCounter,
-                  commits: int, timeout_s: float = 120.0) -> None:
+async def _busy(campaign: _Campaign) -> int:
+    """What the service still has to do: messages in the work and retry queues, committed
+    transactions not finished, inbox rows not relayed (0: one condition of quiet)."""
+    settings = campaign.settings
+    waiting = await queue_depth(settings.amqp(), list(campaign.layout.queues),
+                                len(settings.retry_delays_s))
+    return waiting + int(await campaign.pool.fetchval(
+        "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
+        " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+
+
+async def _settle(campaign: _Campaign, progress: CommitCounter, commits: int,
+                  timeout_s: float = 120.0) -> None:
     """Until `commits` messages are known committed and nothing waits in a queue, a
-    committed transaction or an inbox (a fence scenario's preamble); TimeoutError after
-    `timeout_s` (the run's checks then say what is missing)."""
-    settings, layout = campaign.settings, campaign.layout
+    committed transaction or an inbox (a fence scenario's preamble), or `timeout_s` has
+    passed (the run's checks then say what is missing)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         await asyncio.sleep(0.3)
         if progress.count() < commits:
             continue
-        busy = await queue_depth(settings.amqp(), list(layout.queues),
-                                 len(settings.retry_delays_s))
-        busy += int(await campaign.pool.fetchval(
-            "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
-            " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
-        if not busy:
+        if not await _busy(campaign):
             return
 
 
@@ -560,11 +565,7 @@ async def _quiesce(campaign: _Campaign, fleet: Fleet, rabbit: RabbitConnection,
             marks.closes.pop(0)
             await asyncio.to_thread(close_all_connections, settings.amqp())
             result.faults["broker closed every connection"] += 1
-        busy = await queue_depth(settings.amqp(), list(layout.queues),
-                                 len(settings.retry_delays_s))
-        busy += int(await campaign.pool.fetchval(
-            "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
-            " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+        busy = await _busy(campaign)
         idle = idle + 1 if busy == 0 and commits == last else 0
         last = commits
         # short of the fault-free runs' commits, wait 15 s for the rest (the checks then

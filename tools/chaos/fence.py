@@ -252,15 +252,15 @@ async def find_pairs(settings: Settings, service: Service, messages: Sequence[Ou
                 received[str(p)] += 1
             if len(mine.first) == 1 and mine.first[0] is not None:
                 by_partition[str(mine.first[0])].append(i)
-        candidates = sorted(((len(preamble(steps, i, j, (endpoint, p))), j - i, p, i, j)
-                             for p, at in by_partition.items()
-                             for i, j in itertools.pairwise(at)
-                             if messages[i].message_id != messages[j].message_id))
+        candidates = sorted((len(before), j - i, p, i, j, before)
+                            for p, at in by_partition.items()
+                            for i, j in itertools.pairwise(at)
+                            if messages[i].message_id != messages[j].message_id
+                            for before in [preamble(steps, i, j, (endpoint, p))])
         tried = candidates[:PAIR_CANDIDATES]
-        for _n, _d, partition, i, j in tried:
+        for _n, _d, partition, i, j, before in tried:
             pair = FencePair(endpoint, partition, messages[i], messages[j],
-                             tuple(messages[k] for k in preamble(steps, i, j,
-                                                                 (endpoint, partition))))
+                             tuple(messages[k] for k in before))
             commits = await _confirmed(embedded, service, pair, seeds)
             if commits is not None:
                 pairs[endpoint] = dataclasses.replace(pair, before_commits=commits)

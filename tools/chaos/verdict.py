@@ -81,10 +81,14 @@ class CommitCounter:
                         self._seen.add((record["endpoint"], str(record.get("message_id"))))
         return len(self._seen)
 
-    @property
-    def seen(self) -> set[tuple[str, str]]:
-        """(endpoint, message ID) known committed so far (as of the last `count`)."""
-        return set(self._seen)
+
+def committed_in(records: Iterable[Mapping[str, Any]], endpoints: Iterable[str]
+                 ) -> set[tuple[str, str]]:
+    """(endpoint, message ID) of `endpoints` with `COMMIT_EVIDENCE` in the log `records`
+    (what `CommitCounter` counts, from records already read)."""
+    wanted = frozenset(endpoints)
+    return {(str(r["endpoint"]), str(r.get("message_id"))) for r in records
+            if r.get("event") in COMMIT_EVIDENCE and r.get("endpoint") in wanted}
 
 
 def blob_findings(blobs: Sequence[str], named: str, reference_count: int | None
@@ -146,9 +150,8 @@ async def check_run(judged: Judged, log_dir: Path, result: EngineRun) -> None:
     result.kept = await kept_at_rest(pool)
     dead = await dead_letters(settings.amqp(), list(queues), database_dsn=settings.database())
     result.dead_letters = dead.total
-    committed = CommitCounter(log_dir, queues)
-    committed.count()
-    violations += await unaccounted(pool, records, committed.seen, queues, judged.messages)
+    committed = committed_in(records, queues)
+    violations += await unaccounted(pool, records, committed, queues, judged.messages)
     states = await business_states(service, pool)
     async with bucket_client(settings) as client:
         blobs = await S3BlobStore(client, settings.bucket()).keys()
@@ -161,7 +164,7 @@ async def check_run(judged: Judged, log_dir: Path, result: EngineRun) -> None:
         result.api_executions += sum(executions[api].values())
         violations += [f"API {api}: key {k} executed {n} times"
                        for k, n in executions[api].items() if n > 1][:10]
-    found = observed(queues, Counter(e for e, _ in committed.seen), dead.reasons, states,
+    found = observed(queues, Counter(e for e, _ in committed), dead.reasons, states,
                      len(blobs), executions)
     violations += judged.expected.differences(found)
     check = getattr(judged.workload, "check", None)
