@@ -23,8 +23,9 @@ from adapters.postgres.pool import translated as postgres_translated
 from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, reconnecting, redacted, refusal
 from adapters.rabbitmq.connection import translated as broker_translated
 from application.errors import PermanentError, TransientError
-from entrypoints.local import LocalContainer, init_resources, shutdown_resources
+from entrypoints.local import LocalContainer
 from entrypoints.logs import configure_logging
+from entrypoints.resources import init_resources, shutdown_resources
 from entrypoints.settings import Service, Settings
 
 log = structlog.get_logger("eo.service")

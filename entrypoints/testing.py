@@ -72,11 +72,11 @@ from application.ports import BlobStore
 from application.registry import Registry, Role
 from application.settlement import Consumer
 from application.strategy import Strategy
+from application.workers import Workers
 from entrypoints.embedded import EmbeddedContainer
 from entrypoints.faults import fault_logger
-from entrypoints.local import shutdown_resources
+from entrypoints.resources import shutdown_resources
 from entrypoints.settings import Service, Settings, load_settings, resolve_service
-from entrypoints.system import System
 
 #: Header of a message dead-lettered before processing: its message ID as the producer gave
 #: it (which may not be a UUID).
@@ -257,7 +257,7 @@ class EmbeddedService:
         self._container.failpoints.override(providers.Object(Failpoints.from_spec(
             faults.failpoints, self._crash, self._drop_connection,
             on_fire=fault_logger(self._container.events()))))
-        self.system: System = self._container.system()
+        self.system: Workers = self._container.workers()
         self.report = EmbeddedReport(service.registry.service)
         self._refused: Counter[str] = Counter()
         self._tokens_sent: set[tuple[str, uuid.UUID]] = set()
@@ -520,8 +520,8 @@ class EmbeddedService:
     def states(self, endpoint: str) -> dict[str, Any]:
         """The states of `endpoint` by partition key, as its domain objects (a `state`
         endpoint's newest snapshots). Raises KeyError for an unknown endpoint."""
-        store: Any = self.system.stores[endpoint]
-        return dict(sorted(store.states().items()))
+        inspection: Any = self.system.inspection  # the memory stores': read at once
+        return dict(inspection.snapshot(endpoint))
 
     def outputs(self, to: str | None = None) -> list[Sent]:
         """The messages the endpoints sent (to `to` only, when given), in order."""
@@ -558,18 +558,13 @@ class EmbeddedService:
         records, deferred clean-ups (after a sweep as if every grace had passed), requests on
         callees, unrelayed inbox rows. All zero once every message was consumed or
         dead-lettered (I8, I9)."""
-        system, rest = self.system, Counter[str]()
-        rest["tokens in flight"] = await system.tokens.count() - await self.kept_tokens()
-        for name in system.registry.names():
-            store: Any = system.stores[name]
-            rest["unfinished transaction records"] += await store.unfinished_count()
-            rest["side-effect records"] += store.record_count()
-            rest["deferred clean-ups"] += await store.cleanup_count()
-        for requests in system.requests.values():
-            rest["requests on callees"] += await requests.count()
-        for inbox in system.inboxes.values():
-            rest["unrelayed inbox rows"] += await inbox.count_pending()
-        return dict(rest)
+        found = await self.system.inspection.at_rest()
+        return {"tokens in flight": found.tokens - await self.kept_tokens(),
+                "unfinished transaction records": sum(found.unfinished.values()),
+                "side-effect records": sum(found.side_effect_records.values()),
+                "deferred clean-ups": sum(found.deferred_cleanups.values()),
+                "requests on callees": sum(found.requests.values()),
+                "unrelayed inbox rows": sum(found.inbox_rows.values())}
 
     async def _fill(self) -> None:
         report, names = self.report, {str(s): 0 for s in Outcome}

@@ -106,7 +106,7 @@ class IdempotentProvider:
 class SandboxApis(ThirdPartyApis):
     """`ThirdPartyApis` on one in-process `provider` (a new one by default), whatever the
     API's name: the stand-in for an API there is no URL for (nothing leaves the process;
-    a service routes each API to its own: `entrypoints.system.RoutedApis`)."""
+    a service routes each API to its own: `adapters.routed_apis.RoutedApis`)."""
 
     def __init__(self, provider: IdempotentProvider | None = None) -> None:
         self.provider = provider or IdempotentProvider()
