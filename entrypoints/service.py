@@ -16,12 +16,10 @@ import structlog
 import uvicorn
 
 from adapters.rabbitmq import topology
-from adapters.rabbitmq.connection import (
-    BrokerUnavailable,
-    RabbitConnection,
-)
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
+from adapters.rabbitmq.errors import BrokerUnavailable
 from application.dead_letters import DeadLetters
 from application.outcome import Outcome
 from application.records import DeadLetterStatus

@@ -1,5 +1,6 @@
-"""A RabbitMQ connection the service supervises: reconnection with backoff, one
-publisher-confirm channel, and a give-up deadline after which the process should exit.
+"""A RabbitMQ connection the service supervises: reconnection (with the back-off of
+adapters/rabbitmq/backoff.py), one publisher-confirm channel, and a give-up deadline after
+which the process should exit. Which driver errors are transient: adapters/rabbitmq/errors.py.
 
 aio-pika's robust connection restores channels and consumers by itself, but a connection can
 come back while a consumer does not (aio-pika issues #231, #563, #577, #668; reproduced here
@@ -15,67 +16,23 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import aio_pika
-import pamqp.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import (
-    AMQPError,
-    ChannelInvalidStateError,
-    ChannelPreconditionFailed,
-    DeliveryError,
-    ProbableAuthenticationError,
-    PublishError,
-)
-from aiormq.exceptions import ChannelAccessRefused  # aio-pika does not re-export it
+from aio_pika.exceptions import DeliveryError, PublishError
 from yarl import URL
 
+from adapters.rabbitmq.backoff import RECONNECT_DELAYS_S, reconnecting
+from adapters.rabbitmq.errors import DRIVER_ERRORS, PublishRefused, translated
 from application.errors import TransientError
 
 log = logging.getLogger(__name__)
 
-#: Driver errors that mean "the broker or the network failed, try again later". asyncio's
-#: TimeoutError is the builtin one on 3.11 (an OSError); both are named for clarity.
-DRIVER_ERRORS: tuple[type[BaseException], ...] = (
-    AMQPError, ChannelInvalidStateError, pamqp.exceptions.PAMQPException, ConnectionError,
-    OSError, asyncio.TimeoutError, RuntimeError,
-)
-#: Pauses between reconnection attempts (seconds); the last one repeats.
-RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 #: Bound on opening a connection or a channel (seconds): an open on a connection that is
 #: closing under our feet must not wait forever.
 OPEN_TIMEOUT_S = 10.0
-#: Broker refusals that no wait fixes: the credentials (ACCESS_REFUSED at login), an
-#: operation the user has no permission for, a queue that exists with other arguments
-#: (PRECONDITION_FAILED). A virtual host the user may not open is not one of them: a revoked
-#: permission, or a deployment that has created the user but not yet its rights, looks so.
-REFUSALS: tuple[type[BaseException], ...] = (
-    ProbableAuthenticationError, ChannelAccessRefused, ChannelPreconditionFailed,
-)
-
-T = TypeVar("T")
-
-
-class PublishRefused(TransientError):
-    """The broker nacked a publish: the queue refused it (a bound with `reject-publish`
-    reached, as on the dead-letter queues) or the broker failed to store it."""
-
-
-class BrokerUnavailable(TransientError):
-    """The broker could not be reached, or a queue not consumed, for longer than the
-    give-up time: the process should exit and let its orchestrator restart it."""
-
-
-@contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Re-raise driver errors of the block as `TransientError("<what>: <error>")`."""
-    try:
-        yield
-    except DRIVER_ERRORS as exc:
-        raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 def redacted(url: str) -> str:
@@ -91,53 +48,6 @@ def _alive(connection: AbstractConnection | None) -> bool:
         return False
     transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
     return transport is not None and not transport.connection.is_closed
-
-
-def backoff(delays_s: Sequence[float], attempt: int) -> float:
-    """The pause before reconnection attempt `attempt` (0-based): `delays_s[attempt]`, the
-    last delay repeating."""
-    return delays_s[min(attempt, len(delays_s) - 1)]
-
-
-def refusal(error: BaseException) -> BaseException | None:
-    """The broker's refusal (one of `REFUSALS`) that `error` is or was raised from (its
-    `__cause__` / `__context__` chain), None when there is none: waiting may fix `error`."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, REFUSALS):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-async def reconnecting(step: Callable[[], Awaitable[T]], deadline: float,
-                       delays_s: Sequence[float] = RECONNECT_DELAYS_S,
-                       transient: tuple[type[BaseException], ...] = (TransientError,),
-                       waiting: Callable[[BaseException, float], None] | None = None) -> T:
-    """`await step()` until it returns its result: the reconnection backoff (not the
-    processor's immediate re-attempts after a conflict, nor a delivery's delayed redelivery
-    through the retry queues). After a failure of `transient`, pause
-    `backoff(delays_s, attempt)` seconds (cut short at `deadline`) and try again; once the
-    event loop's clock (`loop.time()`, seconds) has reached `deadline`, that failure is
-    raised instead. `waiting(failure, pause_s)` is called before each pause (to log it) and
-    may raise to stop. Other errors propagate at once. The reconnection of a running
-    connection and the waits of a process's start-up both go through it."""
-    loop = asyncio.get_running_loop()
-    attempt = 0
-    while True:
-        try:
-            return await step()
-        except transient as failure:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise
-            pause = min(backoff(delays_s, attempt), left)
-            if waiting is not None:
-                waiting(failure, pause)
-            await asyncio.sleep(pause)
-            attempt += 1
 
 
 class RabbitConnection:

@@ -18,18 +18,14 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from adapters.rabbitmq.acks import ChannelAcks
 from adapters.rabbitmq.admission import Admission
-from adapters.rabbitmq.connection import (
-    DRIVER_ERRORS,
-    BrokerUnavailable,
-    RabbitConnection,
-    backoff,
-    translated,
-)
+from adapters.rabbitmq.backoff import backoff
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
 from adapters.rabbitmq.delivery import RabbitDelivery, channel_lost
 from adapters.rabbitmq.dispatcher import (
     attempt_of,
 )
+from adapters.rabbitmq.errors import DRIVER_ERRORS, BrokerUnavailable, translated
 from adapters.rabbitmq.topology import queue_names, retry_index
 from application import defaults
 from application.errors import MalformedMessage, TransientError

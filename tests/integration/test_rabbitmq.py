@@ -22,10 +22,11 @@ import pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import BrokerUnavailable, RabbitConnection
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.delivery import RabbitDelivery
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.rabbitmq.errors import BrokerUnavailable
 from adapters.rabbitmq.topology import QueueNames, declare, retry_index
 from application.envelope import (
     ATTEMPTS_HEADER,

@@ -1,0 +1,66 @@
+"""Which errors of the AMQP driver (aio-pika, aiormq, pamqp) are transient, which are the
+broker's refusals that no wait fixes, and the errors the RabbitMQ adapters raise themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pamqp.exceptions
+from aio_pika.exceptions import (
+    AMQPError,
+    ChannelInvalidStateError,
+    ChannelPreconditionFailed,
+    ProbableAuthenticationError,
+)
+from aiormq.exceptions import ChannelAccessRefused  # aio-pika does not re-export it
+
+from application.errors import TransientError
+
+#: Driver errors that mean "the broker or the network failed, try again later". asyncio's
+#: TimeoutError is the builtin one on 3.11 (an OSError); both are named for clarity.
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    AMQPError, ChannelInvalidStateError, pamqp.exceptions.PAMQPException, ConnectionError,
+    OSError, asyncio.TimeoutError, RuntimeError,
+)
+#: Broker refusals that no wait fixes: the credentials (ACCESS_REFUSED at login), an
+#: operation the user has no permission for, a queue that exists with other arguments
+#: (PRECONDITION_FAILED). A virtual host the user may not open is not one of them: a revoked
+#: permission, or a deployment that has created the user but not yet its rights, looks so.
+REFUSALS: tuple[type[BaseException], ...] = (
+    ProbableAuthenticationError, ChannelAccessRefused, ChannelPreconditionFailed,
+)
+
+
+class PublishRefused(TransientError):
+    """The broker nacked a publish: the queue refused it (a bound with `reject-publish`
+    reached, as on the dead-letter queues) or the broker failed to store it."""
+
+
+class BrokerUnavailable(TransientError):
+    """The broker could not be reached, or a queue not consumed, for longer than the
+    give-up time: the process should exit and let its orchestrator restart it."""
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Re-raise driver errors of the block as `TransientError("<what>: <error>")`."""
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def refusal(error: BaseException) -> BaseException | None:
+    """The broker's refusal (one of `REFUSALS`) that `error` is or was raised from (its
+    `__cause__` / `__context__` chain), None when there is none: waiting may fix `error`."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, REFUSALS):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
