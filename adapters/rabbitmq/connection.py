@@ -25,7 +25,12 @@ from aio_pika.exceptions import DeliveryError, PublishError
 from yarl import URL
 
 from adapters.rabbitmq.backoff import RECONNECT_DELAYS_S, reconnecting
-from adapters.rabbitmq.errors import DRIVER_ERRORS, PublishRefused, translated
+from adapters.rabbitmq.errors import (
+    DRIVER_ERRORS,
+    ClosedWhileOpening,
+    PublishRefused,
+    translated,
+)
 from application.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,21 @@ def _alive(connection: AbstractConnection | None) -> bool:
         return False
     transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
     return transport is not None and not transport.connection.is_closed
+
+
+async def _open_channel(connection: AbstractConnection, **options: Any) -> AbstractChannel:
+    """A channel on `connection` with aio-pika's `options`, opened within `OPEN_TIMEOUT_S`
+    seconds. Raises `ClosedWhileOpening` when the connection closed meanwhile (aiormq says
+    so with a plain `RuntimeError`), `DRIVER_ERRORS` otherwise; a `RuntimeError` on a
+    connection still open is a bug and propagates as it is."""
+    try:
+        async with asyncio.timeout(OPEN_TIMEOUT_S):
+            return await connection.channel(**options)
+    except RuntimeError as exc:
+        if isinstance(exc, DRIVER_ERRORS) or _alive(connection):
+            raise
+        raise ClosedWhileOpening(f"the connection closed while a channel opened: {exc}"
+                                 ) from exc
 
 
 class RabbitConnection:
@@ -110,9 +130,8 @@ class RabbitConnection:
         connection = await aio_pika.connect(
             self._url, timeout=OPEN_TIMEOUT_S, client_properties={"connection_name": self.name})
         try:
-            async with asyncio.timeout(OPEN_TIMEOUT_S):
-                channel = await connection.channel(publisher_confirms=True,
-                                                   on_return_raises=True)
+            channel = await _open_channel(connection, publisher_confirms=True,
+                                          on_return_raises=True)
         except BaseException:
             with contextlib.suppress(*DRIVER_ERRORS):
                 await connection.close()
@@ -148,14 +167,22 @@ class RabbitConnection:
             await reconnecting(self._reopen, started + self.give_up_after_s,
                           self.reconnect_delays_s, DRIVER_ERRORS)
         except DRIVER_ERRORS as exc:
-            self.failure = (f"the broker at {redacted(self._url)} stayed unreachable "
-                            f"for {loop.time() - started:.0f} s: {type(exc).__name__}: {exc}")
-            log.error("%s", self.failure)
-            self.failed.set()
+            self._give_up(f"the broker at {redacted(self._url)} stayed unreachable for "
+                          f"{loop.time() - started:.0f} s: {type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # a bug, not the broker: no wait fixes it
+            log.exception("recovering the connection to %s", redacted(self._url))
+            self._give_up(f"recovering the connection to {redacted(self._url)} failed: "
+                          f"{type(exc).__name__}: {exc}")
             return
         self.reconnections += 1
         log.warning("recovered the connection to %s after %.1f s", redacted(self._url),
                     loop.time() - started)
+
+    def _give_up(self, failure: str) -> None:
+        self.failure = failure
+        log.error("%s", failure)
+        self.failed.set()
 
     async def _reopen(self) -> None:
         connection = self._connection
@@ -164,9 +191,8 @@ class RabbitConnection:
             return
         # only the publishing channel went (a channel-level error): reopen it, the consuming
         # channels on this connection are unaffected
-        async with asyncio.timeout(OPEN_TIMEOUT_S):
-            channel = await connection.channel(  # type: ignore[union-attr]
-                publisher_confirms=True, on_return_raises=True)
+        channel = await _open_channel(connection,  # type: ignore[arg-type]
+                                      publisher_confirms=True, on_return_raises=True)
         self._channel = channel
         channel.close_callbacks.add(self._on_close)
         self._up.set()
@@ -258,10 +284,10 @@ class RabbitConnection:
         if not _alive(connection) or not self._up.is_set():
             raise TransientError(f"not connected to {redacted(self._url)}")
         with translated("opening a channel"):
-            async with asyncio.timeout(OPEN_TIMEOUT_S):
-                channel = await connection.channel(  # type: ignore[union-attr]
-                    publisher_confirms=False)
-                if prefetch is not None:
+            channel = await _open_channel(connection,  # type: ignore[arg-type]
+                                          publisher_confirms=False)
+            if prefetch is not None:
+                async with asyncio.timeout(OPEN_TIMEOUT_S):
                     await channel.set_qos(prefetch_count=prefetch)
         return channel
 

@@ -1,5 +1,13 @@
 """Which errors of the AMQP driver (aio-pika, aiormq, pamqp) are transient, which are the
 broker's refusals that no wait fixes, and the errors the RabbitMQ adapters raise themselves.
+
+A plain `RuntimeError` is not transient: it is a programming error, and retrying it as if the
+broker were away only delays its report. The drivers use it for one transient condition that
+the connection's code reaches: aiormq's (7.2) `Connection.channel` raises
+`RuntimeError("<Connection ...> closed")` when the connection closed while the channel was
+opening (it waits for the connection to be ready first); `RabbitConnection` re-raises that one
+as `ClosedWhileOpening` (adapters/rabbitmq/connection.py). aiormq's own
+`ChannelInvalidStateError` (a `RuntimeError` too: a closed channel) is named by its type.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from application.errors import TransientError
 #: TimeoutError is the builtin one on 3.11 (an OSError); both are named for clarity.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     AMQPError, ChannelInvalidStateError, pamqp.exceptions.PAMQPException, ConnectionError,
-    OSError, asyncio.TimeoutError, RuntimeError,
+    OSError, asyncio.TimeoutError,
 )
 #: Broker refusals that no wait fixes: the credentials (ACCESS_REFUSED at login), an
 #: operation the user has no permission for, a queue that exists with other arguments
@@ -32,6 +40,11 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 REFUSALS: tuple[type[BaseException], ...] = (
     ProbableAuthenticationError, ChannelAccessRefused, ChannelPreconditionFailed,
 )
+
+
+class ClosedWhileOpening(ConnectionError):
+    """The connection closed while a channel was opening on it (aiormq says so with a plain
+    `RuntimeError`, see the module docstring): one of `DRIVER_ERRORS`, as a `ConnectionError`."""
 
 
 class PublishRefused(TransientError):
@@ -46,7 +59,8 @@ class BrokerUnavailable(TransientError):
 
 @contextmanager
 def translated(what: str) -> Iterator[None]:
-    """Re-raise driver errors of the block as `TransientError("<what>: <error>")`."""
+    """Re-raise `DRIVER_ERRORS` of the block as `TransientError("<what>: <error>")`; any
+    other error (a `RuntimeError` among them) propagates as it is."""
     try:
         yield
     except DRIVER_ERRORS as exc:
