@@ -429,8 +429,8 @@ async def test_a_message_that_keeps_killing_consumers_is_dead_lettered_by_the_br
 
 
 async def _underlay_consumers(source: RabbitSource) -> dict[str, Any]:
-    assert source._channel is not None  # the channel the source consumes on now
-    underlay: Any = await source._channel.get_underlay_channel()
+    assert source.subscription.channel is not None  # the channel the source consumes on now
+    underlay: Any = await source.subscription.channel.get_underlay_channel()
     return underlay.consumers  # type: ignore[no-any-return]
 
 
@@ -443,8 +443,8 @@ async def test_watchdog_recreates_a_consumer_the_broker_no_longer_lists(rabbit: 
                           watchdog_s=0.5, watchdog_interval_s=0.1)
     await source.start(4)
     async with pumped(source) as received:
-        underlay: Any = await source._channel.get_underlay_channel()  # type: ignore[union-attr]
-        await underlay.basic_cancel(source._tag)
+        underlay: Any = await source.subscription.channel.get_underlay_channel()  # type: ignore[union-attr]
+        await underlay.basic_cancel(source.subscription.tag)
         sent = valid()
         await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, sent)
         delivery = await asyncio.wait_for(received.get(), 5.0)
@@ -478,8 +478,8 @@ async def test_watchdog_recreates_a_consumer_that_receives_but_never_yields(
         async def swallow(_message: Any) -> None:
             return None
 
-        assert source._tag is not None
-        consumers[source._tag] = swallow  # deliveries vanish inside the client library
+        assert source.subscription.tag is not None
+        consumers[source.subscription.tag] = swallow  # deliveries vanish inside the client library
         sent = [valid(), valid()]
         for envelope in sent:
             await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, envelope)
@@ -554,7 +554,7 @@ async def test_acks_settled_together_share_frames_and_none_is_lost_or_doubled(
         last = await asyncio.wait_for(received.get(), 5.0)
         assert last.envelope.message_id == more.message_id
         await last.ack()
-        acks = source._acks
+        acks = source.subscription.acks
         assert acks is not None
         assert acks.acked == 41
         assert acks.frames == 2 + (1 + 18) + 1 + 1  # before, after (above 21), 21, the last
