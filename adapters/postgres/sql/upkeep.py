@@ -4,6 +4,7 @@ over, processed-message rows purged) and the store's gauges."""
 from __future__ import annotations
 
 from adapters.postgres.sql.attempt import RECORDS_OF
+from adapters.postgres.sql.writes import losers_cleaned
 
 COMMITTED_BEFORE = """
 SELECT partition_key, message_id, attempt_id, version, committed_at FROM eo_transaction_record
@@ -25,18 +26,12 @@ SELECT t.partition_key, t.version, {RECORDS_OF.format(extra="AND r.registered_at
       AND r.registered_at < $2)
  LIMIT 1000"""
 
-TAKE_OVER = """
+TAKE_OVER = f"""
 WITH tr AS (
   UPDATE eo_transaction_record SET version = version + 1
    WHERE endpoint = $1 AND partition_key = $2 AND version = $3 AND message_id IS NULL
   RETURNING 1),
-del AS (
-  DELETE FROM eo_side_effect_record r USING tr
-   WHERE r.endpoint = $1 AND r.partition_key = $2
-     AND (r.kind, r.key) IN (SELECT * FROM unnest($4::text[], $5::text[]))),
-def AS (
-  INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
-  SELECT $1, k, ky, p, $7 FROM tr, unnest($4::text[], $5::text[], $6::jsonb[]) AS x(k, ky, p))
+{losers_cleaned(("$4", "$5", "$6"), "$7")}
 SELECT count(*) FROM tr"""
 
 PURGE_PROCESSED = """

@@ -111,15 +111,23 @@ def _consume(param: str) -> str:
 SELECT count(*) FROM tr"""
 
 
-CLEAR = f"""
-WITH {_CLEAR_TR},
-del AS (
+def losers_cleaned(listed: tuple[str, str, str], due: str) -> str:
+    """The CTEs of a guarded TR update (`tr`) that delete the partition's records $4 (kinds)
+    and $5 (keys) and list the records `listed` (the parameters of their kinds, keys and
+    payloads) for deferred clean-up at `due`: what a clear and a take-over both do."""
+    kinds, keys, payloads = listed
+    return f"""del AS (
   DELETE FROM eo_side_effect_record r USING tr
    WHERE r.endpoint = $1 AND r.partition_key = $2
      AND (r.kind, r.key) IN (SELECT * FROM unnest($4::text[], $5::text[]))),
 def AS (
   INSERT INTO eo_deferred_cleanup (endpoint, kind, key, payload, due)
-  SELECT $1, k, ky, p, $9 FROM tr, unnest($6::text[], $7::text[], $8::jsonb[]) AS x(k, ky, p)),
+  SELECT $1, k, ky, p, {due} FROM tr, unnest({kinds}::text[], {keys}::text[], {payloads}::jsonb[]) AS x(k, ky, p))"""  # noqa: E501 - the statement's own line
+
+
+CLEAR = f"""
+WITH {_CLEAR_TR},
+{losers_cleaned(("$6", "$7", "$8"), "$9")},
 {_consume("$10")}"""
 
 # CLEAR of the plain case: no record row to delete, no loser to list. $1-$3 as CLEAR, $4 the
