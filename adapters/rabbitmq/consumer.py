@@ -8,7 +8,6 @@ channel and consumer whenever they are gone). Each delivery is admitted
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Collection, Sequence
 
@@ -123,7 +122,8 @@ class RabbitSource:
         channels, connections and consumers (see the class docstring); deliveries of a lost
         channel are redelivered by the broker. The last channel stays open for settling after
         the end, until the connection closes. Raises `TransientError` when the queue cannot
-        be consumed at start, `BrokerUnavailable` when consumption could not be restored."""
+        be consumed at start, `BrokerUnavailable` when consumption could not be restored, and
+        the error of a bug in the supervision (not the broker's: not retried)."""
         if self._stopped:
             return
         if not self._started:
@@ -132,6 +132,8 @@ class RabbitSource:
         tasks = [asyncio.create_task(subscription.supervise(),
                                      name=f"{self.endpoint} supervisor"),
                  asyncio.create_task(subscription.watch(), name=f"{self.endpoint} watchdog")]
+        for task in tasks:
+            task.add_done_callback(self._supervision_ended)
         try:
             while (message := await self._inbox.get()) is not None:
                 # while a dead letter waits for room, take no new delivery
@@ -149,12 +151,17 @@ class RabbitSource:
         finally:
             for task in tasks:
                 task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
             await self.stop()
+        for error in ended:  # a bug in the supervision, not the broker
+            if isinstance(error, Exception):
+                raise error
         if subscription.failure is not None:
             raise subscription.failure
+
+    def _supervision_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._inbox.put_nowait(None)  # `deliveries` ends and raises it
 
     async def start(self, prefetch: int = defaults.SINGLE_PREFETCH) -> None:
         """Consume the work queue now (`deliveries` does it otherwise), at most `prefetch`

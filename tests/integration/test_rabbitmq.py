@@ -514,6 +514,46 @@ async def test_a_source_that_cannot_consume_again_raises_broker_unavailable(
     await declare(rabbit.publisher, rabbit.names.work, DELAYS, 5)  # for the teardown
 
 
+class BuggyChannels(RabbitConnection):
+    """A connection whose channels after the first fail with a programming error."""
+
+    opened = 0
+
+    async def open_channel(self, prefetch: int | None = None) -> Any:
+        self.opened += 1
+        if self.opened > 1:
+            raise RuntimeError("a bug opening a channel")
+        return await super().open_channel(prefetch)
+
+
+async def test_a_bug_while_consuming_again_ends_the_deliveries_with_it(
+    rabbit: Rabbit, amqp_url: str,
+) -> None:
+    """A programming error while the source consumes again is not the broker away: it is
+    not retried for the connection's give-up time, the deliveries end and raise it."""
+    connection = BuggyChannels(amqp_url, reconnect_delays_s=(0.1,), give_up_after_s=60.0)
+    await connection.start()
+    try:
+        source = RabbitSource(connection, rabbit.names.work, DELAYS)
+        await source.start(1)
+
+        async def first() -> RabbitDelivery:
+            return await anext(source.deliveries())
+
+        pending = asyncio.create_task(first())
+        await asyncio.sleep(0.1)
+        assert source.subscription.channel is not None
+        loop = asyncio.get_running_loop()
+        closed = loop.time()
+        await source.subscription.channel.close()
+        with pytest.raises(RuntimeError, match="a bug opening a channel"):
+            await asyncio.wait_for(pending, 5.0)
+        assert loop.time() - closed < 2.0  # at once: not when the wait gave up
+        assert source.restarts == 0
+    finally:
+        await connection.close()
+
+
 async def test_a_delivery_of_a_closed_channel_publishes_no_copy(rabbit: Rabbit) -> None:
     """Retrying or dead-lettering a delivery whose channel closed would publish a copy
     beside the broker's own redelivery: it raises at once and publishes nothing."""
