@@ -16,21 +16,22 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import DeliveryError, PublishError
 from yarl import URL
 
 from adapters.rabbitmq.backoff import RECONNECT_DELAYS_S, reconnecting
 from adapters.rabbitmq.errors import (
     DRIVER_ERRORS,
-    ClosedWhileOpening,
-    PublishRefused,
+    alive,
+    closed_while_opening,
     translated,
 )
+from adapters.rabbitmq.publishing import ConfirmedPublisher
 from application.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -46,28 +47,14 @@ def redacted(url: str) -> str:
     return str(parsed.with_password("******")) if parsed.password else url
 
 
-def _alive(connection: AbstractConnection | None) -> bool:
-    """Whether `connection` and its AMQP transport are open (aio-pika may not have noticed
-    yet that the transport closed)."""
-    if connection is None or connection.is_closed:
-        return False
-    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
-    return transport is not None and not transport.connection.is_closed
-
-
 async def _open_channel(connection: AbstractConnection, **options: Any) -> AbstractChannel:
     """A channel on `connection` with aio-pika's `options`, opened within `OPEN_TIMEOUT_S`
     seconds. Raises `ClosedWhileOpening` when the connection closed meanwhile (aiormq says
     so with a plain `RuntimeError`), `DRIVER_ERRORS` otherwise; a `RuntimeError` on a
     connection still open is a bug and propagates as it is."""
-    try:
+    with closed_while_opening(connection):
         async with asyncio.timeout(OPEN_TIMEOUT_S):
             return await connection.channel(**options)
-    except RuntimeError as exc:
-        if isinstance(exc, DRIVER_ERRORS) or _alive(connection):
-            raise
-        raise ClosedWhileOpening(f"the connection closed while a channel opened: {exc}"
-                                 ) from exc
 
 
 class RabbitConnection:
@@ -107,7 +94,8 @@ class RabbitConnection:
         self.reconnections = 0
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
-        self._publishing: dict[str, list[asyncio.Future[None]]] = {}
+        #: publishes on the publishing channel of the moment
+        self.publisher = ConfirmedPublisher(lambda: self.channel, self._up, publish_timeout_s)
 
     def __repr__(self) -> str:
         return f"RabbitConnection({redacted(self._url)!r})"
@@ -186,7 +174,7 @@ class RabbitConnection:
 
     async def _reopen(self) -> None:
         connection = self._connection
-        if not _alive(connection):
+        if not alive(connection):
             await self._connect()
             return
         # only the publishing channel went (a channel-level error): reopen it, the consuming
@@ -227,61 +215,17 @@ class RabbitConnection:
         return self._channel
 
     async def publish(self, queue: str, message: aio_pika.Message) -> None:
-        """Publish `message` on the default exchange to `queue` (mandatory) and wait for the
-        publisher confirm, waiting for a reconnection first if need be. Raises
-        `PublishRefused` on a nack (the message did not arrive), `TransientError` on an
-        unroutable message (no such queue), a timeout or a lost channel (the message may then
-        have arrived or not)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.publish_timeout_s
-        message_id = message.message_id  # None: aiormq gives the message a random ID
-        try:
-            if message_id is not None:
-                if message_id in self._publishing:
-                    await self._wait_turn(message_id, deadline)
-                self._publishing[message_id] = []
-            try:
-                if not self._up.is_set():
-                    async with asyncio.timeout_at(deadline):
-                        await self._up.wait()
-                # aiormq bounds the write and the confirm with its own timeout
-                await self.channel.default_exchange.publish(
-                    message, routing_key=queue, mandatory=True,
-                    timeout=max(deadline - loop.time(), 0.001))
-            finally:
-                if message_id is not None:
-                    self._end_turn(message_id)
-        except PublishError as exc:
-            raise TransientError(f"publish to {queue!r}: unroutable (no such queue)") from exc
-        except DeliveryError as exc:
-            raise PublishRefused(f"publish to {queue!r}: nacked by the broker") from exc
-        except DRIVER_ERRORS as exc:
-            raise TransientError(f"publish to {queue!r}: {type(exc).__name__}: {exc}") from exc
-
-    # aiormq matches a returned (unroutable) message to its publish by message ID: two
-    # publishes of one ID in flight at once (concurrent finishers re-dispatching) could swap
-    # their outcomes and report an unroutable copy as confirmed. One publish of an ID at a
-    # time: `_publishing` maps the ID in flight to the futures of those waiting for it.
-
-    async def _wait_turn(self, message_id: str, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout_at(deadline):
-            while (waiting := self._publishing.get(message_id)) is not None:
-                turn = loop.create_future()
-                waiting.append(turn)
-                await turn  # woken when that publish ends; the first one awake goes next
-
-    def _end_turn(self, message_id: str) -> None:
-        for turn in self._publishing.pop(message_id, ()):
-            if not turn.done():
-                turn.set_result(None)
+        """Publish `message` to `queue` and wait for its confirm, waiting for a reconnection
+        first if need be, within `publish_timeout_s` (`ConfirmedPublisher.publish`: its
+        errors)."""
+        await self.publisher.publish(queue, message)
 
     async def open_channel(self, prefetch: int | None = None) -> AbstractChannel:
         """A new plain channel on the current connection (no publisher confirms), with at most
         `prefetch` unacked deliveries when given. Its owner watches and re-creates it: it is
         not restored after a reconnection. Raises `TransientError` while disconnected."""
         connection = self._connection
-        if not _alive(connection) or not self._up.is_set():
+        if not alive(connection) or not self._up.is_set():
             raise TransientError(f"not connected to {redacted(self._url)}")
         with translated("opening a channel"):
             channel = await _open_channel(connection,  # type: ignore[arg-type]
@@ -291,36 +235,36 @@ class RabbitConnection:
                     await channel.set_qos(prefetch_count=prefetch)
         return channel
 
-    async def queue_counts(self, queue: str) -> tuple[int, int]:
-        """(ready messages, consumers) of `queue` as the broker counts them now, through a
-        passive declare on a channel of its own (a missing queue closes that channel only).
-        Raises `TransientError` when disconnected or the queue does not exist."""
+    @asynccontextmanager
+    async def _own_channel(self) -> AsyncIterator[AbstractChannel]:
         channel = await self.open_channel()
         try:
-            with translated(f"inspecting {queue!r}"):
-                declared = await channel.declare_queue(queue, passive=True)
-            result = declared.declaration_result
-            return result.message_count or 0, result.consumer_count or 0
+            yield channel
         finally:
             with contextlib.suppress(*DRIVER_ERRORS):
                 if not channel.is_closed:
                     await channel.close()
 
+    async def queue_counts(self, queue: str) -> tuple[int, int]:
+        """(ready messages, consumers) of `queue` as the broker counts them now, through a
+        passive declare on a channel of its own (a missing queue closes that channel only).
+        Raises `TransientError` when disconnected or the queue does not exist."""
+        async with self._own_channel() as channel:
+            with translated(f"inspecting {queue!r}"):
+                declared = await channel.declare_queue(queue, passive=True)
+            result = declared.declaration_result
+            return result.message_count or 0, result.consumer_count or 0
+
     async def queue_exists(self, queue: str) -> bool:
         """Whether `queue` exists, through a passive declare on a channel of its own. Raises
         `TransientError` when disconnected or the broker fails otherwise."""
-        channel = await self.open_channel()
-        try:
+        async with self._own_channel() as channel:
             with translated(f"looking for {queue!r}"):
                 try:
                     await channel.declare_queue(queue, passive=True)
                 except aio_pika.exceptions.ChannelNotFoundEntity:
                     return False
             return True
-        finally:
-            with contextlib.suppress(*DRIVER_ERRORS):
-                if not channel.is_closed:
-                    await channel.close()
 
     async def close(self) -> None:
         """Stop supervising and close the connection and its channels; unacked deliveries

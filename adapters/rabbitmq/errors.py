@@ -6,7 +6,7 @@ broker were away only delays its report. The drivers use it for one transient co
 the connection's code reaches: aiormq's (7.2) `Connection.channel` raises
 `RuntimeError("<Connection ...> closed")` when the connection closed while the channel was
 opening (it waits for the connection to be ready first); `RabbitConnection` re-raises that one
-as `ClosedWhileOpening` (adapters/rabbitmq/connection.py). aiormq's own
+as `ClosedWhileOpening` (`closed_while_opening`). aiormq's own
 `ChannelInvalidStateError` (a `RuntimeError` too: a closed channel) is named by its type.
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pamqp.exceptions
+from aio_pika.abc import AbstractConnection
 from aio_pika.exceptions import (
     AMQPError,
     ChannelInvalidStateError,
@@ -78,3 +79,27 @@ def refusal(error: BaseException) -> BaseException | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def alive(connection: AbstractConnection | None) -> bool:
+    """Whether aio-pika `connection` (None: none) and its AMQP transport are open (aio-pika
+    may not have noticed yet that the transport closed)."""
+    if connection is None or connection.is_closed:
+        return False
+    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
+    return transport is not None and not transport.connection.is_closed
+
+
+@contextmanager
+def closed_while_opening(connection: AbstractConnection | None) -> Iterator[None]:
+    """Around the opening of a channel on aio-pika `connection`: aiormq's
+    `RuntimeError("<Connection ...> closed")` re-raised as `ClosedWhileOpening` when the
+    connection is indeed closed now. Any other `RuntimeError`, or one on a connection still
+    open, is a bug and propagates as it is."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if isinstance(exc, DRIVER_ERRORS) or alive(connection):
+            raise
+        raise ClosedWhileOpening(f"the connection closed while a channel opened: {exc}"
+                                 ) from exc

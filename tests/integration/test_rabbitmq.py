@@ -325,7 +325,7 @@ async def test_concurrent_publishes_of_one_message_id_keep_their_own_outcomes(
     assert all(isinstance(o, TransientError) and "unroutable" in str(o)
                for o in outcomes[1::2])
     assert await rabbit.depth(rabbit.names.work) == 10
-    assert rabbit.publisher._publishing == {}  # nothing kept per message ID afterwards
+    assert rabbit.publisher.publisher.waiting == {}  # nothing kept per message ID afterwards
 
 
 async def test_a_publish_cancelled_while_waiting_its_turn_leaves_nothing_behind(
@@ -339,7 +339,7 @@ async def test_a_publish_cancelled_while_waiting_its_turn_leaves_nothing_behind(
     await first
     with pytest.raises(asyncio.CancelledError):
         await second
-    assert rabbit.publisher._publishing == {}
+    assert rabbit.publisher.publisher.waiting == {}
     await dispatcher.dispatch(rabbit.names.work, envelope)  # the ID is free again
     assert await rabbit.depth(rabbit.names.work) == 2
 
