@@ -71,7 +71,8 @@ def memory_adapters(
         http=InProcessHttp(callees), local_callees=callees,
         dead_letter_publisher=dead_letters, failpoints=failpoints,
         tracer=tracing.tracer if tracing else None,
-        apis=RoutedApis({api.name: SandboxApis() for api in registry.apis})
+        apis=RoutedApis({api.name: SandboxApis(apis=[api.name], timeout_s=api.timeout_s)
+                         for api in registry.apis})
         if registry.apis else None)
 
 

@@ -106,7 +106,8 @@ def third_party_apis(settings: Settings, registry: Registry, client: Any,
     for api in registry.apis:
         own = settings.api(api.name)
         if own.url is None:
-            routes[api.name] = SandboxApis()
+            routes[api.name] = SandboxApis(apis=[api.name],
+                                           timeout_s=own.timeout_s or api.timeout_s)
             if api.name in called:
                 log.warning("api.sandbox", api=api.name, endpoint=consumer,
                             reason=f"EO_APIS__{api.name.upper()}__URL is not set: calls go to "

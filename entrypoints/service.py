@@ -14,11 +14,9 @@ import structlog
 import uvicorn
 
 from adapters.rabbitmq import topology
-from adapters.rabbitmq.connection import (
-    BrokerUnavailable,
-    RabbitConnection,
-)
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
+from adapters.rabbitmq.errors import BrokerUnavailable
 from application.outcome import Outcome
 from application.ports import TransactionalStore
 from application.registry import Role
