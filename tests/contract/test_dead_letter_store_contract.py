@@ -1,4 +1,4 @@
-"""The `DeadLetterStore` contract (application/ports.py), against memory and PostgreSQL: a
+"""The `DeadLetterStore` contract (application.ports), against memory and PostgreSQL: a
 message dead-lettered again is one entry with its history (a copy kept twice is not two
 reasons), the filters, one hold at a time and marks only when it ends cleanly, the counts
 and the purge."""
