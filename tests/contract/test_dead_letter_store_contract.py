@@ -18,7 +18,7 @@ import pytest
 from adapters.memory.dead_letter_store import MemoryDeadLetterStore
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.system.clock import ManualClock
-from application.dead_letters import dead_letter_of
+from application.dead_letter_copies import dead_letter_of
 from application.envelope import (
     ATTEMPTS_HEADER,
     BODY_BYTES_HEADER,

@@ -590,7 +590,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="dead-letter-text-kept-raw",
         guard="7 (issue 37): a dead letter's texts are kept escaped where a store cannot "
               "hold them (else PostgreSQL refuses the entry on every sweep)",
-        file="application/dead_letters.py",
+        file="application/dead_letter_copies.py",
         before="""        if text is None or clean(text):""",
         after="""        if True:""",
         killers=("tests/unit/application/test_dead_letters.py::test_every_text_of_a_dead_letter_"
@@ -602,7 +602,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="clipped-copies-not-merged",
         guard="7 (issue 37): every copy of one message is one dead-letter entry (a clipped "
               "body's digest is the whole body's)",
-        file="application/dead_letters.py",
+        file="application/dead_letter_copies.py",
         before="""        if raw_message_id else None, replayable=replayable,""",
         after="""        if raw_message_id and BODY_SHA256_HEADER not in headers else None,
         replayable=replayable,""",
