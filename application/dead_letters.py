@@ -29,11 +29,7 @@ from application.api_caller import deadline_in
 from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import PermanentError
 from application.handler_runner import HandlerRunner
-from application.observability import (
-    DEAD_LETTER_DISCARDED,
-    DEAD_LETTER_REPLAYED,
-    SIDE_EFFECT_CLEANED,
-)
+from application.observability import DEAD_LETTER_DISCARDED, DEAD_LETTER_REPLAYED
 from application.ports import (
     Clock,
     DeadLetterQuery,
@@ -45,6 +41,7 @@ from application.ports import (
 )
 from application.records import Abandoned, DeadLetter, DeadLetterStatus, Kind
 from application.side_effects import SideEffects
+from application.sweeper import take_over_and_clean
 
 #: The longest reason (`why`) a discard takes, in characters: it is logged with the action and
 #: kept on the entry, for people to read; the bound keeps a paste or a hostile client from
@@ -263,15 +260,12 @@ class DeadLetters:
                                "sweeper does, within EO_STALE_AFTER_S)")
             mine = tuple(r for r in records if r.incoming_id == m and not r.in_token)
             if mine and tr.message_id is None:
-                abandoned = Abandoned(partition, tr.version, mine)
-                if not await access.store.take_over(abandoned, self.clock.now() + self.grace):
+                if not await take_over_and_clean(
+                        access.store, self.effects, self.events, letter.endpoint,
+                        Abandoned(partition, tr.version, mine), self.clock.now() + self.grace,
+                        discarded=True):
                     raise _Refused(f"partition {partition} moved while it was released: "
                                    "discard it again")
-                for rec in mine:
-                    await self.effects.clean_up(rec.kind, rec.key, rec.payload)
-                    self.events.emit(SIDE_EFFECT_CLEANED, endpoint=letter.endpoint,
-                                     kind=str(rec.kind), key=rec.key, partition=partition,
-                                     discarded=True)
                 released.append(f"{len(mine)} registration(s) of its attempts")
         if token is not None:
             url = token.header(REQUEST_URL_HEADER)
