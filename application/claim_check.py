@@ -35,6 +35,15 @@ class ClaimCheck(Protocol):
         `Duplicate` when the token is gone."""
 
 
+def is_the_delivery(stored: Envelope, delivery: Envelope) -> bool:
+    """Whether `stored`, the message a token holds, is the message `delivery` carries: the
+    same type and body. Only then may a path trust what the delivery's body says (its
+    partition, its decoding); any other delivery is processed as its token says (protocol
+    3.1's claim check; docs/security.md). The single path with co-located tokens and the
+    batched path ask it; nothing else decides it."""
+    return stored.type == delivery.type and stored.body == delivery.body
+
+
 @dataclass(frozen=True)
 class ReadApart:
     """Tokens in a database of their own: the token is read first, its body names the
@@ -69,7 +78,7 @@ class ReadWithTheRecord:
             stored = loaded.token
             if stored is None:
                 raise Duplicate
-            if stored.type == envelope.type and stored.body == envelope.body:
+            if is_the_delivery(stored, envelope):
                 await held(stored, message, partition, loaded)
                 return True
         return False

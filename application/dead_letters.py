@@ -1,6 +1,6 @@
-"""Dead letters an operator can act on (protocol 7): what a dead-letter copy says, and the
-operations `eo dead-letters` and its HTTP API run: list, show, replay, discard, and the
-retention that discards what nobody acted on.
+"""Dead letters an operator can act on (protocol 7): the operations `eo dead-letters` and its
+HTTP API run: list, show, replay, discard, and the retention that discards what nobody
+acted on (what a dead-letter copy says is application/dead_letter_copies.py).
 
 A dead letter keeps its token (the message may be processed after its cause is fixed), so
 the operations are protocol-aware:
@@ -21,36 +21,15 @@ the operations are protocol-aware:
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
+from datetime import timedelta
 
 from application.api_caller import deadline_in
-from application.envelope import (
-    ATTEMPTS_HEADER,
-    BODY_BYTES_HEADER,
-    BODY_SHA256_HEADER,
-    DEAD_LETTERED_AT_HEADER,
-    ENDPOINT_HEADER,
-    NO_MESSAGE_ID_HEADER,
-    ORIGIN_ID_HEADER,
-    ORIGIN_PRODUCER_HEADER,
-    PRODUCER_HEADER,
-    REASON_HEADER,
-    REQUEST_URL_HEADER,
-    RETRY_REASON_HEADER,
-    Envelope,
-)
+from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import PermanentError
 from application.handler_runner import HandlerRunner
-from application.observability import (
-    DEAD_LETTER_DISCARDED,
-    DEAD_LETTER_REPLAYED,
-    SIDE_EFFECT_CLEANED,
-)
+from application.observability import DEAD_LETTER_DISCARDED, DEAD_LETTER_REPLAYED
 from application.ports import (
     Clock,
     DeadLetterQuery,
@@ -60,23 +39,9 @@ from application.ports import (
     TokenStore,
     TransactionalStore,
 )
-from application.records import (
-    Abandoned,
-    DeadLetter,
-    DeadLetterReason,
-    DeadLetterStatus,
-    Kind,
-)
+from application.records import Abandoned, DeadLetter, DeadLetterStatus, Kind
 from application.side_effects import SideEffects
-from application.wire_text import clean, escaped, original
-
-#: Headers a dead-letter or retry copy adds to a message: not the message's own, so a
-#: replay drops them (a replayed message starts again at attempt 1).
-COPY_HEADERS = frozenset({
-    REASON_HEADER, ENDPOINT_HEADER, ATTEMPTS_HEADER, RETRY_REASON_HEADER,
-    NO_MESSAGE_ID_HEADER, BODY_BYTES_HEADER, BODY_SHA256_HEADER, PRODUCER_HEADER,
-    DEAD_LETTERED_AT_HEADER,
-})
+from application.sweeper import take_over_and_clean
 
 #: The longest reason (`why`) a discard takes, in characters: it is logged with the action and
 #: kept on the entry, for people to read; the bound keeps a paste or a hostile client from
@@ -94,77 +59,6 @@ def check_why(why: str) -> str:
         raise ValueError(f"a discard's reason (why) must be at most {MAX_WHY_CHARS} "
                          f"characters, not {len(why)}")
     return why
-
-
-def dead_letter_of(endpoint: str, raw_message_id: str | None, type_: str | None, body: bytes,
-                   headers: Mapping[str, str], producer: str, at: datetime,
-                   broker_reason: str | None = None) -> DeadLetter:
-    """The `DeadLetter` a dead-letter copy stands for, from what the transport delivered:
-    the copy's message ID as it was (None or not a UUID: kept as `raw_message_id`), type,
-    body, text headers and authenticated producer, and `at` (UTC) when the copy carries no
-    `eo-dead-lettered-at`. `broker_reason` is the reason of a copy the broker dead-lettered
-    itself (no `eo-reason`: the work queue's delivery limit). A clipped body (malformed or
-    oversize message) is kept but not replayable.
-
-    Any store can keep the result: every text that is not `application.wire_text.clean`
-    (bytes that were not UTF-8, U+0000) is kept `escaped`, its bytes in `originals`, and
-    such a dead letter is not replayable (what it holds is not what was sent). Every copy
-    of one message gets the same `digest` (`letter_digest`), so a store keeps one entry per
-    message, however often and by whichever path it was dead-lettered."""
-    originals: dict[str, bytes] = {}
-
-    def kept(field_name: str, text: str | None) -> str | None:
-        if text is None or clean(text):
-            return text
-        originals[field_name] = original(text)
-        return escaped(text)
-
-    headers = {kept(f"header name {escaped(k)}", k) or "": kept(f"header {escaped(k)}", v) or ""
-               for k, v in headers.items()}
-    raw_message_id, type_ = kept("message_id", raw_message_id), kept("type", type_)
-    producer = kept("producer", producer) or ""
-    message_id = None
-    if raw_message_id and NO_MESSAGE_ID_HEADER not in headers:
-        try:
-            message_id = uuid.UUID(raw_message_id)
-        except ValueError:
-            message_id = None
-    try:
-        attempt = max(int(headers.get(ATTEMPTS_HEADER, "1")), 1)
-    except ValueError:
-        attempt = 1
-    stamped = headers.get(DEAD_LETTERED_AT_HEADER)
-    try:
-        when = datetime.fromisoformat(stamped) if stamped else at
-    except ValueError:
-        when = at
-    if when.tzinfo is None:  # a forged or odd stamp: read as UTC, as every stamp is
-        when = when.replace(tzinfo=UTC)
-    reason = headers.get(REASON_HEADER) or broker_reason or "dead-lettered (no reason given)"
-    replayable = (message_id is not None and bool(type_) and BODY_BYTES_HEADER not in headers
-                  and not originals)
-    kept_headers = MappingProxyType({k: v for k, v in headers.items() if k not in COPY_HEADERS})
-    return DeadLetter(
-        endpoint=headers.get(ENDPOINT_HEADER) or endpoint, message_id=message_id,
-        raw_message_id=raw_message_id if message_id is None else None, producer=producer,
-        type=type_ or None, body=body, headers=kept_headers,
-        digest=letter_digest(type_ or "", body, headers.get(BODY_SHA256_HEADER))
-        if raw_message_id else None, replayable=replayable,
-        origin_id=headers.get(ORIGIN_ID_HEADER) or (str(message_id) if message_id else None),
-        origin_producer=headers.get(ORIGIN_PRODUCER_HEADER) or producer or None,
-        reasons=(DeadLetterReason(when, escaped(reason), attempt),),
-        originals=MappingProxyType(originals))
-
-
-def letter_digest(type_: str, body: bytes, body_sha256: str | None = None) -> str:
-    """What tells two dead letters under one message ID apart (hex SHA-256): the message's
-    `Envelope.digest` (type and body), or for a copy whose body was clipped (`body_sha256`:
-    the SHA-256 of the whole body, hex, which the copy carries) the same over the type and
-    that hash, so every clipped copy of one message has one digest."""
-    kind = type_.encode("utf-8", "surrogatepass")
-    content = body if body_sha256 is None else b"clipped:sha256:" + body_sha256.encode(
-        "utf-8", "surrogatepass")
-    return hashlib.sha256(b"%d:%s" % (len(kind), kind) + content).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -366,15 +260,12 @@ class DeadLetters:
                                "sweeper does, within EO_STALE_AFTER_S)")
             mine = tuple(r for r in records if r.incoming_id == m and not r.in_token)
             if mine and tr.message_id is None:
-                abandoned = Abandoned(partition, tr.version, mine)
-                if not await access.store.take_over(abandoned, self.clock.now() + self.grace):
+                if not await take_over_and_clean(
+                        access.store, self.effects, self.events, letter.endpoint,
+                        Abandoned(partition, tr.version, mine), self.clock.now() + self.grace,
+                        discarded=True):
                     raise _Refused(f"partition {partition} moved while it was released: "
                                    "discard it again")
-                for rec in mine:
-                    await self.effects.clean_up(rec.kind, rec.key, rec.payload)
-                    self.events.emit(SIDE_EFFECT_CLEANED, endpoint=letter.endpoint,
-                                     kind=str(rec.kind), key=rec.key, partition=partition,
-                                     discarded=True)
                 released.append(f"{len(mine)} registration(s) of its attempts")
         if token is not None:
             url = token.header(REQUEST_URL_HEADER)

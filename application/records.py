@@ -150,7 +150,7 @@ class DeadLetter:
     - `message_id`: None when the message had no valid one (`raw_message_id`: what it had);
     - `producer`, `type`, `body`, `headers`: the message to replay (`headers` without the
       dead-letter ones); `digest`: what tells it from another message under its ID
-      (`application.dead_letters.letter_digest`: its type and body, or the whole body's
+      (`application.dead_letter_copies.letter_digest`: its type and body, or the whole body's
       SHA-256 when the body was clipped), None without a message ID;
     - `replayable`: False when the body was clipped (malformed, of no known type), or when
       a text of it had to be kept escaped;

@@ -32,7 +32,7 @@ Retention (`StateRetention`) drops an entry once the entry after it is older tha
 the latest snapshot always stays, and every entry inside the window keeps its predecessor, so
 a duplicate inside the window is still evaluated against the right state. A duplicate whose
 predecessor was dropped raises `OutsideRetention` (dead-lettered, never applied twice).
-The port (`StateStream`) and its entries (`StateEntry`) live in application/ports.py and
+The port (`StateStream`) and its entries (`StateEntry`) live in application/ports/stores.py and
 application/records.py.
 """
 

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from application import defaults
 from application.finisher import Finisher
 from application.observability import SIDE_EFFECT_CLEANED
 from application.ports import Clock, EventSink, Inbox, RequestStore, SweeperQueries
+from application.records import Abandoned
+from application.side_effects import SideEffects
+
+
+async def take_over_and_clean(store: SweeperQueries, effects: SideEffects, events: EventSink,
+                              endpoint: str, registrations: Abandoned,
+                              cleanup_due: datetime, **why: object) -> bool:
+    """Take the abandoned `registrations` over and delete their artifacts: the take-over
+    (`SweeperQueries.take_over`, one optimistic write that also lists them for deferred
+    clean-up at `cleanup_due`) fences the registering attempt out first, so it can no
+    longer commit, and only then is each artifact deleted and logged (`side_effect.cleaned`
+    with the fields `why`, e.g. `abandoned=True`). Returns False, deleting nothing, when
+    the partition moved meanwhile. The sweeper's step 3 and a dead letter's discard both
+    release registrations this way. Raises `TransientError` when a store fails."""
+    if not await store.take_over(registrations, cleanup_due):
+        return False
+    for rec in registrations.records:
+        await effects.clean_up(rec.kind, rec.key, rec.payload)
+        events.emit(SIDE_EFFECT_CLEANED, endpoint=endpoint, kind=str(rec.kind), key=rec.key,
+                    partition=rec.partition, **why)
+    return True
 
 
 @dataclass(frozen=True)
@@ -77,14 +98,9 @@ class Sweeper:
         await self.store.drop_cleanups([item.cleanup_id for item in due])
         taken = 0
         for abandoned in await self.store.abandoned(now - self.grace):
-            # the write fences the registering attempt out first: it can no longer commit
-            if await self.store.take_over(abandoned, now + self.grace):
-                for rec in abandoned.records:
-                    await self.finisher.effects.clean_up(rec.kind, rec.key, rec.payload)
-                    self.events.emit(SIDE_EFFECT_CLEANED, endpoint=self.endpoint,
-                                     kind=str(rec.kind), key=rec.key, partition=rec.partition,
-                                     abandoned=True)
-                taken += 1
+            taken += await take_over_and_clean(self.store, self.finisher.effects, self.events,
+                                               self.endpoint, abandoned, now + self.grace,
+                                               abandoned=True)
         purged = await self.store.purge_processed(now - self.retention)
         tombstones = 0
         if self.requests is not None:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from application.claim_check import is_the_delivery
 from application.envelope import API_CALL_HEADER, REQUEST_URL_HEADER, TOKEN_HEADER, Envelope
 from application.observability import (
     ATTEMPT_ABANDONED,
@@ -52,6 +53,17 @@ from application.transactional_path import Attempt, Steps
 #: What a batch settled: an outcome or an error per index of its deliveries; the deliveries
 #: it did not settle go to the single path.
 Settled = dict[int, Outcome | BaseException]
+
+
+def is_follow_up(envelope: Envelope) -> bool:
+    """Whether `envelope` (a delivery, or the message its token holds) is the follow-up of
+    an HTTP call or of a third-party API call: its response is collected, or its request
+    sent, by the single path only (`HttpCaller.follow_up_response`), so the batch leaves it
+    there. The batch asks it of the delivery when it forms its rounds and of the token's
+    message once it has read it (the token's message decides, whatever the delivery
+    says)."""
+    return (envelope.header(REQUEST_URL_HEADER) is not None
+            or envelope.header(API_CALL_HEADER) is not None)
 
 
 @dataclass(frozen=True)
@@ -79,9 +91,7 @@ class TokenBatch:
         settled: Settled = {}
         rounds: dict[str, list[_Item]] = defaultdict(list)
         for i, delivery in enumerate(envelopes):
-            if (delivery.header(TOKEN_HEADER) is None
-                    or delivery.header(REQUEST_URL_HEADER) is not None
-                    or delivery.header(API_CALL_HEADER) is not None):
+            if delivery.header(TOKEN_HEADER) is None or is_follow_up(delivery):
                 continue
             try:  # the partition as the delivery names it; the token's message decides
                 message = steps.runner.decode(delivery)
@@ -152,11 +162,10 @@ class TokenBatch:
                 settled[item.index] = Outcome.DUPLICATE
             elif load.tr.message_id is not None:  # an unfinished transaction: 3.1 finishes it
                 singly.add(item.partition)
-            elif stored.type != delivery.type or stored.body != delivery.body:
+            elif not is_the_delivery(stored, delivery):
                 singly.add(item.partition)  # not the token's message: the token decides
-            elif (stored.header(REQUEST_URL_HEADER) is not None  # whatever the delivery says
-                  or stored.header(API_CALL_HEADER) is not None):
-                singly.add(item.partition)  # an HTTP follow-up: the single path's
+            elif is_follow_up(stored):  # whatever the delivery says: the token's message
+                singly.add(item.partition)
             else:
                 ready.append((item, stored, load))
         await steps.hit("after_token_check")

@@ -6,7 +6,7 @@ them losslessly, each such byte a lone surrogate U+DC80..U+DCFF: Python's `surro
 adapters/rabbitmq/wire.py) or U+0000, which PostgreSQL's `text` and `jsonb` refuse. The
 boundary dead-letters a delivery whose type, message ID or kept header is not `clean`
 (`application.envelope.admitted`), and the dead-letter store keeps such values `escaped`,
-with their `original` bytes beside them (`application.dead_letters.dead_letter_of`).
+with their `original` bytes beside them (`application.dead_letter_copies.dead_letter_of`).
 """
 
 from __future__ import annotations

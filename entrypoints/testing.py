@@ -55,7 +55,7 @@ from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.broker import MemoryBroker
 from adapters.system.clock import OffsetClock
 from application.codec import encode, to_jsonable
-from application.dead_letters import letter_digest
+from application.dead_letter_copies import letter_digest
 from application.envelope import (
     BODY_SHA256_HEADER,
     REASON_HEADER,

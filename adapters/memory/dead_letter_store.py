@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from application.dead_letters import dead_letter_of
+from application.dead_letter_copies import dead_letter_of
 from application.envelope import Envelope
 from application.ports import Clock, DeadLetterQuery, DeadLetterStore, HeldDeadLetter
 from application.records import DeadLetter, DeadLetterStatus

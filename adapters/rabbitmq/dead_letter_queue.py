@@ -19,7 +19,7 @@ from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import producer_of, text_headers
 from adapters.rabbitmq.errors import PublishRefused, translated
 from adapters.rabbitmq.topology import queue_names
-from application.dead_letters import dead_letter_of
+from application.dead_letter_copies import dead_letter_of
 from application.envelope import REASON_HEADER
 from application.errors import TransientError
 from application.observability import (

@@ -1,4 +1,4 @@
-"""The `DeadLetterStore` contract (application/ports.py), against memory and PostgreSQL: a
+"""The `DeadLetterStore` contract (application.ports), against memory and PostgreSQL: a
 message dead-lettered again is one entry with its history (a copy kept twice is not two
 reasons), the filters, one hold at a time and marks only when it ends cleanly, the counts
 and the purge."""
@@ -18,7 +18,7 @@ import pytest
 from adapters.memory.dead_letter_store import MemoryDeadLetterStore
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.system.clock import ManualClock
-from application.dead_letters import dead_letter_of
+from application.dead_letter_copies import dead_letter_of
 from application.envelope import (
     ATTEMPTS_HEADER,
     BODY_BYTES_HEADER,

@@ -2,7 +2,7 @@
 run against the embedded profile's in-process fake (`InProcessHttp`) and the httpx adapter
 (`HttpxRequests`) calling a real callee (the counters' `bank` app under uvicorn).
 
-What both must do (application/ports.py `HttpRequests`): PUT is create-only (the same body
+What both must do (`application.ports.HttpRequests`): PUT is create-only (the same body
 again succeeds, another body is a `PermanentError`, a PUT after the DELETE is
 `RequestDeleted`); POST returns the callee's answer as is (a stored 200 or 409 the same on
 every retry, a 422 rejection not stored, a 503 after a reply lost past the callee's commit);

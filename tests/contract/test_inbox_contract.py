@@ -1,4 +1,4 @@
-"""The `Inbox` contract (application/ports.py), against memory and PostgreSQL: natural IDs
+"""The `Inbox` contract (application/ports/messaging.py), against memory and PostgreSQL: natural IDs
 deduplicate adds, claims are disjoint and mark only when they end cleanly, the retention
 purge deletes relayed rows only."""
 

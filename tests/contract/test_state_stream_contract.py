@@ -1,4 +1,4 @@
-"""The `StateStream` contract (application/ports.py), against memory and PostgreSQL."""
+"""The `StateStream` contract (application/ports/stores.py), against memory and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -456,9 +456,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="batch-claim-check-trusts-the-delivery",
         guard="3.1 (batched): the token's message is processed, not the delivery's body "
               "(claim check; docs/security.md)",
-        file="application/token_batch.py",
-        before="""            elif stored.type != delivery.type or stored.body != delivery.body:""",
-        after="""            elif False:""",
+        file="application/claim_check.py",
+        before="""    return stored.type == delivery.type and stored.body == delivery.body""",
+        after="""    return True""",
         killers=(f"{_BATCH}::test_a_delivery_that_is_not_its_tokens_message_goes_singly_as_"
                  "the_token_says",),
         invariants=("I3",)),
@@ -493,8 +493,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         guard="3.1 (co-located): the token's message is processed, not the delivery's body "
               "(claim check; docs/security.md)",
         file="application/claim_check.py",
-        before="""            if stored.type == envelope.type and stored.body == envelope.body:""",
-        after="""            if True:""",
+        before="""    return stored.type == delivery.type and stored.body == delivery.body""",
+        after="""    return True""",
         killers=(f"{_CLAIM_CHECK}::test_a_delivery_that_is_not_the_tokens_message_is_"
                  "processed_as_the_token_says",),
         invariants=("I3",)),
@@ -590,7 +590,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="dead-letter-text-kept-raw",
         guard="7 (issue 37): a dead letter's texts are kept escaped where a store cannot "
               "hold them (else PostgreSQL refuses the entry on every sweep)",
-        file="application/dead_letters.py",
+        file="application/dead_letter_copies.py",
         before="""        if text is None or clean(text):""",
         after="""        if True:""",
         killers=("tests/unit/application/test_dead_letters.py::test_every_text_of_a_dead_letter_"
@@ -602,7 +602,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="clipped-copies-not-merged",
         guard="7 (issue 37): every copy of one message is one dead-letter entry (a clipped "
               "body's digest is the whole body's)",
-        file="application/dead_letters.py",
+        file="application/dead_letter_copies.py",
         before="""        if raw_message_id else None, replayable=replayable,""",
         after="""        if raw_message_id and BODY_SHA256_HEADER not in headers else None,
         replayable=replayable,""",

@@ -15,7 +15,8 @@ from types import MappingProxyType
 import pytest
 
 from adapters.memory.dead_letter_store import MemoryDeadLetterStore, collect
-from application.dead_letters import DeadLetters, dead_letter_of
+from application.dead_letter_copies import dead_letter_of
+from application.dead_letters import DeadLetters
 from application.envelope import API_DEADLINE_HEADER, REASON_HEADER
 from application.errors import Crash
 from application.observability import DEAD_LETTER_DISCARDED, DEAD_LETTER_REPLAYED

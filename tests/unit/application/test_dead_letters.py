@@ -16,7 +16,7 @@ import pytest
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.codec import encode
-from application.dead_letters import dead_letter_of
+from application.dead_letter_copies import dead_letter_of
 from application.envelope import (
     BODY_BYTES_HEADER,
     BODY_SHA256_HEADER,
