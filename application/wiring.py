@@ -13,7 +13,6 @@ from datetime import timedelta
 from application import defaults
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
-from application.inspection import StoreInspection
 from application.ports import (
     BlobStore,
     Clock,
@@ -26,6 +25,7 @@ from application.ports import (
     MessageDispatcher,
     RequestStore,
     StateStream,
+    StoreInspection,
     ThirdPartyApis,
     TokenStore,
     Tracer,

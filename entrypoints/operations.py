@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from adapters.postgres.admin import database_name, ensure_database
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq.topology import dead_letter_depths
-from application.inspection import AtRest
+from application.ports import AtRest
 from application.side_effects import SideEffects
 from application.workers import Workers
 from entrypoints.local import LocalContainer

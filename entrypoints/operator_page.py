@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.rabbitmq.topology import queue_depths
 from application.dead_letters import DeadLetters
-from application.inspection import StoreInspection
+from application.ports import StoreInspection
 from application.registry import Role
 from entrypoints.dead_letter_api import (
     create_dead_letter_app,

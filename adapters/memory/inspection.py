@@ -10,7 +10,7 @@ from adapters.memory.request_store import MemoryRequestStore
 from adapters.memory.state_stream import MemoryStateStream
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
-from application.inspection import AtRest, StoreInspection
+from application.ports import AtRest, StoreInspection
 
 
 class MemoryInspection(StoreInspection):

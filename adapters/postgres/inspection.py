@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from adapters.postgres.pool import db, translated
-from application.inspection import AtRest, StoreInspection
+from application.ports import AtRest, StoreInspection
 
 #: per endpoint: (what, count, age of the oldest in seconds or NULL)
 _AT_REST = """
