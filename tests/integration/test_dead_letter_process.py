@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -32,6 +34,7 @@ from adapters.postgres.token_store import PostgresTokenStore
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from tests.support.counters.endpoints import Add, Tally
+from tests.support.counters.registry import SPEC
 from tests.support.in_process import eo_in_thread
 from tests.support.processes import (
     ROOT,
@@ -303,3 +306,18 @@ async def test_the_http_api_needs_an_operators_token_and_acts_in_its_name(
     assert not await tokens.exists("counter", negative.message_id)
     (discarded,) = api.events("dead_letter.discarded")
     assert (discarded["by"], discarded["why"]) == ("alice", "a test order")
+
+
+async def test_listing_the_dead_letters_needs_the_database_alone(where: Where) -> None:
+    """`eo dead-letters list` reads one table: it opens one pool and no broker connection
+    (issue 40), so it answers while RabbitMQ is away (here: an AMQP URL where nothing
+    listens, which a command connecting to the broker would wait for, then fail on)."""
+    with socket.socket() as probe:  # a free port, closed again: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        nowhere = probe.getsockname()[1]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EO_")},
+           "EO_PROFILE": "local", "EO_SERVICE": SPEC, "EO_DATABASE_DSN": where.dsn,
+           "EO_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{nowhere}/", "EO_BROKER_GIVE_UP_S": "5"}
+    done = await eo_in_thread(env, "dead-letters", "list", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert isinstance(json.loads(done.stdout), list)
