@@ -62,12 +62,9 @@ from entrypoints.faults import CRASH_EXIT
 from entrypoints.local import postgres_stores
 from entrypoints.operations import migrate_all
 from entrypoints.settings import ApiSettings, Service, Settings
+from tools.chaos.at_rest import queue_depth
 from tools.chaos.broker import ConsumerGaps, close_all_connections
-from tools.chaos.checks import (
-    crashed_by_failpoint,
-    queue_depth,
-    read_logs,
-)
+from tools.chaos.checks import crashed_by_failpoint, read_logs
 from tools.chaos.fence import (
     HALVES,
     FencePair,
