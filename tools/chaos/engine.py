@@ -70,10 +70,10 @@ from tools.chaos.fence import (
     FencePair,
     Script,
     StepMissed,
-    find_pairs,
     process_names,
     stage_fence,
 )
+from tools.chaos.fence_pairs import find_pairs
 from tools.chaos.fleet import Fleet, empty_bucket, final_sweep
 from tools.chaos.plan import EnginePlan, Topology, plan_rng, plan_run, topology_of
 from tools.chaos.reference import Expected, reference_run
