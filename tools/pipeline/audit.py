@@ -230,7 +230,7 @@ class DomainAudit(Protocol):
     """A service's own findings beside the protocol's (the sample's: tools/tpch/audit.py).
 
     `names`: the findings it adds, in report order. `findings(run)`: each as a `Finding`
-    (lazy DataFrames; reads it wants timed go through `run.clock`); it raises `InputError`
+    (lazy DataFrames; reads it wants timed go through `run.timer`); it raises `InputError`
     for bad input of its own (exit 2), Spark's errors unchanged."""
 
     names: tuple[str, ...]
@@ -256,16 +256,17 @@ class Finding:
 @dataclass(frozen=True)
 class AuditRun:
     """What a `DomainAudit` gets: the session, the config, a partitioned JDBC read of the
-    endpoints' database (`query(sql, split_on)`), the timed stages' clock and the listing."""
+    endpoints' database (`query(sql, split_on)`), the timer of the audit's stages and the
+    listing."""
 
     spark: SparkSession
     config: AuditConfig
     query: Callable[..., DataFrame]
-    clock: Clock
+    timer: StageTimer
     listing: DataFrame
 
 
-class Clock:
+class StageTimer:
     """Runs the audit's stages, timing each (`stages`) and telling `progress` its name."""
 
     def __init__(self, progress: Callable[[str], None]) -> None:
@@ -274,6 +275,8 @@ class Clock:
 
     def run(self, name: str, action: Callable[[], int], rows: Callable[[int], int] | None = None
             ) -> int:
+        """Run `action` as stage `name` and return its result (a count); the stage's rows
+        are `rows(result)`, else the result itself."""
         self.progress(name)
         started = time.perf_counter()
         result = action()
@@ -360,7 +363,7 @@ def run_audit(
     output.mkdir(parents=True, exist_ok=True)
     # readable by any Parquet reader (the default, INT96, is Spark's legacy encoding)
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    clock = Clock(progress)
+    timer = StageTimer(progress)
     cutoff = config.cutoff
     db, parts = config.database, config.partitions
 
@@ -368,16 +371,16 @@ def run_audit(
         return read_query(spark, db, sql, split_on, parts)
 
     listing = listing.cache()
-    objects = clock.run("list the bucket", listing.count)
+    objects = timer.run("list the bucket", listing.count)
     findings: dict[str, Finding] = {}
     if domain is not None:
-        findings.update(domain.findings(AuditRun(spark, config, query, clock, listing)))
+        findings.update(domain.findings(AuditRun(spark, config, query, timer, listing)))
     named = None
     if config.states:
         named = query(" UNION ALL ".join(
             named_keys_query(e, fields, e in config.streams)
             for e, fields in sorted(config.states.items()))).cache()
-        clock.run("read the blob keys the states name (JDBC)", named.count)
+        timer.run("read the blob keys the states name (JDBC)", named.count)
     recorded = query(RECORDED_BLOB_KEYS, "key")
     every_named = recorded if named is None else named.select("key").unionByName(recorded)
     prefixes = config.prefixes
@@ -426,7 +429,7 @@ def run_audit(
             frame.write.mode("overwrite").parquet(str(path))
             return count_rows(path)
 
-        counts[name] = clock.run(finding.label, write, finding.rows)
+        counts[name] = timer.run(finding.label, write, finding.rows)
         files[name] = path
         samples[name] = read_rows(path, sample_rows)
     for frame in (listing, named, tokens):
@@ -434,7 +437,7 @@ def run_audit(
             frame.unpersist()
     if domain is not None:
         domain.finished()
-    return AuditResult(counts, dict(dead_letters or {}), clock.stages, samples, output, cutoff,
+    return AuditResult(counts, dict(dead_letters or {}), timer.stages, samples, output, cutoff,
                        files, prefixes, {n: f.meaning for n, f in findings.items()})
 
 

@@ -351,11 +351,11 @@ class TpchAudit:
         ledgers = typed_ledgers(run.query(ledgers_query("ledger" in run.config.streams))).cache()
         accounts = run.query(accounts_query())
         self._cached = [orders, expected, ledgers]
-        clock = run.clock
-        lines = clock.run("read the input's line items", tables.lineitem.count)
-        clock.run("read order states (JDBC)", orders.count)
-        clock.run("oracle from the input", expected.count, lambda _n: lines)
-        clock.run("read ledger states (JDBC)", ledgers.count)
+        timer = run.timer
+        lines = timer.run("read the input's line items", tables.lineitem.count)
+        timer.run("read order states (JDBC)", orders.count)
+        timer.run("oracle from the input", expected.count, lambda _n: lines)
+        timer.run("read ledger states (JDBC)", ledgers.count)
         return {
             "orders": Finding(order_findings(orders, tables.lineitem),
                               "compare order states with the oracle", lambda _n: lines,
