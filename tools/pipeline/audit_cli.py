@@ -29,7 +29,7 @@ from tools.settings import ToolSettings, load_tool_settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from tools.pipeline.audit import DomainAudit
+    from tools.pipeline.domain_audit import DomainAudit
 
 _SPARK_QUIET = {"spark.ui.showConsoleProgress": "false"}
 
@@ -187,7 +187,7 @@ def progress_bar(console: Console) -> Progress:
 
 
 _DOMAIN_HELP = ("module:name of your domain check (a DomainAudit factory, called with "
-                "--input; tools/pipeline/audit.py)"
+                "--input; tools/pipeline/domain_audit.py)"
                 + (f"; default with --input: {d}" if (d := default_domain()) else ""))
 
 
@@ -219,7 +219,8 @@ def audit_command(
     of dead letters, unfinished transaction records, orphan and missing objects, dead
     letters; plus your domain check (--domain, on its --input).
     Exits 1 on any violation, 2 on bad input or settings, 3 when Spark fails."""
-    from tools.pipeline.audit import audit_config, run_audit, write_summary
+    from tools.pipeline.audit import run_audit, write_summary
+    from tools.pipeline.audit_config import audit_config
     from tools.pipeline.listing import ListingError, S3Location, list_bucket, read_inventory
     from tools.pipeline.report import write_report
     from tools.pipeline.sources import InputError, jdbc_of
@@ -311,7 +312,7 @@ def sweep_command(
     """Delete the orphan objects the audit found (every blob endpoint's), through the blob
     port; each key is checked again against the database first. A dry run unless --apply."""
     from application.errors import PermanentError, TransientError
-    from tools.pipeline.audit import audit_config
+    from tools.pipeline.audit_config import audit_config
     from tools.pipeline.sources import jdbc_of
     from tools.pipeline.sweep import SweepError, sweep
 

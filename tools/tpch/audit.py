@@ -1,4 +1,4 @@
-"""The sample's own audit findings (a `DomainAudit` of tools/pipeline/audit.py): the TPC-H
+"""The sample's own audit findings (a `DomainAudit` of tools/pipeline/domain_audit.py): the TPC-H
 oracle of docs/sample-domain.md, computed by Spark from the input dataset, against what the
 endpoints committed.
 
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.pipeline.audit import AuditRun, Finding, states_source
+from tools.pipeline.domain_audit import AuditRun, Finding
+from tools.pipeline.named_keys import states_source
 from tools.pipeline.sources import InputError
 
 if TYPE_CHECKING:

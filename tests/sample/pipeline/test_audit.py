@@ -25,8 +25,10 @@ from tests.sample.pipeline import audit_data as data
 from tests.sample.pipeline.cluster import eo_elsewhere
 from tests.support.processes import this_run
 from tests.support.services import discover
-from tools.pipeline.audit import FINDINGS, AuditResult, orphan_objects, read_rows
+from tools.pipeline.audit import FINDINGS, AuditResult
 from tools.pipeline.cli import pipeline_app
+from tools.pipeline.named_keys import orphan_objects
+from tools.pipeline.parquet import read_rows
 from tools.tpch.audit import (
     TpchAudit,
     ledgers_query,
