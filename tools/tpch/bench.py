@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 from tools.pipeline.named_keys import orphan_objects
 from tools.pipeline.sources import Jdbc, read_query
 from tools.pipeline.stages import Stage
-from tools.tpch.audit import EXACT, order_findings, orders_query, read_input, typed_orders
+from tools.tpch.audit_findings import EXACT, order_findings
+from tools.tpch.audit_input import read_input
+from tools.tpch.audit_states import orders_query, typed_orders
 from tools.tpch.data import export_tables
 
 if TYPE_CHECKING:
