@@ -29,8 +29,9 @@ from tests.support.users_stores import (
     users_vhost,
     vhosts,
 )
+from tools.bench.consumers import spawn_worker
 from tools.bench.report import BenchResult, Params, as_json, print_table, write_json
-from tools.bench.run import PATHS, run_bench, spawn_worker
+from tools.bench.run import PATHS, run_bench
 from tools.bench.worker import TEMPLATE_PATHS
 
 pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively

@@ -1,7 +1,8 @@
-"""The fence scenarios of `eo chaos` (tools/chaos/fence.py): the message pairs come from the
-fault-free run of the workload, and the script stages its steps in order and names the one
-that did not happen. (The scenarios on real processes, and the mutations of the fence they
-catch, run in the template test, on the service made from the template.)"""
+"""The fence scenarios of `eo chaos` (tools/chaos/fence.py): the message pairs
+(tools/chaos/fence_pairs.py) come from the fault-free run of the workload, and the script
+stages its steps in order and names the one that did not happen. (The scenarios on real
+processes, and the mutations of the fence they catch, run in the template test, on the service
+made from the template.)"""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from application.observability import FAULT_INJECTED, MESSAGE_DUPLICATE
 from entrypoints.settings import load_settings, resolve_service
 from tests.support.counters.chaos import WORKLOAD
 from tests.support.counters.registry import REGISTRY
-from tools.chaos import fence
-from tools.chaos.fence import FencePair, Script, StepMissed, find_pairs, partition_of, stage_fence
+from tools.chaos import fence, fence_pairs
+from tools.chaos.fence import FencePair, Script, StepMissed, stage_fence
+from tools.chaos.fence_pairs import find_pairs, partition_of
 from tools.chaos.workload import OutsideMessage
 
 CRASH = 17
@@ -38,8 +40,8 @@ async def test_each_pair_is_two_messages_the_fault_free_run_commits_on_one_parti
                                       WORKLOAD.seed_states(messages))
     assert (set(pairs), skipped) == ({"front", "counter", "audit"}, {})
     assert {pairs["audit"].first.type, pairs["audit"].second.type} == {"Spend"}
-    steps = await fence.steps_of(fence._embedded(settings), service, messages,
-                                 WORKLOAD.seed_states(messages), ["counter"])
+    steps = await fence_pairs.steps_of(fence_pairs.embedded_settings(settings), service,
+                                       messages, WORKLOAD.seed_states(messages), ["counter"])
     spends = [step.arrivals["counter"] for m, step in zip(messages, steps, strict=True)
               if m.type == "Spend"]
     # a Spend: one first arrival at counter, the bank's answer after it; each a candidate

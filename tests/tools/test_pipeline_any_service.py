@@ -30,9 +30,10 @@ from tests.support.counters.endpoints import Add, Tally
 from tests.support.counters.registry import REGISTRY, SPEC
 from tests.support.processes import private_database, this_run
 from tests.support.services import discover
-from tools.pipeline.audit import FINDINGS, read_rows
+from tools.pipeline.audit import FINDINGS
 from tools.pipeline.cli import pipeline_app
 from tools.pipeline.ingest import natural_id, natural_ids, producer_namespace
+from tools.pipeline.parquet import read_rows
 
 pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 

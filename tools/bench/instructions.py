@@ -27,8 +27,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tools.bench.consumers import spawn_worker
 from tools.bench.report import Params
-from tools.bench.run import run_bench, spawn_worker
+from tools.bench.run import run_bench
 
 #: the consumer starts 20-50 times slower under callgrind
 START_TIMEOUT_S = 600.0

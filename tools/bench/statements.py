@@ -46,7 +46,8 @@ from application.records import Kind, SideEffectRecord
 from application.side_effects import message_payload
 from tools.bench import endpoint as bench
 from tools.bench import references
-from tools.bench.run import BENCH_DATABASE, truncate_tables
+from tools.bench.run import BENCH_DATABASE
+from tools.bench.tables import truncate_tables
 from tools.scratch import own_database
 
 ENDPOINT, SINK = "bench-statements", "bench-statements-sink"

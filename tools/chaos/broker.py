@@ -1,15 +1,59 @@
-"""The broker as the chaos campaign sees it: connections closed from the broker's side and each
-work queue's consumer count over time (a virtual host of the campaign's own: tools/scratch.py)."""
+"""The broker as the chaos campaign sees it: messages published as an outside producer does,
+connections closed from the broker's side and each work queue's consumer count over time (a
+virtual host of the campaign's own: tools/scratch.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+import aio_pika
 
 from adapters.rabbitmq.connection import RabbitConnection
 from application.errors import TransientError
+from tools.chaos.workload import OutsideMessage
 from tools.scratch import rabbitmqctl, vhost_of
+
+
+async def publish_messages(amqp_url: str, messages: Sequence[OutsideMessage], rate: float,
+                           rng: random.Random) -> int:
+    """Publish `messages` as an outside producer does (the URL's user as `user_id`,
+    publisher confirms, persistent); a share `rate` twice: half at once (concurrent copies),
+    half at the end (a late re-send). Returns the copies."""
+    user = unquote(urlsplit(amqp_url).username or "") or "guest"
+    connection = await aio_pika.connect(amqp_url)
+    late: list[OutsideMessage] = []
+    copies = 0
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+
+        async def publish(message: OutsideMessage) -> None:
+            await channel.default_exchange.publish(
+                aio_pika.Message(message.body, message_id=message.message_id,
+                                 type=message.type, user_id=user, headers=dict(message.headers),
+                                 content_type="application/json",
+                                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=message.queue)
+
+        for start in range(0, len(messages), 200):
+            batch: list[OutsideMessage] = []
+            for message in messages[start:start + 200]:
+                batch.append(message)
+                draw = rng.random()
+                if draw < rate / 2:
+                    batch.append(message)
+                    copies += 1
+                elif draw < rate:
+                    late.append(message)
+            await asyncio.gather(*(publish(m) for m in batch))
+        await asyncio.gather(*(publish(m) for m in late))
+    finally:
+        await connection.close()
+    return copies + len(late)
 
 
 def close_all_connections(url: str, reason: str = "chaos: broker-side close") -> None:

@@ -29,14 +29,8 @@ from application.observability import (
 )
 from domain.context import ARTIFACT_KEY_IN_TEXT
 from entrypoints.settings import Service, Settings
-from tools.chaos.checks import (
-    at_rest,
-    audit_logs,
-    dead_letters,
-    kept_at_rest,
-    read_logs,
-    rerun_violations,
-)
+from tools.chaos.at_rest import at_rest, dead_letters, kept_at_rest
+from tools.chaos.checks import audit_logs, read_logs, rerun_violations
 from tools.chaos.fleet import bucket_client, business_states
 from tools.chaos.reference import Expected, observed
 from tools.chaos.report import EngineRun

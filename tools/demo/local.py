@@ -30,7 +30,8 @@ from domain.sample.payments import open_account
 from entrypoints.local import postgres_stores
 from entrypoints.operations import migrate_all
 from entrypoints.settings import Service, Settings
-from tools.chaos.checks import at_rest, audit_logs, dead_letters, queue_depth, read_logs
+from tools.chaos.at_rest import at_rest, dead_letters, queue_depth
+from tools.chaos.checks import audit_logs, read_logs
 from tools.chaos.fleet import (
     Fleet,
     bucket_client,

@@ -1,8 +1,9 @@
-"""`eo pipeline audit` and `eo pipeline sweep` (registered on the pipeline's typer app in
-tools/pipeline/cli.py), and the helpers every `eo pipeline` command shares.
+"""`eo pipeline audit` (registered on the pipeline's typer app in tools/pipeline/cli.py): the
+checks of its settings and services before Spark starts, the domain check it loads, and its
+summary, report and table.
 
-Exit codes: 0 clean (audit) or done; 1 the audit found violations; 2 bad input or settings
-(the message names the option or the EO_ variable); 3 a service failed while running.
+Exit codes: 0 clean; 1 the audit found violations; 2 bad input or settings (the message names
+the option or the EO_ variable); 3 a service failed while running.
 """
 
 from __future__ import annotations
@@ -11,53 +12,30 @@ import asyncio
 import importlib
 import importlib.util
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from adapters.postgres.admin import redacted_dsn
-from entrypoints.settings import Service, SettingsError, resolve_service
-from tools.settings import ToolSettings, load_tool_settings
+from tools.pipeline.command import (
+    JarOption,
+    MasterOption,
+    ProfileOption,
+    driver_jar,
+    fail,
+    pipeline_service,
+    pipeline_settings,
+    progress_bar,
+    spark_session,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from tools.pipeline.audit import DomainAudit
-
-_SPARK_QUIET = {"spark.ui.showConsoleProgress": "false"}
-
-MasterOption = Annotated[str | None, typer.Option(
-    help="Spark master (default EO_SPARK_MASTER: local[*]; spark://host:7077 for a cluster)")]
-JarOption = Annotated[Path | None, typer.Option(
-    help="PostgreSQL JDBC driver jar (default EO_SPARK_JDBC_JAR, else Debian's "
-         "/usr/share/java/postgresql.jar)")]
-ProfileOption = Annotated[str | None, typer.Option(
-    help="local or production: whose EO_DATABASE_DSN and EO_S3_* to audit")]
-
-
-def fail(message: str, code: int) -> typer.Exit:
-    """Print `message` in red on stderr; the `typer.Exit(code)` to raise."""
-    Console(stderr=True).print(f"[red]{message}[/red]", highlight=False)
-    return typer.Exit(code)
-
-
-def pipeline_settings(profile: str | None) -> ToolSettings:
-    """The tools' settings of `profile` (the local services for the embedded profile: the
-    pipeline reads PostgreSQL and S3); exits 2 naming the variable of a bad setting."""
-    try:
-        settings = load_tool_settings(**({"profile": profile} if profile else {}))
-        if settings.profile == "embedded":  # the audited stores are the local services
-            settings = load_tool_settings(profile="local")
-    except SettingsError as exc:
-        raise fail(str(exc), 2) from exc
-    return settings
+    from tools.pipeline.domain_audit import DomainAudit
 
 
 async def _check_database(dsn: str, variable: str) -> None:
@@ -103,15 +81,6 @@ async def dead_letter_counts(amqp_url: str, retry_delays: int, endpoints: Sequen
     return counts
 
 
-def pipeline_service(settings: ToolSettings) -> Service:
-    """The service `EO_SERVICE` names, with its strategies; exits 2 naming the variable when
-    it cannot be resolved."""
-    try:
-        return resolve_service(settings)
-    except SettingsError as exc:
-        raise fail(str(exc), 2) from exc
-
-
 #: The domain check `--input` runs without `--domain` where its module is installed (the
 #: sample's TPC-H oracle, while the service keeps the sample): a module path resolved with
 #: importlib, so the framework's tools import no sample (pyproject.toml's contracts) and a
@@ -154,40 +123,8 @@ def _domain(spec: str | None, input_dir: Path | None) -> DomainAudit | None:
         raise fail(str(exc), 2) from exc
 
 
-def driver_jar(settings: ToolSettings, jar_path: Path | None) -> Path:
-    """The PostgreSQL JDBC driver's jar (`--jdbc-jar`, EO_SPARK_JDBC_JAR, Debian's); exits 2
-    saying how to get it."""
-    from tools.pipeline.spark import JdbcDriverMissing, jdbc_jar
-
-    try:
-        return jdbc_jar(jar_path or settings.spark_jdbc_jar)
-    except JdbcDriverMissing as exc:
-        raise fail(str(exc), 2) from exc
-
-
-@contextmanager
-def spark_session(settings: ToolSettings, master: str | None, jar: Path, app_name: str,
-                  console: Console, shuffle_partitions: int = 8) -> Iterator[SparkSession]:
-    """A Spark session for one command, stopped afterwards unless it was already running
-    (a caller's, e.g. the tests')."""
-    from tools.pipeline.spark import session_scope
-
-    with ExitStack() as stack:
-        with console.status("starting Spark"):
-            spark = stack.enter_context(session_scope(
-                master or settings.spark_master, app_name, settings.spark_driver_memory, jar,
-                shuffle_partitions, extra=_SPARK_QUIET, python=settings.spark_python))
-        yield spark
-
-
-def progress_bar(console: Console) -> Progress:
-    """A transient spinner with the stage's name and the time elapsed."""
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                    console=console, transient=True)
-
-
 _DOMAIN_HELP = ("module:name of your domain check (a DomainAudit factory, called with "
-                "--input; tools/pipeline/audit.py)"
+                "--input; tools/pipeline/domain_audit.py)"
                 + (f"; default with --input: {d}" if (d := default_domain()) else ""))
 
 
@@ -219,7 +156,8 @@ def audit_command(
     of dead letters, unfinished transaction records, orphan and missing objects, dead
     letters; plus your domain check (--domain, on its --input).
     Exits 1 on any violation, 2 on bad input or settings, 3 when Spark fails."""
-    from tools.pipeline.audit import audit_config, run_audit, write_summary
+    from tools.pipeline.audit import run_audit, write_summary
+    from tools.pipeline.audit_config import audit_config
     from tools.pipeline.listing import ListingError, S3Location, list_bucket, read_inventory
     from tools.pipeline.report import write_report
     from tools.pipeline.sources import InputError, jdbc_of
@@ -299,53 +237,3 @@ def _annotate(summary: Path, **extra: Any) -> None:
     data = json.loads(summary.read_text())
     data.update(extra)
     summary.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def sweep_command(
-    audit_dir: Annotated[Path, typer.Option(
-        "--audit", help="the --output directory of `eo pipeline audit`")],
-    apply: Annotated[bool, typer.Option(
-        "--apply", help="delete; without it, a dry run lists what would be deleted")] = False,
-    profile: ProfileOption = None,
-) -> None:
-    """Delete the orphan objects the audit found (every blob endpoint's), through the blob
-    port; each key is checked again against the database first. A dry run unless --apply."""
-    from application.errors import PermanentError, TransientError
-    from tools.pipeline.audit import audit_config
-    from tools.pipeline.sources import jdbc_of
-    from tools.pipeline.sweep import SweepError, sweep
-
-    settings = pipeline_settings(profile)
-    service = pipeline_service(settings)
-    console = Console()
-    summary_path = audit_dir / "summary.json"
-    summary: dict[str, Any] = {}
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        audited = summary.get("bucket")
-        if not audited:  # an audit must say which bucket it listed, or it is not swept
-            raise fail(f"--audit {audit_dir}: summary.json names no bucket: refused", 2)
-        if audited != settings.bucket():
-            raise fail(f"--audit {audit_dir} audited bucket {audited!r}, but EO_S3_BUCKET is "
-                       f"{settings.bucket()!r}", 2)
-    config = audit_config(service, jdbc_of(settings.database()),
-                          jdbc_of(settings.tokens_database()), datetime.now(UTC), 0.0)
-    prefixes = config.prefixes
-    if prefixes is None:  # undeclared: those the audit derived from what the states name
-        prefixes = tuple(summary.get("prefixes") or ())
-    try:
-        result = asyncio.run(sweep(
-            audit_dir, settings.database(), settings.bucket(), settings.s3_endpoint_url,
-            settings.s3_region,
-            settings.s3_access_key.get_secret_value() if settings.s3_access_key else None,
-            settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None,
-            config.states, prefixes, apply=apply,
-            on_key=lambda action, key: console.print(f"{action}: {key}", highlight=False)))
-    except SweepError as exc:
-        raise fail(str(exc), 2) from exc
-    except (OSError, PermanentError, TransientError) as exc:
-        raise fail(f"sweep failed: {type(exc).__name__}: {exc}", 3) from exc
-    verb = "deleted" if apply else "would delete (dry run; --apply deletes)"
-    console.print(f"orphans in the audit: {len(result.orphans):,}; {verb}: "
-                  f"{len(result.deleted):,}; skipped (named now): {len(result.skipped):,}; "
-                  f"skipped (not the service's): {len(result.foreign):,}")

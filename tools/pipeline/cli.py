@@ -9,8 +9,9 @@ import importlib.util
 
 import typer
 
-from tools.pipeline.audit_cli import audit_command, sweep_command
+from tools.pipeline.audit_cli import audit_command
 from tools.pipeline.ingest_cli import ingest_command
+from tools.pipeline.sweep_cli import sweep_command
 
 pipeline_app = typer.Typer(
     help="Spark jobs: ingest into a gateway's inbox, the exactly-once audit of every endpoint "

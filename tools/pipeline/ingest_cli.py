@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from application.registry import Role
-from tools.pipeline.audit_cli import (
+from tools.pipeline.command import (
     JarOption,
     MasterOption,
     ProfileOption,

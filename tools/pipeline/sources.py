@@ -1,4 +1,5 @@
-"""What the pipeline reads: the endpoints' tables through JDBC (partitioned reads)."""
+"""What the pipeline reads: the endpoints' tables through JDBC (partitioned reads), and SQL
+string literals for the queries it builds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tools.pipeline.spark import JDBC_DRIVER
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
 
 class InputError(ValueError):
     """An input (a dataset, a file) is missing or malformed; the message names the path or
@@ -60,3 +62,9 @@ def read_query(spark: SparkSession, jdbc: Jdbc, query: str, split_on: str,
                   for i in range(buckets)]
     return spark.read.jdbc(jdbc.url, f"({query}) AS q", predicates=predicates,
                            properties=jdbc.properties)
+
+
+def sql_literal(text: str) -> str:
+    """`text` as a SQL string literal (PostgreSQL's and DuckDB's): quoted, embedded quotes
+    doubled."""
+    return "'" + text.replace("'", "''") + "'"

@@ -19,7 +19,7 @@ from pathlib import Path
 from adapters.postgres.admin import blob_keys_named
 from adapters.s3.blob_store import S3BlobStore, s3_client_resource
 from domain.context import is_artifact_key
-from tools.pipeline.audit import read_rows
+from tools.pipeline.parquet import read_rows
 
 log = logging.getLogger("eo.pipeline.sweep")
 

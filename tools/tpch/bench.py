@@ -31,9 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.pipeline.audit import Stage, orphan_objects
+from tools.pipeline.named_keys import orphan_objects
 from tools.pipeline.sources import Jdbc, read_query
-from tools.tpch.audit import EXACT, order_findings, orders_query, read_input, typed_orders
+from tools.pipeline.stages import Stage
+from tools.tpch.audit_findings import EXACT, order_findings
+from tools.tpch.audit_input import read_input
+from tools.tpch.audit_states import orders_query, typed_orders
 from tools.tpch.data import export_tables
 
 if TYPE_CHECKING:
@@ -209,7 +212,8 @@ def _whole_audit(spark: SparkSession, workdir: Path, tpch: Path, states: DataFra
     keys: one stage for the whole, then its own stages prefixed with "audit: "."""
     from pyspark.sql import functions as F
 
-    from tools.pipeline.audit import AuditConfig, run_audit
+    from tools.pipeline.audit import run_audit
+    from tools.pipeline.audit_config import AuditConfig
     from tools.pipeline.listing import read_inventory
     from tools.tpch.audit import TpchAudit
 

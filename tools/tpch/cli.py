@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tools.pipeline.audit_cli import (
+from tools.pipeline.command import (
     JarOption,
     MasterOption,
     driver_jar,

@@ -22,7 +22,7 @@ from rich.console import Console
 from tools.pipeline.ingest import IngestReport, write_commands
 from tools.pipeline.sources import InputError
 from tools.pipeline.spark_progress import SparkProgress
-from tools.tpch.audit import MONEY
+from tools.tpch.audit_input import MONEY
 from tools.tpch.ingest_commands import line_commands, order_commands
 
 #: The sample's gateway: the ingest writes into its inbox.

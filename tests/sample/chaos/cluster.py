@@ -68,11 +68,10 @@ from entrypoints.settings import Service, resolve_service
 from service.registry import REGISTRY
 from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover
+from tools.chaos.at_rest import at_rest, dead_letters
 from tools.chaos.checks import (
-    at_rest,
     audit_logs,
     crashed_by_failpoint,
-    dead_letters,
     open_attempts,
     read_logs,
     rerun_violations,

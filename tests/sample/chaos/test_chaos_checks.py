@@ -15,7 +15,8 @@ import asyncpg
 
 from tests.support.processes import private_database, this_run
 from tests.support.services import discover
-from tools.chaos.checks import AT_REST, at_rest, audit_logs, kept_at_rest, read_logs
+from tools.chaos.at_rest import AT_REST, at_rest, kept_at_rest
+from tools.chaos.checks import audit_logs, read_logs
 
 
 def ev(event: str, message: str = "m1", endpoint: str = "orders", **fields: Any

@@ -25,16 +25,14 @@ from tests.sample.pipeline import audit_data as data
 from tests.sample.pipeline.cluster import eo_elsewhere
 from tests.support.processes import this_run
 from tests.support.services import discover
-from tools.pipeline.audit import FINDINGS, AuditResult, orphan_objects, read_rows
+from tools.pipeline.audit import FINDINGS, AuditResult
 from tools.pipeline.cli import pipeline_app
-from tools.tpch.audit import (
-    TpchAudit,
-    ledgers_query,
-    oracle,
-    order_findings,
-    read_input,
-    typed_orders,
-)
+from tools.pipeline.named_keys import orphan_objects
+from tools.pipeline.parquet import read_rows
+from tools.tpch.audit import TpchAudit
+from tools.tpch.audit_findings import oracle, order_findings
+from tools.tpch.audit_input import read_input
+from tools.tpch.audit_states import ledgers_query, typed_orders
 from tools.tpch.data import TpchSample, generate
 from tools.tpch.oracle import check_oracle
 

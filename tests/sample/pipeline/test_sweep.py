@@ -21,8 +21,8 @@ from domain.context import Context
 from tests.sample.pipeline.audit_data import fresh_database, s3_client
 from tests.support.processes import this_run
 from tests.support.services import discover
-from tools.pipeline.audit import read_rows
 from tools.pipeline.cli import pipeline_app
+from tools.pipeline.parquet import read_rows
 
 pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
 

@@ -1,0 +1,103 @@
+"""When a chaos run's service is quiet (tools/chaos/engine.py): `quiesce` waits for it while
+restarting crashed processes and injecting the plan's kills and broker-side closes; `settle`
+waits for a fence scenario's preamble; both ask `busy` what is left to do."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from adapters.rabbitmq.connection import RabbitConnection
+from entrypoints.faults import CRASH_EXIT
+from tools.chaos.at_rest import queue_depth
+from tools.chaos.broker import ConsumerGaps, close_all_connections
+from tools.chaos.campaign import Campaign
+from tools.chaos.checks import crashed_by_failpoint
+from tools.chaos.fleet import Fleet
+from tools.chaos.report import EngineRun
+from tools.chaos.verdict import CommitCounter
+
+
+async def busy(campaign: Campaign) -> int:
+    """What the service still has to do: messages in the work and retry queues, committed
+    transactions not finished, inbox rows not relayed (0: one condition of quiet)."""
+    settings = campaign.settings
+    waiting = await queue_depth(settings.amqp(), list(campaign.layout.queues),
+                                len(settings.retry_delays_s))
+    return waiting + int(await campaign.pool.fetchval(
+        "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
+        " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+
+
+async def settle(campaign: Campaign, progress: CommitCounter, commits: int,
+                 timeout_s: float = 120.0) -> None:
+    """Until `commits` messages are known committed and nothing waits in a queue, a
+    committed transaction or an inbox (a fence scenario's preamble), or `timeout_s` has
+    passed (the run's checks then say what is missing)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+        if progress.count() < commits:
+            continue
+        if not await busy(campaign):
+            return
+
+
+@dataclass
+class Marks:
+    """Progress marks still to come: kills (commits reached, process) and broker-side
+    closes (commits reached)."""
+
+    kills: list[tuple[float, str]]
+    closes: list[float]
+
+
+async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
+                  progress: CommitCounter, result: EngineRun, marks: Marks,
+                  gaps: ConsumerGaps, started: float) -> None:
+    """Until the service is quiet: the work and retry queues empty, no committed
+    transaction unfinished, no inbox row waiting, and no new commit for 1 s once the
+    reference's count is reached (15 s before: the checks then say what is missing), or
+    the run's timeout. Restarts crashed processes without their failpoints, kills and has
+    the broker close connections at the plan's marks."""
+    settings, layout = campaign.settings, campaign.layout
+    idle, last = 0, -1
+    while time.monotonic() - started < campaign.run_timeout_s:
+        await asyncio.sleep(0.5)
+        await gaps.observe(rabbit, layout.queues, {
+            layout.processes[n] for n, p in fleet.procs.items() if p.poll() is not None})
+        for name, proc in fleet.procs.items():
+            if proc.poll() is None:
+                continue
+            log = fleet.log_dir / f"{name}.{fleet.starts[name]}.jsonl"
+            if proc.returncode == CRASH_EXIT and crashed_by_failpoint(log):
+                result.faults["process exit (crash failpoint)"] += 1
+                result.planned_deaths.append(log)
+            else:
+                result.violations.append(f"{name} exited with {proc.returncode} during the run")
+            fleet.start(name, layout.processes[name], {"EO_FAILPOINTS": ""})
+            if name in layout.callees:
+                await fleet.wait_for_callee(name)
+        result.commits = commits = progress.count()
+        while marks.kills and marks.kills[0][0] <= commits:
+            _, name = marks.kills.pop(0)
+            result.planned_deaths.append(fleet.log_dir / f"{name}.{fleet.starts[name]}.jsonl")
+            fleet.kill(name)
+            result.faults["kill -9"] += 1
+            fleet.start(name, layout.processes[name], {"EO_FAILPOINTS": ""})
+            if name in layout.callees:
+                await fleet.wait_for_callee(name)
+        while marks.closes and marks.closes[0] <= commits:
+            marks.closes.pop(0)
+            await asyncio.to_thread(close_all_connections, settings.amqp())
+            result.faults["broker closed every connection"] += 1
+        busy_now = await busy(campaign)
+        idle = idle + 1 if busy_now == 0 and commits == last else 0
+        last = commits
+        # short of the fault-free runs' commits, wait 15 s for the rest (the checks then
+        # say what is missing), or 3 s when the commits are not compared (they may depend
+        # on the order)
+        if idle >= (2 if commits >= result.expected_commits else
+                    30 if result.commits_compared else 6):
+            break
