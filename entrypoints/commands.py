@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from entrypoints.settings import Service, Settings
+    from entrypoints.service_spec import Service
+    from entrypoints.settings import Settings
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -28,7 +29,8 @@ def load(profile: str | None = None, services: bool = False, **overrides: object
     """Settings (with `profile` and `overrides`) and the service they name; with `services`,
     the `embedded` profile becomes `local` (commands that need PostgreSQL and RabbitMQ).
     Exits 2 naming the variable when a setting or the registry is invalid."""
-    from entrypoints.settings import SettingsError, load_settings, resolve_service
+    from entrypoints.service_spec import resolve_service
+    from entrypoints.settings import SettingsError, load_settings
 
     if profile is not None:
         overrides["profile"] = profile

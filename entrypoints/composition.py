@@ -7,7 +7,8 @@ from datetime import timedelta
 
 from application.wiring import Adapters, Tunables
 from application.workers import Workers
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 
 
 def tunables_of(settings: Settings) -> Tunables:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from application.ports import DeadLetterQuery, DeadLetterStore
     from application.records import DeadLetter
     from entrypoints.local import LocalContainer
-    from entrypoints.settings import Service, Settings
+    from entrypoints.service_spec import Service
+    from entrypoints.settings import Settings
 
 T = TypeVar("T")
 

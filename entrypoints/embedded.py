@@ -36,7 +36,8 @@ from application.strategy import Strategy
 from application.wiring import Adapters
 from entrypoints.composition import tunables_of, workers_of
 from entrypoints.faults import failpoints_from
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from entrypoints.tracing import Tracing, tracing_resource
 
 

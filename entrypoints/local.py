@@ -52,7 +52,8 @@ from entrypoints.resources import (
     pools_resource,
     rabbit_resource,
 )
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from entrypoints.status import Metrics
 from entrypoints.tracing import Tracing, tracing_resource
 

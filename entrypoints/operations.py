@@ -15,7 +15,8 @@ from application.side_effects import SideEffects
 from application.workers import Workers
 from entrypoints.local import LocalContainer
 from entrypoints.resources import provided, shutdown_resources
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 
 
 async def migrate_all(settings: Settings) -> list[str]:

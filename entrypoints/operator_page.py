@@ -40,7 +40,8 @@ from entrypoints.dead_letter_api import (
     new_operator_app,
     operator_auth,
 )
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 
 #: seconds a scrape of one consumer's /metrics may take
 SCRAPE_TIMEOUT_S = 3.0

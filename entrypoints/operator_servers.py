@@ -15,7 +15,8 @@ import uvicorn
 from entrypoints.dead_letter_api import create_dead_letter_app
 from entrypoints.local import LocalContainer
 from entrypoints.resources import provided, shutdown_resources
-from entrypoints.settings import Service, Settings, SettingsError
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings, SettingsError
 from entrypoints.startup import started_container
 from entrypoints.status import EmbeddedServer, bound_port, listening_socket
 

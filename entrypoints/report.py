@@ -15,7 +15,7 @@ from application.dead_letters import ActionResult
 from application.records import DeadLetter
 from application.registry import Role
 from application.strategy import Strategy
-from entrypoints.settings import Service
+from entrypoints.service_spec import Service
 
 if TYPE_CHECKING:  # what they print, not what they import (`eo dead-letters list` stays light)
     from entrypoints.operations import Inspection

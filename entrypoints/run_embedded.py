@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from entrypoints.testing import EmbeddedReport, run_lines
 
 __all__ = ["EmbeddedReport", "run_embedded"]

@@ -23,7 +23,8 @@ from application.registry import Role
 from application.workers import Workers
 from entrypoints.callee_app import create_callee_app
 from entrypoints.resources import provided, shutdown_resources
-from entrypoints.settings import FIRST_STATUS_PORT, Service, Settings, SettingsError
+from entrypoints.service_spec import Service
+from entrypoints.settings import FIRST_STATUS_PORT, Settings, SettingsError
 from entrypoints.startup import started_container, waiting_for
 from entrypoints.status import (
     EmbeddedServer,

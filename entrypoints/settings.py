@@ -1,24 +1,21 @@
-"""Settings from the environment (prefix `EO_`), validated at start-up, and the service they
-name (its registry)."""
+"""Settings from the environment (prefix `EO_`), validated at start-up (the service they name:
+entrypoints/service_spec.py)."""
 
 from __future__ import annotations
 
-import importlib
-import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from application import defaults
 from application.failpoints import needs_gates, parse
-from application.registry import Registry, RegistryError, Role
 from application.strategy import Strategy
+from entrypoints.credentials import production_credentials
+from entrypoints.named_settings import ApiSettings, CalleeSettings
 
 Profile = Literal["embedded", "local", "production"]
 LOCAL_DATABASE = "postgresql://postgres@127.0.0.1:5432/eo"
@@ -29,9 +26,6 @@ LOCAL_BUCKET = "eo-invoices"
 DEFAULT_SERVICE = "service.registry:REGISTRY"
 #: The first status port tried when `EO_METRICS_PORT` is unset (then the next free one).
 FIRST_STATUS_PORT = 9464
-#: RabbitMQ's default account, user and password; aio-pika sends it for a user or a password
-#: the AMQP URL leaves out.
-GUEST = "guest"
 
 
 S = TypeVar("S", bound="Settings")
@@ -39,47 +33,6 @@ S = TypeVar("S", bound="Settings")
 
 class SettingsError(Exception):
     """A setting is invalid; the message names the environment variable."""
-
-
-class CalleeSettings(BaseModel):
-    """One HTTP callee (protocol 6), by endpoint name: `EO_CALLEES__<NAME>__<FIELD>`.
-
-    - `url`: its base URL, for callers (unset: the callee runs inside each caller's process,
-      on the same stores: the embedded and local profiles' default);
-    - `token`: its bearer token (required to serve it and to call it at `url`);
-    - `host`, `port`: where `eo serve --endpoint <name>` listens (port 0: a free port,
-      printed at start-up);
-    - `max_body_bytes`: larger requests get 413.
-    """
-
-    url: str | None = None
-    token: SecretStr | None = None
-    host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)
-    max_body_bytes: int = Field(65536, ge=1)
-
-    @model_validator(mode="after")
-    def _url_needs_token(self) -> CalleeSettings:
-        if self.url and self.token is None:
-            raise ValueError("token: required when the callee's url is set")
-        return self
-
-
-class ApiSettings(BaseModel):
-    """One third-party API (protocol 12), by its registry name: `EO_APIS__<NAME>__<FIELD>`.
-
-    - `url`: its base URL (unset: the in-process sandbox provider, in the embedded and local
-      profiles only; production requires an https:// URL);
-    - `token`: its bearer credential (sent as `Authorization: Bearer`, never logged);
-    - `key_retention_s`: how long the provider keeps an idempotency key, in seconds, when
-      shorter than the registry's (`ThirdPartyApi.key_retention`; never longer);
-    - `timeout_s`: one request's timeout, over the registry's.
-    """
-
-    url: str | None = None
-    token: SecretStr | None = None
-    key_retention_s: float | None = Field(None, gt=0)
-    timeout_s: float | None = Field(None, gt=0)
 
 
 class Settings(BaseSettings):
@@ -260,39 +213,8 @@ class Settings(BaseSettings):
             if self.duplicate_rate:
                 raise ValueError("duplicate_rate: fault injection is refused by the "
                                  "production profile")
-            self._production_credentials()
+            production_credentials(self)
         return self
-
-    def _production_credentials(self) -> None:
-        """Raise ValueError ("<field>: ...") for the first weak credential or clear-text
-        bearer token of a production configuration that no `allow_...` setting allows. The
-        message names the setting that would allow it, never the URL (it may hold a
-        password)."""
-        if not self.allow_guest_broker_credentials:
-            weak = guest_credentials(self.amqp())
-            if weak:
-                raise ValueError(f"amqp_url: {weak}: refused by the production profile (give "
-                                 "the service a RabbitMQ user of its own, deploy/rabbitmq/"
-                                 "setup.sh), unless EO_ALLOW_GUEST_BROKER_CREDENTIALS=true")
-        if not self.allow_passwordless_dsn:
-            for name in ("database_dsn", "token_dsn"):
-                dsn = getattr(self, name)
-                if dsn is not None and not authenticates(dsn.get_secret_value()):
-                    raise ValueError(
-                        f"{name}: no password (in the URL, a password= or passfile= "
-                        "parameter, PGPASSWORD or PGPASSFILE) and no client certificate "
-                        "(sslcert= with sslmode=verify-full): refused by the production "
-                        "profile, unless EO_ALLOW_PASSWORDLESS_DSN=true (trust or peer "
-                        "authentication, a password in ~/.pgpass)")
-        for name, callee in self.callees.items():
-            scheme = urlsplit(callee.url).scheme.lower() if callee.url else "https"
-            if scheme == "http" and not self.allow_plain_http_callees:
-                raise ValueError(f"callees__{name}__url: http:// sends the callee's bearer "
-                                 "token in clear: use https://; refused by the production "
-                                 "profile unless EO_ALLOW_PLAIN_HTTP_CALLEES=true")
-            if scheme not in ("http", "https"):
-                raise ValueError(f"callees__{name}__url: a callee is called over https:// "
-                                 "(http:// only with EO_ALLOW_PLAIN_HTTP_CALLEES=true)")
 
     def prefetch_for(self, batches: bool) -> int:
         """The deliveries in flight of one consumer (RabbitMQ's `prefetch_count`):
@@ -347,47 +269,6 @@ class Settings(BaseSettings):
         return self.apis.get(name) or ApiSettings.model_validate({})
 
 
-def guest_credentials(amqp_url: str) -> str | None:
-    """Why `amqp_url` logs in to RabbitMQ with its default account `guest` (as user or as
-    password; aio-pika sends it for a user or password the URL leaves out), or None when it
-    does not: it names a user and a password of their own, or logs in with a client
-    certificate (`amqps://...?auth=external&certfile=...`, RabbitMQ's EXTERNAL mechanism).
-    The reason never quotes the URL."""
-    parts = urlsplit(amqp_url)
-    query = {k.lower(): v for k, v in parse_qsl(parts.query)}
-    if (parts.scheme.lower() == "amqps" and query.get("auth", "").lower() == "external"
-            and query.get("certfile")):
-        return None
-    user, password = unquote(parts.username or ""), unquote(parts.password or "")
-    if not user:
-        return "no user: the client logs in as guest, RabbitMQ's default account"
-    if user == GUEST:
-        return "the user is guest, RabbitMQ's default account"
-    if not password:
-        return "no password: the client sends guest's, RabbitMQ's default one"
-    if password == GUEST:
-        return "the password is guest's, RabbitMQ's default one"
-    return None
-
-
-def authenticates(dsn: str) -> bool:
-    """Whether a PostgreSQL `dsn` brings a credential of its own: a password (in the URL's
-    user part, a `password=` or `passfile=` parameter, or libpq's PGPASSWORD / PGPASSFILE
-    in this process's environment, which asyncpg reads when the DSN has none), or a client
-    certificate (`sslcert=`, or PGSSLCERT) with the server's identity checked
-    (`sslmode=verify-full`, or PGSSLMODE). Trust and peer authentication, and a password
-    found in the default ~/.pgpass, are none of these."""
-    parts = urlsplit(dsn)
-    query = {k.lower(): v for k, v in parse_qsl(parts.query)}
-    if parts.password or query.get("password") or query.get("passfile"):
-        return True
-    if os.environ.get("PGPASSWORD") or os.environ.get("PGPASSFILE"):
-        return True
-    certificate = query.get("sslcert") or os.environ.get("PGSSLCERT")
-    mode = query.get("sslmode") or os.environ.get("PGSSLMODE")
-    return bool(certificate) and mode == "verify-full"
-
-
 def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment plus `overrides`; raises `SettingsError` naming the
     `EO_...` variable of the first invalid setting."""
@@ -415,79 +296,3 @@ def load_settings_as(cls: type[S], **overrides: Any) -> S:
         raise SettingsError(f"invalid setting {name}: not valid JSON") from exc
 
 
-@dataclass(frozen=True)
-class Service:
-    """The service the settings name: its registry and each endpoint's strategy."""
-
-    registry: Registry
-    strategies: dict[str, Strategy]
-
-    def strategy(self, name: str) -> Strategy:
-        """The strategy of endpoint `name` (KeyError when it is not registered)."""
-        return self.strategies[name]
-
-
-def load_registry(spec: str) -> Registry:
-    """The `Registry` at `module:attribute`; raises `SettingsError` naming `EO_SERVICE` when
-    it cannot be imported, is missing, is not a registry, or cannot run."""
-    module_name, _, attribute = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SettingsError(f"invalid setting EO_SERVICE: cannot import {module_name!r}: "
-                            f"{exc}") from exc
-    except RegistryError as exc:
-        raise SettingsError(f"invalid setting EO_SERVICE: {exc}") from exc
-    registry: Any = getattr(module, attribute, None)
-    if not isinstance(registry, Registry):
-        raise SettingsError(f"invalid setting EO_SERVICE: {spec} is not a Registry")
-    return registry
-
-
-def resolve_service(settings: Settings, registry: Registry | None = None) -> Service:
-    """The service of `settings` (`registry` given, else the one `EO_SERVICE` names) with
-    the strategies of `EO_STRATEGIES`; raises `SettingsError` naming the variable when the
-    registry cannot be loaded, a strategy does not fit, a callee setting names no
-    registered callee, or blobs go to S3 in production without `EO_S3_BUCKET`."""
-    registry = registry or load_registry(settings.service)
-    try:
-        strategies = registry.strategies(settings.strategies)
-    except RegistryError as exc:
-        raise SettingsError(f"invalid setting EO_STRATEGIES: {exc}") from exc
-    if any(r.blobs for r in registry) and settings.blobs_in_s3():
-        settings.bucket()  # production names its bucket: refused at start-up otherwise
-    callees = set(registry.names(Role.CALLEE))
-    for name in settings.callees:
-        if name not in callees:
-            raise SettingsError(f"invalid setting EO_CALLEES__{name.upper()}: {name!r} is not "
-                                f"a registered callee (callees: {sorted(callees)})")
-    _check_apis(settings, registry)
-    return Service(registry, strategies)
-
-
-def _check_apis(settings: Settings, registry: Registry) -> None:
-    """Third-party API settings name declared APIs, never lengthen a key's retention, and
-    in production give every API an endpoint calls an https:// URL."""
-    declared = {api.name: api for api in registry.apis}
-    for name, own in settings.apis.items():
-        variable = f"EO_APIS__{name.upper()}"
-        if name not in declared:
-            raise SettingsError(f"invalid setting {variable}: {name!r} is not a declared "
-                                f"third-party API (Registry.apis: {sorted(declared)})")
-        retention = declared[name].key_retention.total_seconds()
-        if own.key_retention_s is not None and own.key_retention_s > retention:
-            raise SettingsError(f"invalid setting {variable}__KEY_RETENTION_S: "
-                                f"{own.key_retention_s:g} s is longer than the provider's "
-                                f"{retention:g} s the registry declares: a request sent "
-                                "after the provider forgot its key could execute twice")
-        scheme = urlsplit(own.url).scheme.lower() if own.url else "https"
-        if scheme not in ("http", "https"):
-            raise SettingsError(f"invalid setting {variable}__URL: an http:// or https:// URL")
-    if settings.profile != "production":
-        return
-    for name in sorted({api for r in registry for api in r.apis}):
-        url = settings.api(name).url
-        if url is None or urlsplit(url).scheme.lower() != "https":
-            raise SettingsError(f"invalid setting EO_APIS__{name.upper()}__URL: the production "
-                                "profile calls a third-party API at its https:// URL (the "
-                                "in-process sandbox is for the embedded and local profiles)")

@@ -28,7 +28,8 @@ from application.errors import PermanentError, TransientError
 from entrypoints.local import LocalContainer
 from entrypoints.logs import configure_logging
 from entrypoints.resources import init_resources, shutdown_resources
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 
 log = structlog.get_logger("eo.service")
 

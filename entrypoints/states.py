@@ -13,7 +13,8 @@ from adapters.system.clock import SystemClock
 from application.codec import to_jsonable
 from application.strategy import Strategy
 from entrypoints.local import postgres_inspection
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 
 
 @dataclass(frozen=True)

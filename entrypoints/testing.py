@@ -78,7 +78,8 @@ from entrypoints.embedded_report import DeadLetterEntry, EmbeddedReport, Sent
 from entrypoints.embedded_runtime import EmbeddedRuntime, Faults, generation_task_factory
 from entrypoints.faults import fault_logger
 from entrypoints.resources import shutdown_resources
-from entrypoints.settings import Service, Settings, load_settings, resolve_service
+from entrypoints.service_spec import Service, resolve_service
+from entrypoints.settings import Settings, load_settings
 
 #: Header of a message dead-lettered before processing: its message ID as the producer gave
 #: it (which may not be a UUID).

@@ -171,7 +171,8 @@ def manifests(check: Annotated[bool, typer.Option(
         help="exit 1 when a generated file is not the registry's, writing nothing")] = False,
               ) -> None:
     """Generate the Kubernetes objects of the registry's endpoints (deploy/k8s/)."""
-    from entrypoints.settings import load_settings, resolve_service
+    from entrypoints.service_spec import resolve_service
+    from entrypoints.settings import load_settings
 
     registry = resolve_service(load_settings()).registry
     stale = []

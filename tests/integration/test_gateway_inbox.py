@@ -32,7 +32,8 @@ from application.observability import INBOX_RELAYED, TRANSACTION_COMMITTED
 from application.ports import Inbox, InboxClaim
 from application.workers import Workers
 from entrypoints.local import LocalContainer
-from entrypoints.settings import Settings, load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import Settings, load_settings
 from tests.support.counters.endpoints import Add
 from tests.support.counters.registry import SPEC
 from tests.support.processes import (

@@ -42,7 +42,8 @@ from application.workers import Workers
 from entrypoints.callee_app import create_callee_app
 from entrypoints.composition import tunables_of, workers_of
 from entrypoints.embedded import memory_adapters
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from entrypoints.status import StatusServer, listening_socket
 from tests.support.counters.endpoints import COUNTER, Account, Reported, Spend, Tally
 from tests.support.counters.harness import take, token_envelope

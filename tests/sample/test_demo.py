@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from adapters.memory.broker import MemoryBroker
 from entrypoints.cli import app
 from entrypoints.embedded import EmbeddedContainer
-from entrypoints.settings import SettingsError, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import SettingsError
 from tools.demo.local import DEMO_BUCKET, demo_settings
 from tools.demo.run import DuplicatingDispatcher, run_demo
 from tools.settings import load_tool_settings

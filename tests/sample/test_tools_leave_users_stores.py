@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from adapters.postgres.admin import database_name, with_database
 from entrypoints.cli import app
-from entrypoints.settings import resolve_service
+from entrypoints.service_spec import resolve_service
 from tests.support.processes import this_run
 from tests.support.services import Services, discover
 from tests.support.users_stores import (

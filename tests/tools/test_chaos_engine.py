@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from tests.support.counters.registry import REGISTRY, SPEC
 from tests.support.processes import this_run
 from tests.support.services import discover

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from application.observability import FAULT_INJECTED, MESSAGE_DUPLICATE
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from tests.support.counters.chaos import WORKLOAD
 from tests.support.counters.registry import REGISTRY
 from tools.chaos import fence, fence_pairs

@@ -16,13 +16,8 @@ from application.errors import TransientError
 from application.failpoints import Failpoints, Rule, parse
 from application.registry import Registration, Registry
 from application.strategy import Strategy
-from entrypoints.settings import (
-    DEFAULT_SERVICE,
-    Settings,
-    SettingsError,
-    load_settings,
-    resolve_service,
-)
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import DEFAULT_SERVICE, Settings, SettingsError, load_settings
 from tests.support.counters.endpoints import AUDIT
 from tests.support.counters.registry import REGISTRY, SPEC
 from tests.support.set_algebra import SET_ALGEBRA

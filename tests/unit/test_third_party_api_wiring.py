@@ -19,7 +19,8 @@ from application.workers import api_policies
 from entrypoints.composition import tunables_of
 from entrypoints.local import LocalContainer
 from entrypoints.resources import provided, shutdown_resources
-from entrypoints.settings import SettingsError, load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import SettingsError, load_settings
 from tests.support.shipping import SHIPPING
 from tests.support.shipping_service import REGISTRY
 

@@ -16,7 +16,8 @@ import asyncpg
 
 from adapters.system.clock import SystemClock
 from entrypoints.local import postgres_stores
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from tools.chaos.fleet import empty_bucket
 from tools.chaos.plan import Topology
 from tools.chaos.reference import Expected, reference_run

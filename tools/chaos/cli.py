@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from application.errors import TransientError
-from entrypoints.settings import SettingsError, load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import SettingsError, load_settings
 from tools.chaos.engine import ENGINE_DATABASE, engine_settings, run_engine
 from tools.chaos.report import EngineReport, EngineRun
 from tools.chaos.workload import Workload, WorkloadError, load_attribute, load_workload

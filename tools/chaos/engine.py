@@ -47,8 +47,10 @@ from pydantic import SecretStr
 
 from adapters.postgres.pool import create_pool
 from adapters.s3.moto_server import MotoServer
+from entrypoints.named_settings import ApiSettings
 from entrypoints.operations import migrate_all
-from entrypoints.settings import ApiSettings, Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from tools.chaos.broker import ConsumerGaps, publish_messages
 from tools.chaos.campaign import Campaign, keep_logs, stage_run
 from tools.chaos.fence_runs import fence_runs

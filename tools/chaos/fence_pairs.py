@@ -21,7 +21,8 @@ from application.envelope import CAUSATION_ID_HEADER
 from application.errors import MalformedMessage, UnknownMessageType
 from application.registry import Registration, Registry
 from application.strategy import Strategy
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from entrypoints.testing import EmbeddedService
 from tools.chaos.fence import FencePair
 from tools.chaos.workload import OutsideMessage

@@ -29,8 +29,10 @@ from adapters.system.clock import OffsetClock, SystemClock
 from application.registry import Role
 from entrypoints.local import LocalContainer, dead_letter_collector, postgres_inspection
 from entrypoints.logs import configure_logging
+from entrypoints.named_settings import CalleeSettings
 from entrypoints.resources import provided
-from entrypoints.settings import CalleeSettings, Service, Settings, resolve_service
+from entrypoints.service_spec import Service, resolve_service
+from entrypoints.settings import Settings
 from tools.zygote import Zygote, ZygoteProcess
 
 S = TypeVar("S", bound=Settings)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from application.failpoints import NAMES
 from application.registry import Role
 from application.strategy import Strategy
-from entrypoints.settings import Service
+from entrypoints.service_spec import Service
 
 #: The state strategy's failpoints (application/state_path.py).
 STATE_POINTS = frozenset({"after_state_load", "before_append", "after_append"})

@@ -38,7 +38,8 @@ from typing import Any
 
 from application.codec import to_jsonable
 from domain.context import UUID5_TEXT
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from entrypoints.testing import EmbeddedReport, EmbeddedService
 from tools.chaos.workload import OutsideMessage
 

@@ -28,7 +28,8 @@ from application.observability import (
     TRANSACTION_COMMITTED,
 )
 from domain.context import ARTIFACT_KEY_IN_TEXT
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from tools.chaos.at_rest import at_rest, dead_letters, kept_at_rest
 from tools.chaos.checks import audit_logs, read_logs, rerun_violations
 from tools.chaos.fleet import bucket_client, business_states

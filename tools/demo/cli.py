@@ -23,7 +23,8 @@ from application.errors import TransientError
 from application.observability import CountingSink
 from entrypoints.embedded import EmbeddedContainer
 from entrypoints.logs import StructlogEventSink, configure_logging
-from entrypoints.settings import Service, SettingsError, resolve_service
+from entrypoints.service_spec import Service, resolve_service
+from entrypoints.settings import SettingsError
 from tools.demo.local import demo_settings, run_local_demo
 from tools.demo.run import DemoReport, DuplicatingDispatcher, run_demo
 from tools.guard import refuse_production

@@ -29,7 +29,8 @@ from application.envelope import Envelope
 from domain.sample.payments import open_account
 from entrypoints.local import postgres_stores
 from entrypoints.operations import migrate_all
-from entrypoints.settings import Service, Settings
+from entrypoints.service_spec import Service
+from entrypoints.settings import Settings
 from tools.chaos.at_rest import at_rest, dead_letters, queue_depth
 from tools.chaos.checks import audit_logs, read_logs
 from tools.chaos.fleet import (

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from tools.pipeline.sources import Jdbc
 
 if TYPE_CHECKING:
-    from entrypoints.settings import Service
+    from entrypoints.service_spec import Service
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from entrypoints.settings import Service, SettingsError, resolve_service
+from entrypoints.service_spec import Service, resolve_service
+from entrypoints.settings import SettingsError
 from tools.settings import ToolSettings, load_tool_settings
 
 if TYPE_CHECKING:

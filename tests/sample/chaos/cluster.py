@@ -64,7 +64,7 @@ from domain.sample.orders import CARRIER
 from domain.sample.payments import open_account
 from entrypoints.faults import CRASH_EXIT
 from entrypoints.local import postgres_stores
-from entrypoints.settings import Service, resolve_service
+from entrypoints.service_spec import Service, resolve_service
 from service.registry import REGISTRY
 from tests.support.processes import private_vhost, this_run
 from tests.support.services import discover

@@ -28,7 +28,8 @@ import aio_pika
 import pytest
 
 from adapters.rabbitmq import topology
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from tests.sample.chaos.cluster import RETRY_DELAYS, Run, log_events, pick_orders
 from tools.chaos.plan import topology_of
 

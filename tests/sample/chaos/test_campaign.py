@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from adapters.postgres.admin import with_database
 from entrypoints.cli import app
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from service.registry import REGISTRY
 from tests.support.processes import this_run
 from tests.support.services import discover

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from application.failpoints import parse
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from service.registry import REGISTRY
 from tools.chaos.plan import CALLEE_POINTS, plan_run, topology_of
 from tools.chaos.workload import RunOutcome

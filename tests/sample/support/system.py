@@ -25,7 +25,8 @@ from application.ports import (
 from application.workers import Workers
 from entrypoints.composition import tunables_of, workers_of
 from entrypoints.embedded import memory_adapters
-from entrypoints.settings import Settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import Settings
 from service.registry import REGISTRY
 from tools.settings import ToolSettings
 

@@ -29,7 +29,8 @@ from application.strategy import Strategy
 from application.sweeper import Sweeper
 from application.workers import Workers
 from entrypoints.embedded import EmbeddedContainer
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from tests.support.counters.endpoints import Account
 from tests.support.counters.registry import REGISTRY
 from tests.support.world import crash

@@ -21,7 +21,8 @@ from application.registry import Registration, Registry, RegistryError
 from application.state_path import StateRetention, outgoing_id
 from application.strategy import Strategy
 from domain.context import Context
-from entrypoints.settings import SettingsError, load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import SettingsError, load_settings
 from tests.support.counter import COUNTER, Add
 from tests.support.counters.endpoints import AUDIT
 from tests.support.counters.registry import REGISTRY

@@ -16,7 +16,8 @@ import pytest
 from adapters.rabbitmq.dispatcher import envelope_of
 from application.errors import MalformedMessage
 from entrypoints.run_embedded import EmbeddedReport, run_embedded
-from entrypoints.settings import load_settings, resolve_service
+from entrypoints.service_spec import resolve_service
+from entrypoints.settings import load_settings
 from tests.support.counters.registry import REGISTRY
 
 A, B, C, D = (str(uuid.UUID(int=n)) for n in (1, 2, 3, 4))
