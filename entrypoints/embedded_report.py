@@ -5,9 +5,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from application.dead_letter_copies import letter_digest
+from application.envelope import BODY_SHA256_HEADER, REASON_HEADER, Envelope
+from entrypoints.embedded_producer import RAW_ID_HEADER
 
 
 @dataclass
@@ -68,3 +72,18 @@ class DeadLetterEntry:
     type: str
     reason: str
     times: int = 1
+
+
+def entries_of(dead_letters: Mapping[str, Iterable[Envelope]]) -> list[DeadLetterEntry]:
+    """The dead letters of each queue (the dead-letter queues' envelopes, in order) one per
+    message, as the dead-letter store keeps them: copies under one message ID with one type
+    and body are one entry, `times` their count, the reason the last copy's."""
+    merged: dict[tuple[str, str, str], DeadLetterEntry] = {}
+    for name, letters in dead_letters.items():
+        for e in letters:
+            message_id = e.header(RAW_ID_HEADER) or str(e.message_id)
+            key = (name, message_id, letter_digest(e.type, e.body, e.header(BODY_SHA256_HEADER)))
+            known = merged.get(key)
+            merged[key] = DeadLetterEntry(name, message_id, e.type, e.header(REASON_HEADER) or "",
+                                          known.times + 1 if known is not None else 1)
+    return list(merged.values())

@@ -38,13 +38,11 @@ import asyncio
 import json
 import random
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import is_dataclass
 from datetime import timedelta
 from functools import partial
-from types import MappingProxyType
 from typing import Any
 
 from dependency_injector import providers
@@ -55,18 +53,6 @@ from adapters.memory.blob_store import MemoryBlobStore
 from adapters.memory.broker import MemoryBroker
 from adapters.system.clock import OffsetClock
 from application.codec import encode, to_jsonable
-from application.dead_letter_copies import letter_digest
-from application.envelope import (
-    BODY_SHA256_HEADER,
-    REASON_HEADER,
-    TOKEN_HEADER,
-    Envelope,
-    admitted,
-    capped,
-    clipped_body,
-    known_headers,
-)
-from application.errors import MalformedMessage
 from application.failpoints import Failpoints
 from application.outcome import Outcome
 from application.ports import BlobStore, Clock
@@ -74,43 +60,18 @@ from application.registry import Registry, Role
 from application.strategy import Strategy
 from application.workers import Workers
 from entrypoints.embedded import EmbeddedContainer
-from entrypoints.embedded_report import DeadLetterEntry, EmbeddedReport, Sent
+from entrypoints.embedded_producer import (
+    EmbeddedProducer,
+    Recording,
+    body_of,
+    json_of,
+)
+from entrypoints.embedded_report import DeadLetterEntry, EmbeddedReport, Sent, entries_of
 from entrypoints.embedded_runtime import EmbeddedRuntime, Faults, generation_task_factory
 from entrypoints.faults import fault_logger
 from entrypoints.resources import shutdown_resources
 from entrypoints.service_spec import Service, resolve_service
 from entrypoints.settings import Settings, load_settings
-
-#: Header of a message dead-lettered before processing: its message ID as the producer gave
-#: it (which may not be a UUID).
-RAW_ID_HEADER = "eo-line-message-id"
-
-
-class _Recording:
-    """The system's dispatcher: the broker, keeping what the endpoints send."""
-
-    def __init__(self, broker: MemoryBroker) -> None:
-        self.broker = broker
-        self.sent: list[tuple[str, Envelope]] = []
-
-    async def dispatch(self, destination: str, envelope: Envelope) -> None:
-        self.sent.append((destination, envelope))
-        await self.broker.dispatch(destination, envelope)
-
-
-def _body(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace")
 
 
 class EmbeddedService:
@@ -124,7 +85,7 @@ class EmbeddedService:
             shuffle=random.Random(faults.seed + 1) if faults.out_of_order else None,
             dead_letter_max_bytes=settings.dead_letter_max_bytes)
         self._container = EmbeddedContainer(settings=settings, service=service)
-        self._recording = _Recording(self.broker)
+        self._recording = Recording(self.broker)
         self._container.broker.override(self.broker)
         self._container.dispatcher.override(self._recording)
         if blobs is not None:
@@ -137,8 +98,7 @@ class EmbeddedService:
             on_fire=fault_logger(self._container.events()))))
         self.system: Workers = self._container.workers()
         self.report = EmbeddedReport(service.registry.service)
-        self._refused: Counter[str] = Counter()
-        self._tokens_sent: set[tuple[str, uuid.UUID]] = set()
+        self.producer = EmbeddedProducer(settings, service, self.broker, self.system.tokens)
 
     @classmethod
     @asynccontextmanager
@@ -184,9 +144,9 @@ class EmbeddedService:
             type_name = type_name or self._type_name(queue, message)
             body = encode(message)
         else:
-            body = _body(message)
+            body = body_of(message)
         sent_id = uuid.uuid4() if message_id is None else message_id
-        await self._publish(queue, str(sent_id), type_name, body, dict(headers or {}))
+        await self.producer.publish(queue, str(sent_id), type_name, body, dict(headers or {}))
         return sent_id
 
     async def send_line(self, line: str) -> None:
@@ -212,9 +172,9 @@ class EmbeddedService:
             return
         headers = {str(k): str(v) for k, v in dict(raw.get("headers") or {}).items()}
         raw_id, type_ = raw.get("message_id"), raw.get("type")
-        await self._publish(queue, None if raw_id is None else str(raw_id),
+        await self.producer.publish(queue, None if raw_id is None else str(raw_id),
                             None if type_ is None else str(type_),
-                            _body(raw.get("body", {})), headers)
+                            body_of(raw.get("body", {})), headers)
 
     def _type_name(self, queue: str, message: Any) -> str:
         registration = self.system.registry[queue]
@@ -223,34 +183,6 @@ class EmbeddedService:
                 return name
         raise ValueError(f"{queue} does not take {type(message).__name__} (it takes "
                          f"{sorted(registration.endpoint.messages)})")
-
-    async def _publish(self, queue: str, raw_id: str | None, type_: str | None, body: bytes,
-                       headers: dict[str, str]) -> None:
-        settings = self.settings
-        self.report.published += 1
-        try:
-            envelope = admitted(raw_id, type_, body, headers, settings.max_body_bytes,
-                                settings.kept_headers)
-        except MalformedMessage as exc:  # what the AMQP source does before any processing
-            clipped, sizes = clipped_body(body, settings.dead_letter_body_bytes)
-            self.broker.dead_letters[queue].append(Envelope(
-                uuid.uuid4(), str(type_ or ""), clipped,
-                MappingProxyType({**known_headers(headers, settings.kept_headers), **sizes,
-                                  REASON_HEADER: capped(exc.reason),
-                                  RAW_ID_HEADER: "" if raw_id is None else capped(raw_id)})))
-            self._refused[queue] += 1
-            return
-        if self.service.strategy(queue) is Strategy.TOKEN:
-            # outside producers cannot feed a token endpoint on real services: the test
-            # sends as an upstream endpoint would, creating the message's token once (never
-            # again for a copy, protocol 3.3, so a copy after the first was consumed is a
-            # duplicate)
-            envelope = Envelope(envelope.message_id, envelope.type, body,
-                                MappingProxyType({**envelope.headers, TOKEN_HEADER: "1"}))
-            if (queue, envelope.message_id) not in self._tokens_sent:
-                self._tokens_sent.add((queue, envelope.message_id))
-                await self.system.tokens.create(queue, [envelope])
-        self.broker.publish(queue, envelope)
 
     # --- running ---------------------------------------------------------------------------
 
@@ -317,25 +249,14 @@ class EmbeddedService:
 
     def outputs(self, to: str | None = None) -> list[Sent]:
         """The messages the endpoints sent (to `to` only, when given), in order."""
-        return [Sent(destination, e.message_id, e.type, _json(e.body), dict(e.headers))
+        return [Sent(destination, e.message_id, e.type, json_of(e.body), dict(e.headers))
                 for destination, e in self._recording.sent if to in (None, destination)]
 
     def dead_letters(self, queue: str | None = None) -> list[DeadLetterEntry]:
         """The dead letters (of `queue` only, when given), one per message, with their
         reasons, in the order they were first dead-lettered."""
-        merged: dict[tuple[str, str, str], DeadLetterEntry] = {}
-        for name, letters in self.broker.dead_letters.items():
-            if queue not in (None, name):
-                continue
-            for e in letters:
-                message_id = e.header(RAW_ID_HEADER) or str(e.message_id)
-                key = (name, message_id, letter_digest(e.type, e.body,
-                                                       e.header(BODY_SHA256_HEADER)))
-                known = merged.get(key)
-                merged[key] = DeadLetterEntry(name, message_id, e.type,
-                                         e.header(REASON_HEADER) or "",
-                                         known.times + 1 if known is not None else 1)
-        return list(merged.values())
+        return entries_of({name: letters for name, letters in self.broker.dead_letters.items()
+                           if queue in (None, name)})
 
     async def kept_tokens(self) -> int:
         """Tokens the dead letters keep on purpose, for their replay (`eo inspect`'s "kept
@@ -360,10 +281,11 @@ class EmbeddedService:
 
     async def _fill(self) -> None:
         report, names = self.report, {str(s): 0 for s in Outcome}
+        report.published = self.producer.published
         for name, count in self.runtime.settled().items():
             report.settled[name] = {**names, **{str(k): v for k, v in count.items()}}
             # one vocabulary: what the source refuses before processing is dead-lettered too
-            report.settled[name][str(Outcome.DEAD_LETTERED)] += self._refused[name]
+            report.settled[name][str(Outcome.DEAD_LETTERED)] += self.producer.refused[name]
         report.states = {name: {p: to_jsonable(s) for p, s in self.states(name).items()}
                          for name in self.system.registry.names()}
         report.outputs = [{"to": s.to, "message_id": str(s.message_id), "type": s.type,
