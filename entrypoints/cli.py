@@ -6,97 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
-from typer import _click as click
-from typer._click.exceptions import UsageError
-from typer.core import TyperCommand, TyperGroup
 
 from entrypoints.commands import fail, load, run_service
+from entrypoints.tool_commands import WithTools
 
-if TYPE_CHECKING:
-    pass
-
-#: The tools' commands: name -> (module, attribute: a Typer app, short help). Listed by
-#: `eo --help` without importing them.
-TOOLS: dict[str, tuple[str, str, str]] = {
-    "demo": ("tools.demo.cli", "demo_app",
-             "The sample end to end with duplicates and faults, checked by its oracle."),
-    "chaos": ("tools.chaos.cli", "chaos_app",
-              "Randomized fault campaign with real processes on your service's workload "
-              "(--messages, --workload): fence scenarios for every endpoint, then random "
-              "runs, within --duration."),
-    "bench": ("tools.bench.cli", "bench_app",
-              "What exactly-once costs: the paths side by side on PostgreSQL and RabbitMQ."),
-    "pipeline": ("tools.pipeline.cli", "pipeline_app",
-                 "The data pipeline on Spark for every endpoint: ingest into a gateway, the "
-                 "exactly-once audit, the orphan sweep."),
-    "local-services": ("tools.local_services", "local_services_app",
-                       "The local profile's shared services: an S3 API that outlives one "
-                       "process, the settings to export."),
-    "manifests": ("tools.manifests", "manifests_app",
-                  "Generate the Kubernetes objects of the registry's endpoints (deploy/k8s)."),
-}
-#: The dependency group each tool needs beyond the service's own.
-TOOL_GROUPS = {"demo": "demo", "chaos": "dev", "bench": "dev", "pipeline": "pipeline",
-               "local-services": "dev", "manifests": "dev"}
-
-
-class _LazyTool(TyperCommand):
-    """A tool's command, imported when invoked (its short help is known without)."""
-
-    def __init__(self, name: str, module: str, attribute: str, short_help: str) -> None:
-        super().__init__(name, help=short_help, short_help=short_help)
-        self._module, self._attribute = module, attribute
-
-    def _load(self) -> click.Command:
-        try:
-            app = getattr(importlib.import_module(self._module), self._attribute)
-        except ImportError as exc:
-            group = TOOL_GROUPS.get(self.name or "", "dev")
-            raise UsageError(
-                f"`eo {self.name}` needs the `{group}` dependency group ({exc}): "
-                f"`uv sync --group {group}`, or run it through ./dev") from exc
-        command = typer.main.get_command(app)
-        command.name = self.name
-        return command
-
-    def make_context(self, info_name: str | None, args: list[str],
-                     parent: click.Context | None = None, **extra: Any) -> click.Context:
-        return self._load().make_context(info_name, args, parent=parent, **extra)
-
-
-class _WithTools(TyperGroup):
-    """`eo`'s commands plus the tools present in this installation (lazily loaded)."""
-
-    def _tools(self) -> Iterator[str]:
-        for name, (module, _, _) in TOOLS.items():
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except ImportError:  # the tools package itself is absent
-                found = False
-            if found:
-                yield name
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*super().list_commands(ctx), *self._tools()]
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = super().get_command(ctx, cmd_name)
-        if command is None and cmd_name in TOOLS and cmd_name in set(self._tools()):
-            module, attribute, short_help = TOOLS[cmd_name]
-            command = _LazyTool(cmd_name, module, attribute, short_help)
-        return command
-
-
-app = typer.Typer(cls=_WithTools, no_args_is_help=True, add_completion=False,
+app = typer.Typer(cls=WithTools, no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None,
                   help="Exactly-once service template: run your service's endpoints, "
                        "operate them, and (where installed) the tools.")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from entrypoints import cli, run_embedded
+from entrypoints import cli, run_embedded, tool_commands
 from entrypoints.settings import Settings
 from tests.support.counters.registry import SPEC
 from tests.support.shipping_service import SPEC as SHIPPING_SPEC
@@ -166,7 +166,8 @@ def test_help_lists_the_tools_without_importing_them() -> None:
     probe = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from entrypoints.cli import TOOLS, app\n"
+        "from entrypoints.cli import app\n"
+        "from entrypoints.tool_commands import TOOLS\n"
         "result = CliRunner().invoke(app, ['--help'])\n"
         "print(result.exit_code)\n"
         "print(result.output)\n"
@@ -181,10 +182,10 @@ def test_help_lists_the_tools_without_importing_them() -> None:
     for name in ("consume", "serve", "embedded", "endpoints"):
         assert name in commands
     # the tools of this installation (a service made without the sample keeps `bench` only)
-    present = [name for name, (module, _, _) in cli.TOOLS.items()
+    present = [name for name, (module, _, _) in tool_commands.TOOLS.items()
                if (ROOT / module.replace(".", "/")).with_suffix(".py").exists()]
     assert "bench" in present
-    assert [c for c in commands if c in cli.TOOLS] == present
+    assert [c for c in commands if c in tool_commands.TOOLS] == present
     assert imported == "IMPORTED: []"  # tools.demo.cli and the others: not imported
 
 
@@ -193,7 +194,7 @@ def test_a_tool_whose_dependencies_are_missing_says_which_group_to_sync(
 ) -> None:
     (tmp_path / "ghost_tool.py").write_text("import no_such_dependency_of_eo  # noqa\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli.TOOLS, "ghost", ("ghost_tool", "app", "A tool for the test."))
+    monkeypatch.setitem(tool_commands.TOOLS, "ghost", ("ghost_tool", "app", "A tool for the test."))
     code, output = _eo("--help")
     assert code == 0
     assert "A tool for the test." in output
