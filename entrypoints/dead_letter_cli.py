@@ -18,7 +18,7 @@ import typer
 
 if TYPE_CHECKING:
     from application.dead_letters import DeadLetters
-    from application.ports import DeadLetterQuery, DeadLetterStore
+    from application.ports import DeadLetterQuery
     from application.records import DeadLetter
     from entrypoints.local import LocalContainer
     from entrypoints.service_spec import Service
@@ -117,15 +117,25 @@ def _run(profile: str | None, work: Callable[[LocalContainer], Awaitable[T]]) ->
         raise fail(f"dead letters: {exc}", 3) from exc
 
 
-async def _store(container: LocalContainer) -> DeadLetterStore:
-    """The dead-letter store alone: one pool, no broker connection."""
-    from entrypoints.resources import provided
+def _read(profile: str | None, query: DeadLetterQuery) -> list[DeadLetter]:
+    """The dead letters `query` selects, read with one connection to the endpoint database
+    and nothing else (no composition root: no broker, no blob store); exits 3 naming the
+    server when PostgreSQL does not answer."""
+    from adapters.system.clock import SystemClock
+    from application.errors import TransientError
+    from entrypoints.commands import fail, load
+    from entrypoints.pools import dead_letter_store_of, endpoint_pool
 
-    return await provided(container.dead_letter_store)
+    settings, _ = load(profile, services=True)
 
+    async def main() -> list[DeadLetter]:
+        async with endpoint_pool(settings) as pool:
+            return await dead_letter_store_of(pool, SystemClock()).find(query)
 
-async def _find(container: LocalContainer, query: DeadLetterQuery) -> list[DeadLetter]:
-    return await (await _store(container)).find(query)
+    try:
+        return asyncio.run(main())
+    except TransientError as exc:
+        raise fail(f"dead letters: {exc}", 3) from exc
 
 
 async def _operations(container: LocalContainer) -> DeadLetters:
@@ -159,7 +169,7 @@ def list_command(endpoint: _ENDPOINT = None, reason: _REASON = None, older_than:
     from entrypoints.report import print_dead_letters
 
     query = _query(endpoint, None, status, reason, older_than, newer_than, limit)
-    found = _run(profile, lambda c: _find(c, query))
+    found = _read(profile, query)
     if output == "json":
         typer.echo(json.dumps([letter_json(d) for d in found], indent=2))
     else:

@@ -45,11 +45,10 @@ from application.wiring import Adapters
 from entrypoints.composition import tunables_of, workers_of
 from entrypoints.faults import failpoints_from, with_duplicates
 from entrypoints.logs import StructlogEventSink
+from entrypoints.pools import Pools, dead_letter_store_of, pools_resource
 from entrypoints.resources import (
-    Pools,
     blob_resource,
     broker_user,
-    pools_resource,
     rabbit_resource,
 )
 from entrypoints.service_spec import Service
@@ -241,7 +240,7 @@ class LocalContainer(containers.DeclarativeContainer):
                                                           service), pools, clock, service)
     #: the service's dead letters, in the endpoints' database
     dead_letter_store = providers.Singleton(
-        lambda pools, clock: PostgresDeadLetterStore(pools.endpoint, clock), pools, clock)
+        lambda pools, clock: dead_letter_store_of(pools.endpoint, clock), pools, clock)
     #: the operations on them (replay, discard, expiry, gauges)
     dead_letter_operations = providers.Singleton(
         lambda workers, store: workers.dead_letters(store), workers, dead_letter_store)

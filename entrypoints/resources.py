@@ -7,46 +7,17 @@ from __future__ import annotations
 import importlib.util
 import inspect
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from dependency_injector import containers, providers
 from yarl import URL
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
-from adapters.postgres.pool import create_pool
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from application.ports import BlobStore
 from application.registry import Registry
 from entrypoints.settings import Settings, SettingsError
-
-
-@dataclass(frozen=True)
-class Pools:
-    """The endpoint database's pool and the token store's (the same one when co-located)."""
-
-    endpoint: Any
-    tokens: Any
-
-    @property
-    def colocated(self) -> bool:
-        """Whether tokens live in the endpoint database (protocol 3.2's fast path)."""
-        return self.endpoint is self.tokens
-
-
-async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
-    """dependency-injector `Resource`: one pool per distinct DSN, closed on shutdown."""
-    endpoint = await create_pool(settings.database(), max_size=settings.pool_size)
-    tokens = endpoint
-    try:
-        if settings.tokens_database() != settings.database():
-            tokens = await create_pool(settings.tokens_database(), max_size=settings.pool_size)
-        yield Pools(endpoint, tokens)
-    finally:
-        if tokens is not endpoint:
-            await tokens.close()
-        await endpoint.close()
 
 
 async def blob_resource(settings: Settings, registry: Registry
