@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from application import defaults
 from application.errors import PermanentError, TransientError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.observability import (
     MESSAGE_DEAD_LETTERED,
     MESSAGE_RETRIED,
@@ -58,7 +58,7 @@ class Consumer:
         processor: Processor,
         max_attempts: int = defaults.MAX_ATTEMPTS,
         retry_delays: Sequence[float] = defaults.RETRY_DELAYS_S,
-        failpoints: Failpoints | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
         dead_letter_body_bytes: int = defaults.DEAD_LETTER_BODY_BYTES,
         batch_size: int = 1,
         batch_wait_s: float = 0.0,
@@ -116,8 +116,7 @@ class Consumer:
                 delay_s=delay, reason=reason)
             self.counts[Outcome.RETRIED] += 1
             return Outcome.RETRIED
-        if self._fp:
-            await self._fp.hit("before_ack")
+        await self._fp.hit("before_ack")
         await delivery.ack()
         settlement = (Outcome.PROCESSED if result is Outcome.PROCESSED
                       else Outcome.DUPLICATE)

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from pydantic_core import from_json, to_json
 
 from application.envelope import Envelope
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.ports import BlobStore, HttpRequests, MessageDispatcher, TokenStore
 from application.records import Kind
 
@@ -86,7 +86,7 @@ class SideEffects:
     dispatcher: MessageDispatcher
     blobs: BlobStore | None
     http: HttpRequests | None
-    failpoints: Failpoints | None = None
+    failpoints: Failpoints = NO_FAILPOINTS
 
     async def publish(self, kind: Kind, key: str, payload: Mapping[str, str]) -> bool:
         """Make a committed side effect visible. Returns False for kinds with nothing to
@@ -129,8 +129,6 @@ class SideEffects:
         if self.http is None:
             return
         fp = self.failpoints
-        if fp:
-            await fp.hit("before_delete")
+        await fp.hit("before_delete")
         await self.http.delete(url)
-        if fp:
-            await fp.hit("after_delete")
+        await fp.hit("after_delete")

@@ -19,6 +19,7 @@ from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.pdf import document_renderer
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
+from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import (
     BlobStore,
@@ -81,7 +82,7 @@ def embedded_system(
         inboxes={name: MemoryInbox(clock) for name in registry.names(Role.GATEWAY)},
         streams=streams, blobs=blobs, failpoints=failpoints,
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None,
+        dead_letters=dead_letters, tracer=tracing.tracer if tracing else NULL_TRACER,
         apis=RoutedApis({api.name: SandboxApis() for api in registry.apis})
         if registry.apis else None)
 

@@ -30,6 +30,7 @@ from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDeadLetters, RabbitDispatcher
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.system.clock import SystemClock
+from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import BlobStore, Clock, HttpRequests, ThirdPartyApis
 from application.registry import Registry, Role
@@ -213,7 +214,7 @@ def local_system(service: Service, settings: Settings, pools: Pools, clock: Cloc
         blobs=blobs, failpoints=failpoints, colocated_tokens=pools.colocated, http=http,
         urls=callee_urls(settings),
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters, tracer=tracing.tracer if tracing else None, apis=apis)
+        dead_letters=dead_letters, tracer=tracing.tracer if tracing else NULL_TRACER, apis=apis)
 
 
 class LocalContainer(containers.DeclarativeContainer):

@@ -12,10 +12,11 @@ from adapters.memory.http import InProcessHttp
 from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
 from application.dead_letters import DeadLetters, EndpointAccess
 from application.errors import PermanentError
-from application.failpoints import Failpoints
+from application.failpoints import Failpoints, or_no_failpoints
 from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
 from application.inbox_relay import InboxRelay
+from application.null_tracer import NULL_TRACER
 from application.ports import (
     ApiPolicy,
     ApiResult,
@@ -111,19 +112,21 @@ class System:
         urls: Mapping[str, str] | None = None,
         renderer: DocumentRenderer | None = None,
         dead_letters: DeadLetterPublisher | None = None,
-        tracer: Tracer | None = None,
+        tracer: Tracer = NULL_TRACER,
         apis: ThirdPartyApis | None = None,
     ) -> None:
         """`dead_letters`: where the gateways' inbox relays dead-letter the rows they cannot
-        relay (None: such a row stays pending); `tracer`: the endpoints' spans (None:
-        tracing is off); `apis`: the third-party APIs the registry declares (protocol 12),
-        called with the policies of `api_policies`."""
+        relay (None: such a row stays pending); `tracer`: the endpoints' spans
+        (`NULL_TRACER`: tracing is off); `failpoints`: None for none configured; `apis`: the
+        third-party APIs the registry declares (protocol 12), called with the policies of
+        `api_policies`."""
         self.service, self.registry, self.settings = service, service.registry, settings
         self.clock, self.ids, self.events, self.dispatcher = clock, ids, events, dispatcher
         self.tokens, self.blobs, self.renderer = tokens, blobs, renderer
         self.stores, self.requests = dict(stores), dict(requests)
         self.inboxes, self.streams = dict(inboxes), dict(streams)
-        self.failpoints, self.colocated_tokens = failpoints, colocated_tokens
+        self.failpoints = or_no_failpoints(failpoints)
+        self.colocated_tokens = colocated_tokens
         self.dead_letter_publisher = dead_letters
         self.tracer = tracer
         self.apis = apis
@@ -135,7 +138,7 @@ class System:
                          for name in self.registry.names(Role.CALLEE)}
         self.callees: dict[str, HttpCallee] = {}
         self.http: HttpRequests = InProcessHttp(self.callees, http)
-        callee_fp = failpoints.scoped("callee.") if failpoints else None
+        callee_fp = self.failpoints.scoped("callee.")
         for name in self.registry.names(Role.CALLEE):
             registration = self.registry[name]
             self.callees[name] = build_callee(

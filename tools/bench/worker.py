@@ -30,6 +30,7 @@ from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.system.clock import SystemClock
 from application.assembly import build_processor
+from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import Ports
 from application.settlement import Consumer
@@ -67,7 +68,7 @@ async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection)
                   colocated_tokens=not state,
                   state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
                   if state else None,
-                  tracer=tracing.tracer if tracing else None)
+                  tracer=tracing.tracer if tracing else NULL_TRACER)
     processor = build_processor(bench.endpoint(work, sink), ports, Strategy(strategy))
     consumer = Consumer(processor, retry_delays=RETRY_DELAYS_S,
                         batch_size=config["batch_size"] if batched else 1,
