@@ -22,6 +22,8 @@ from application.errors import TransientError
 NAMES: frozenset[str] = frozenset(
     {
         "after_token_load", "after_tr_load", "after_token_check", "after_handler",
+        # the outbox path's (application/outbox_path.py): its check is the processed row's
+        "after_processed_check",
         "before_commit", "after_commit", "after_publish_all", "after_cleanup_aborted",
         "after_consume_token", "after_tr_clear", "before_ack",
         "after_put", "after_post", "before_delete", "after_delete", "after_api_call",

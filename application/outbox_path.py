@@ -40,7 +40,7 @@ class OutboxPath:
         async with steps.locks.hold(partition):
             loaded = await steps.settle_committed(partition, stored.message_id)
             await self.still_pending(stored)
-            await steps.hit("after_token_check")
+            await steps.hit("after_processed_check")
             await steps.run(stored, message, partition, loaded, self.processed_row)
 
     async def still_pending(self, stored: Envelope) -> None:
