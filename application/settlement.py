@@ -39,8 +39,9 @@ def batches_in_flight(prefetch: int, batch_size: int) -> int:
     return max(1, prefetch // batch_size - 1)
 
 
-class Consumer:
-    """Runs an endpoint's `Processor` on deliveries and settles each one.
+class Settler:
+    """Settles an endpoint's deliveries: runs its `Processor` on each (alone, or in batches)
+    and acks, retries or dead-letters the delivery by the outcome.
 
     - duplicate or processed: ack;
     - `PermanentError`: dead-letter with its reason (the token stays); the dead letter of a

@@ -40,7 +40,7 @@ from application.ports import (
 )
 from application.processor import Processor
 from application.registry import Registration, Registry, Role
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.side_effects import SideEffects
 from application.state_path import StateRetention
 from application.strategy import Strategy
@@ -199,12 +199,12 @@ class System:
                                self.settings.conflict_retries, self.grace,
                                self.settings.max_state_bytes or None)
 
-    def consumer(self, name: str) -> Consumer:
+    def consumer(self, name: str) -> Settler:
         """A new consumer (its own processor) of endpoint `name`."""
         settings = self.settings
-        return Consumer(self.processor(name), settings.max_attempts, settings.retry_delays_s,
-                        self.failpoints, settings.dead_letter_body_bytes, settings.batch_size,
-                        settings.batch_wait_ms / 1000)
+        return Settler(self.processor(name), settings.max_attempts, settings.retry_delays_s,
+                       self.failpoints, settings.dead_letter_body_bytes, settings.batch_size,
+                       settings.batch_wait_ms / 1000)
 
     def relay(self, name: str) -> InboxRelay:
         """A new inbox relay of gateway `name`: its inbox rows to its work queue."""

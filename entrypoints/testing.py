@@ -70,7 +70,7 @@ from application.failpoints import Failpoints
 from application.outcome import Outcome
 from application.ports import BlobStore
 from application.registry import Registry, Role
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.strategy import Strategy
 from entrypoints.embedded import EmbeddedContainer
 from entrypoints.faults import fault_logger
@@ -263,7 +263,7 @@ class EmbeddedService:
         self._tokens_sent: set[tuple[str, uuid.UUID]] = set()
         self._counts: dict[str, Counter[Outcome]] = {
             name: Counter() for name in self.system.registry.consuming()}
-        self._consumers: dict[str, tuple[str, Consumer]] = {}  # tag -> endpoint, consumer
+        self._consumers: dict[str, tuple[str, Settler]] = {}  # tag -> endpoint, consumer
         self._generation: set[asyncio.Task[Any]] = set()
         self._generations = 0
 
