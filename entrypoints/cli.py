@@ -150,7 +150,7 @@ def operator(profile: _PROFILE = None) -> None:
     if not settings.operator_tokens:
         raise fail("invalid setting EO_OPERATOR_TOKENS: required to serve the operator page "
                    "(operator name -> bearer token, e.g. '{\"alice\": \"...\"}')", 2)
-    from entrypoints.service import run_operator
+    from entrypoints.operator_servers import run_operator
 
     run_service(run_operator(settings, service))
 

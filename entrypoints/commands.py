@@ -46,7 +46,7 @@ def run_service(coro: Coroutine[Any, Any, None]) -> None:
     (the broker of a running consumer; PostgreSQL or RabbitMQ at start-up), 2 for a bad
     setting, 3 when start-up finds what no wait fixes (a missing database or schema,
     refused credentials)."""
-    from adapters.rabbitmq.connection import BrokerUnavailable
+    from adapters.rabbitmq.errors import BrokerUnavailable
     from application.errors import PermanentError, TransientError
     from entrypoints.service import EXIT_BROKER_UNAVAILABLE
     from entrypoints.settings import SettingsError

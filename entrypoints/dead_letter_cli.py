@@ -18,6 +18,9 @@ import typer
 
 if TYPE_CHECKING:
     from application.dead_letters import DeadLetters
+    from application.ports import DeadLetterQuery, DeadLetterStore
+    from application.records import DeadLetter
+    from entrypoints.local import LocalContainer
     from entrypoints.settings import Service, Settings
 
 T = TypeVar("T")
@@ -35,7 +38,7 @@ def duration(text: str | None, option: str | None = None) -> timedelta | None:
     """`30s`, `15m`, `2h` or `7d` as a timedelta (None for None), at most 100 years
     (`MAX_AGE_S` of entrypoints/dead_letter_api.py); raises `typer.BadParameter` naming
     `option` otherwise."""
-    from entrypoints.dead_letter_api import age
+    from entrypoints.dead_letter_views import age
 
     if text is None:
         return None
@@ -52,7 +55,7 @@ def duration(text: str | None, option: str | None = None) -> timedelta | None:
 def _check_ids(ids: list[int], argument: str) -> None:
     """Raises `typer.BadParameter` naming `argument` unless each of `ids` is a dead-letter
     ID (1..2**63 - 1, PostgreSQL's bigint)."""
-    from entrypoints.dead_letter_api import MAX_DEAD_LETTER_ID
+    from entrypoints.dead_letter_views import MAX_DEAD_LETTER_ID
 
     if not all(1 <= i <= MAX_DEAD_LETTER_ID for i in ids):
         raise typer.BadParameter(f"dead-letter IDs are 1..{MAX_DEAD_LETTER_ID}",
@@ -81,33 +84,31 @@ _PROFILE = Annotated[str | None, typer.Option(
 
 
 @asynccontextmanager
-async def _operations(settings: Settings, service: Service) -> AsyncIterator[DeadLetters]:
-    """The dead-letter operations on the services of `settings`, their resources closed at
-    the end."""
-    from entrypoints.local import LocalContainer, provided, shutdown_resources
-    from entrypoints.system import System
+async def _container(settings: Settings, service: Service) -> AsyncIterator[LocalContainer]:
+    """The composition root of the services of `settings` for an operator's command: its
+    resources start as the command's providers need them, and are closed at the end."""
+    from entrypoints.local import LocalContainer
+    from entrypoints.resources import shutdown_resources
 
     container = LocalContainer(settings=settings, service=service)
     container.connection_name.override(f"eo dead-letters {operator_name()}")
     try:
-        system: System = await provided(container.system)
-        store = await provided(container.dead_letter_store)
-        yield system.dead_letters(store)
+        yield container
     finally:
         await shutdown_resources(container)
 
 
-def _run(profile: str | None, work: Callable[[DeadLetters], Awaitable[T]]) -> T:
-    """`work` on the operations of the configured service; exits 3 naming the server when
-    PostgreSQL or RabbitMQ does not answer."""
+def _run(profile: str | None, work: Callable[[LocalContainer], Awaitable[T]]) -> T:
+    """`work` on the composition root of the configured service; exits 3 naming the server
+    when PostgreSQL or RabbitMQ does not answer."""
     from application.errors import TransientError
     from entrypoints.commands import fail, load
 
     settings, service = load(profile, services=True)
 
     async def main() -> T:
-        async with _operations(settings, service) as operations:
-            return await work(operations)
+        async with _container(settings, service) as container:
+            return await work(container)
 
     try:
         return asyncio.run(main())
@@ -115,10 +116,28 @@ def _run(profile: str | None, work: Callable[[DeadLetters], Awaitable[T]]) -> T:
         raise fail(f"dead letters: {exc}", 3) from exc
 
 
+async def _store(container: LocalContainer) -> DeadLetterStore:
+    """The dead-letter store alone: one pool, no broker connection."""
+    from entrypoints.resources import provided
+
+    return await provided(container.dead_letter_store)
+
+
+async def _find(container: LocalContainer, query: DeadLetterQuery) -> list[DeadLetter]:
+    return await (await _store(container)).find(query)
+
+
+async def _operations(container: LocalContainer) -> DeadLetters:
+    """The operations on the dead letters (they republish and release: every adapter)."""
+    from entrypoints.resources import provided
+
+    return await provided(container.dead_letter_operations)
+
+
 def _query(endpoint: list[str] | None, ids: list[int] | None, status: str | None,
            reason: str | None, older_than: str | None, newer_than: str | None,
            limit: int) -> Any:
-    from entrypoints.dead_letter_api import query_of
+    from entrypoints.dead_letter_views import query_of
 
     try:
         return query_of(endpoint, ids, status, reason, duration(older_than, "--older-than"),
@@ -135,11 +154,11 @@ def list_command(endpoint: _ENDPOINT = None, reason: _REASON = None, older_than:
                  limit: _LIMIT = 100, output: _FORMAT = "text",
                  profile: _PROFILE = None) -> None:
     """List dead letters, oldest first: ID, endpoint, age, reason, message and origin."""
-    from entrypoints.dead_letter_api import letter_json
+    from entrypoints.dead_letter_views import letter_json
     from entrypoints.report import print_dead_letters
 
     query = _query(endpoint, None, status, reason, older_than, newer_than, limit)
-    found = _run(profile, lambda ops: ops.find(query))
+    found = _run(profile, lambda c: _find(c, query))
     if output == "json":
         typer.echo(json.dumps([letter_json(d) for d in found], indent=2))
     else:
@@ -153,12 +172,13 @@ def show(dead_letter_id: Annotated[int, typer.Argument(help="the dead letter's I
     token still exists, its headers and body."""
     from application.ports import DeadLetterQuery
     from entrypoints.commands import fail
-    from entrypoints.dead_letter_api import letter_json
+    from entrypoints.dead_letter_views import letter_json
     from entrypoints.report import print_dead_letter
 
     _check_ids([dead_letter_id], "DEAD_LETTER_ID")
 
-    async def look(ops: DeadLetters) -> tuple[Any, bool | None] | None:
+    async def look(container: LocalContainer) -> tuple[Any, bool | None] | None:
+        ops = await _operations(container)
         found = await ops.find(DeadLetterQuery(ids=(dead_letter_id,), status=None, limit=1))
         return (found[0], await ops.token_exists(found[0])) if found else None
 
@@ -186,18 +206,24 @@ def _act(ids: list[int] | None, select_all: bool, endpoint: list[str] | None,
                                  "--all")
     _check_ids(ids or [], "IDS")
     if ids:
-        results = _run(profile, lambda ops: _each(ops, ids, single))
+        results = _run(profile, lambda c: _each(c, ids, single))
     else:
         query = _query(endpoint, None, "dead", reason, older_than, newer_than, limit)
-        results = _run(profile, lambda ops: many(ops, query))
+        results = _run(profile, lambda c: _many(c, query, many))
     print_results(results)
     if not all(r.done for r in results):
         raise typer.Exit(1)
 
 
-async def _each(ops: DeadLetters, ids: list[int],
+async def _each(container: LocalContainer, ids: list[int],
                 single: Callable[[DeadLetters, int], Awaitable[Any]]) -> list[Any]:
+    ops = await _operations(container)
     return [await single(ops, i) for i in ids]
+
+
+async def _many(container: LocalContainer, query: Any,
+                many: Callable[[DeadLetters, Any], Awaitable[list[Any]]]) -> list[Any]:
+    return await many(await _operations(container), query)
 
 
 @dead_letters_app.command()
@@ -251,6 +277,6 @@ def serve(profile: _PROFILE = None) -> None:
     if not settings.operator_tokens:
         raise fail("invalid setting EO_OPERATOR_TOKENS: required to serve the dead letters "
                    "(operator name -> bearer token, e.g. '{\"alice\": \"...\"}')", 2)
-    from entrypoints.service import run_dead_letter_api
+    from entrypoints.operator_servers import run_dead_letter_api
 
     run_service(run_dead_letter_api(settings, service))

@@ -4,21 +4,24 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from dependency_injector import containers, providers
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.memory.apis import SandboxApis
 from adapters.memory.broker import MemoryBroker
+from adapters.memory.http import InProcessHttp
 from adapters.memory.inbox import MemoryInbox
+from adapters.memory.inspection import MemoryInspection
 from adapters.memory.request_store import MemoryRequestStore
 from adapters.memory.state_stream import MemoryStateStream
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
 from adapters.pdf import document_renderer
+from adapters.routed_apis import RoutedApis
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
+from application.http_callee import HttpCallee
 from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import (
@@ -28,62 +31,49 @@ from application.ports import (
     EventSink,
     IdGenerator,
     MessageDispatcher,
-    TokenStore,
 )
 from application.registry import Role
 from application.strategy import Strategy
+from application.wiring import Adapters
+from entrypoints.composition import tunables_of, workers_of
 from entrypoints.faults import failpoints_from
 from entrypoints.settings import Service, Settings
-from entrypoints.system import RoutedApis, System
 from entrypoints.tracing import Tracing, tracing_resource
 
 
-class StreamStatesStore(MemoryTransactionalStore):
-    """The (unused) transactional store of a `state` endpoint in the embedded profile: its
-    `states()` are its state stream's newest snapshots, so reports and oracles read one
-    place whatever the strategy."""
-
-    def __init__(self, clock: Clock, stream: MemoryStateStream) -> None:
-        super().__init__(clock)
-        self.stream = stream
-
-    def states(self) -> dict[str, Any]:
-        return self.stream.states()
-
-
-def embedded_system(
+def memory_adapters(
     service: Service,
-    settings: Settings,
     clock: Clock,
     ids: IdGenerator,
     events: EventSink,
     dispatcher: MessageDispatcher,
-    tokens: TokenStore,
+    tokens: MemoryTokenStore,
     blobs: BlobStore | None,
-    failpoints: Failpoints | None,
+    failpoints: Failpoints | None = None,
     dead_letters: DeadLetterPublisher | None = None,
     tracing: Tracing | None = None,
-) -> System:
-    """The service on memory stores: one transactional store per endpoint (a `state`
-    endpoint's reads its stream), a request store per callee, an inbox per gateway, an
-    in-process sandbox provider per third-party API; traced when `tracing` is on."""
+) -> Adapters:
+    """The service's adapters on memory stores: a transactional store per endpoint, a state
+    stream per `state` endpoint, a request store per callee (served in this process), an
+    inbox per gateway, an in-process sandbox provider per third-party API; traced when
+    `tracing` is on."""
     registry = service.registry
-    stores: dict[str, MemoryTransactionalStore] = {}
-    streams: dict[str, MemoryStateStream] = {}
-    for name in registry.names():
-        if service.strategy(name) is Strategy.STATE:
-            streams[name] = MemoryStateStream(clock)
-            stores[name] = StreamStatesStore(clock, streams[name])
-        else:
-            stores[name] = MemoryTransactionalStore(clock)
-    return System(
-        service, settings, clock, ids, events, dispatcher, tokens, stores,
-        requests={name: MemoryRequestStore() for name in registry.names(Role.CALLEE)},
-        inboxes={name: MemoryInbox(clock) for name in registry.names(Role.GATEWAY)},
-        streams=streams, blobs=blobs, failpoints=failpoints,
+    stores = {name: MemoryTransactionalStore(clock) for name in registry.names()}
+    streams = {name: MemoryStateStream(clock) for name in registry.names()
+               if service.strategy(name) is Strategy.STATE}
+    requests = {name: MemoryRequestStore() for name in registry.names(Role.CALLEE)}
+    inboxes = {name: MemoryInbox(clock) for name in registry.names(Role.GATEWAY)}
+    callees: dict[str, HttpCallee] = {}
+    return Adapters(
+        clock=clock, ids=ids, events=events, dispatcher=dispatcher, tokens=tokens,
+        stores=stores, inspection=MemoryInspection(tokens, stores, streams, requests, inboxes),
+        requests=requests, inboxes=inboxes, streams=streams, blobs=blobs,
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters, tracer=tracing.tracer if tracing else NULL_TRACER,
-        apis=RoutedApis({api.name: SandboxApis() for api in registry.apis})
+        http=InProcessHttp(callees), local_callees=callees,
+        dead_letter_publisher=dead_letters, failpoints=failpoints,
+        tracer=tracing.tracer if tracing else NULL_TRACER,
+        apis=RoutedApis({api.name: SandboxApis(apis=[api.name], timeout_s=api.timeout_s)
+                         for api in registry.apis})
         if registry.apis else None)
 
 
@@ -105,7 +95,10 @@ class EmbeddedContainer(containers.DeclarativeContainer):
     blobs = providers.Singleton(LocalDirectoryBlobStore, root=settings.provided.blob_dir)
     #: OpenTelemetry from the `OTEL_*` variables, or None (off)
     tracing = providers.Resource(tracing_resource, providers.Object("eo-embedded"))
-    system = providers.Singleton(
-        embedded_system, service=service, settings=settings, clock=clock, ids=ids,
-        events=events, dispatcher=dispatcher, tokens=tokens, blobs=blobs,
-        failpoints=failpoints, dead_letters=broker, tracing=tracing)
+    adapters = providers.Singleton(
+        memory_adapters, service=service, clock=clock, ids=ids, events=events,
+        dispatcher=dispatcher, tokens=tokens, blobs=blobs, failpoints=failpoints,
+        dead_letters=broker, tracing=tracing)
+    tunables = providers.Singleton(tunables_of, settings)
+    #: the service's workers (`application.workers.Workers`)
+    workers = providers.Singleton(workers_of, service, adapters, tunables)

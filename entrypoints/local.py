@@ -3,134 +3,61 @@ callees in-process or over HTTP (`EO_CALLEES__<NAME>__URL`)."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import structlog
 from dependency_injector import containers, providers
-from yarl import URL
 
 from adapters.http.apis import ApiEndpoint, HttpxApis
 from adapters.http.client import HttpxRequests, http_client_resource
-from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.memory.apis import SandboxApis
+from adapters.memory.http import InProcessHttp
 from adapters.pdf import document_renderer
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.postgres.inbox import PostgresInbox
-from adapters.postgres.pool import create_pool
+from adapters.postgres.inspection import PostgresInspection
 from adapters.postgres.request_store import PostgresRequestStore
 from adapters.postgres.state_stream import PostgresStateStream
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.consumer import RabbitSource
+from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
 from adapters.rabbitmq.dispatcher import RabbitDeadLetters, RabbitDispatcher
-from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
+from adapters.routed_apis import RoutedApis
 from adapters.system.clock import SystemClock
+from application.failpoints import Failpoints
+from application.http_callee import HttpCallee
 from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
-from application.ports import BlobStore, Clock, HttpRequests, ThirdPartyApis
+from application.ports import (
+    BlobStore,
+    Clock,
+    DeadLetterPublisher,
+    EventSink,
+    HttpRequests,
+    MessageDispatcher,
+    ThirdPartyApis,
+)
 from application.registry import Registry, Role
 from application.strategy import Strategy
+from application.wiring import Adapters
+from entrypoints.composition import tunables_of, workers_of
 from entrypoints.faults import failpoints_from, with_duplicates
 from entrypoints.logs import StructlogEventSink
-from entrypoints.settings import Service, Settings, SettingsError
+from entrypoints.resources import (
+    Pools,
+    blob_resource,
+    broker_user,
+    pools_resource,
+    rabbit_resource,
+)
+from entrypoints.settings import Service, Settings
 from entrypoints.status import Metrics
-from entrypoints.system import RoutedApis, System
 from entrypoints.tracing import Tracing, tracing_resource
 
 log = structlog.get_logger("eo.local")
-
-
-@dataclass(frozen=True)
-class Pools:
-    """The endpoint database's pool and the token store's (the same one when co-located)."""
-
-    endpoint: Any
-    tokens: Any
-
-    @property
-    def colocated(self) -> bool:
-        """Whether tokens live in the endpoint database (protocol 3.2's fast path)."""
-        return self.endpoint is self.tokens
-
-
-async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
-    """dependency-injector `Resource`: one pool per distinct DSN, closed on shutdown."""
-    endpoint = await create_pool(settings.database(), max_size=settings.pool_size)
-    tokens = endpoint
-    try:
-        if settings.tokens_database() != settings.database():
-            tokens = await create_pool(settings.tokens_database(), max_size=settings.pool_size)
-        yield Pools(endpoint, tokens)
-    finally:
-        if tokens is not endpoint:
-            await tokens.close()
-        await endpoint.close()
-
-
-async def blob_resource(settings: Settings, registry: Registry
-                        ) -> AsyncIterator[BlobStore | None]:
-    """dependency-injector `Resource`: the blob store, None when no endpoint makes blobs.
-    S3 at `EO_S3_ENDPOINT_URL`; in the local profile without an endpoint, a moto server this
-    process starts (and stops: moto is a development dependency); in production without
-    one, AWS. A directory when `EO_BLOB_STORE=directory`. Raises `SettingsError` naming
-    `EO_S3_ENDPOINT_URL` when the local profile would start moto and moto is not installed
-    (the image has no development dependencies)."""
-    if not any(r.blobs for r in registry):
-        yield None
-        return
-    if not settings.blobs_in_s3():
-        yield LocalDirectoryBlobStore(settings.blob_dir)
-        return
-    moto = None
-    endpoint = settings.s3_endpoint_url
-    access = settings.s3_access_key.get_secret_value() if settings.s3_access_key else None
-    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
-    if endpoint is None and settings.profile == "local":
-        if importlib.util.find_spec("moto") is None:
-            raise SettingsError(
-                "invalid setting EO_S3_ENDPOINT_URL: unset, so the local profile would start "
-                "an S3 API of its own (moto), which is not installed here (a development "
-                "dependency: the image has none). Set EO_S3_ENDPOINT_URL to an S3 API "
-                "(MinIO, a moto server of its own), or EO_BLOB_STORE=directory")
-        from adapters.s3.moto_server import MotoServer
-
-        moto = MotoServer()
-        endpoint = moto.start()
-        access, secret = access or "local", secret or "local"
-    try:
-        bucket, owner = settings.bucket(), settings.s3_expected_bucket_owner
-        async with s3_client_resource(endpoint, settings.s3_region, access, secret) as client:
-            # production finds its bucket (a typo must not create a new one); local makes it
-            await ensure_bucket(client, bucket, owner, create=settings.profile != "production")
-            yield S3BlobStore(client, bucket, expected_owner=owner)
-    finally:
-        if moto is not None:
-            moto.stop()
-
-
-async def rabbit_resource(settings: Settings, name: str) -> AsyncIterator[RabbitConnection]:
-    """dependency-injector `Resource`: a started, supervised connection named `name` (the
-    broker shows it), giving up after `EO_BROKER_GIVE_UP_S`; closed on shutdown."""
-    connection = RabbitConnection(settings.amqp(), give_up_after_s=settings.broker_give_up_s,
-                                  name=name)
-    await connection.start()
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-def broker_user(settings: Settings) -> str:
-    """The service's own RabbitMQ user: the AMQP URL's, or `guest` as aio-pika logs in
-    without one. The copies the service publishes carry it as `user_id`, which is how a
-    source tells them from an outside producer's messages
-    (`adapters.rabbitmq.dispatcher.producer_of`)."""
-    return URL(settings.amqp()).user or "guest"
 
 
 def postgres_stores(pool: Any, clock: Clock, registry: Registry, holds_tokens: bool = False
@@ -180,7 +107,8 @@ def third_party_apis(settings: Settings, registry: Registry, client: Any,
     for api in registry.apis:
         own = settings.api(api.name)
         if own.url is None:
-            routes[api.name] = SandboxApis()
+            routes[api.name] = SandboxApis(apis=[api.name],
+                                           timeout_s=own.timeout_s or api.timeout_s)
             if api.name in called:
                 log.warning("api.sandbox", api=api.name, endpoint=consumer,
                             reason=f"EO_APIS__{api.name.upper()}__URL is not set: calls go to "
@@ -194,33 +122,81 @@ def third_party_apis(settings: Settings, registry: Registry, client: Any,
     return RoutedApis({api.name: routes.get(api.name, over_http) for api in registry.apis})
 
 
-def local_system(service: Service, settings: Settings, pools: Pools, clock: Clock,
-                 events: Any, dispatcher: Any, failpoints: Any, blobs: BlobStore | None,
-                 http: HttpRequests | None, dead_letters: Any = None,
-                 tracing: Tracing | None = None, apis: ThirdPartyApis | None = None
-                 ) -> System:
-    """The service on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob store,
+def postgres_inspection(pool: Any, tokens_pool: Any, clock: Clock, service: Service
+                        ) -> PostgresInspection:
+    """The service's stores inspected on `pool` (the endpoint database) and `tokens_pool`:
+    each endpoint's states read from its stream on the `state` strategy, else from its
+    transaction records."""
+    readers: dict[str, Any] = dict(postgres_stores(pool, clock, service.registry))
+    readers.update(postgres_streams(pool, clock, service))
+    return PostgresInspection(pool, tokens_pool, readers)
+
+
+def postgres_adapters(service: Service, settings: Settings, pools: Pools, clock: Clock,
+                      events: EventSink, dispatcher: MessageDispatcher,
+                      failpoints: Failpoints | None, blobs: BlobStore | None,
+                      http: HttpRequests | None,
+                      dead_letters: DeadLetterPublisher | None = None,
+                      tracing: Tracing | None = None, apis: ThirdPartyApis | None = None
+                      ) -> Adapters:
+    """The service's adapters on PostgreSQL (`pools`), RabbitMQ (`dispatcher`) and the blob
+    store; callees at `EO_CALLEES__<NAME>__URL` over `http`, the others in this process;
     traced when `tracing` is on."""
     registry = service.registry
-    return System(
-        service, settings, clock, uuid.uuid4, events, dispatcher,
+    callees: dict[str, HttpCallee] = {}
+    return Adapters(
+        clock=clock, ids=uuid.uuid4, events=events, dispatcher=dispatcher,
         tokens=PostgresTokenStore(pools.tokens),
         stores=postgres_stores(pools.endpoint, clock, registry, pools.colocated),
+        inspection=postgres_inspection(pools.endpoint, pools.tokens, clock, service),
         requests={name: PostgresRequestStore(pools.endpoint, name)
                   for name in registry.names(Role.CALLEE)},
         inboxes={name: PostgresInbox(pools.endpoint, name, clock)
                  for name in registry.names(Role.GATEWAY)},
         streams=postgres_streams(pools.endpoint, clock, service),
-        blobs=blobs, failpoints=failpoints, colocated_tokens=pools.colocated, http=http,
-        urls=callee_urls(settings),
+        colocated_tokens=pools.colocated, blobs=blobs,
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
-        dead_letters=dead_letters, tracer=tracing.tracer if tracing else NULL_TRACER, apis=apis)
+        http=InProcessHttp(callees, http), callee_urls=callee_urls(settings),
+        local_callees=callees, dead_letter_publisher=dead_letters, apis=apis,
+        failpoints=failpoints, tracer=tracing.tracer if tracing else NULL_TRACER)
+
+
+def rabbit_source(settings: Settings, service: Service, rabbit: RabbitConnection,
+                  endpoint: str | None, events: EventSink, service_user: str) -> RabbitSource:
+    """The deliveries of `endpoint`'s work queue: a production gateway requires each message's
+    producer (`EO_ALLOW_ANONYMOUS_PRODUCERS` off). Raises ValueError without an endpoint."""
+    if endpoint is None:
+        raise ValueError("a RabbitMQ source needs the endpoint it consumes")
+    gateway = service.registry[endpoint].role is Role.GATEWAY
+    return RabbitSource(rabbit, endpoint, settings.retry_delays_s, settings.max_body_bytes,
+                        events, watchdog_s=settings.consumer_watchdog_s,
+                        dead_letter_body_bytes=settings.dead_letter_body_bytes,
+                        kept_headers=settings.kept_headers, service_user=service_user,
+                        require_producer=gateway and settings.profile == "production"
+                        and not settings.allow_anonymous_producers)
+
+
+def dead_letter_collector(settings: Settings, rabbit: RabbitConnection, endpoint: str | None,
+                          store: PostgresDeadLetterStore, service_user: str,
+                          events: EventSink) -> DeadLetterCollector | None:
+    """What moves `endpoint`'s dead-letter queue into the store (None when
+    `EO_DEAD_LETTER_COLLECT` is off). Raises ValueError without an endpoint."""
+    if endpoint is None:
+        raise ValueError("a dead-letter collector needs the endpoint whose queue it drains")
+    if not settings.dead_letter_collect:
+        return None
+    return DeadLetterCollector(rabbit, endpoint, store, service_user, events)
 
 
 class LocalContainer(containers.DeclarativeContainer):
-    """The `local` and `production` profiles' composition root. Pools, the broker connection,
-    the blob store and the HTTP client are async resources (`init_resources()` on start,
-    `shutdown_resources()` on stop); nothing is created at import time."""
+    """The `local` and `production` profiles' composition root: the adapters (`adapters`),
+    the service's workers on them (`workers`), and what a process runs beside them (the
+    RabbitMQ `source` and dead-letter `collector` of the endpoint it consumes, the dead
+    letters' `store` and `operations`, the stores' `inspection`). Pools, the broker
+    connection, the blob store and the HTTP client are async resources started on first use
+    (`provided`) and stopped by `shutdown_resources`: a command opens only what the
+    providers it calls need (the dead-letter store: one pool, no broker connection);
+    nothing is created at import time."""
 
     settings = providers.Dependency(instance_of=Settings)
     service = providers.Dependency(instance_of=Service)
@@ -251,40 +227,25 @@ class LocalContainer(containers.DeclarativeContainer):
     #: command): the one that calls third-party APIs
     consumer = providers.Object[str | None](None)
     apis = providers.Singleton(third_party_apis, settings, registry, http_client, consumer)
-    system = providers.Singleton(
-        local_system, service=service, settings=settings, pools=pools, clock=clock,
+    adapters = providers.Singleton(
+        postgres_adapters, service=service, settings=settings, pools=pools, clock=clock,
         events=events, dispatcher=dispatcher, failpoints=failpoints, blobs=blobs, http=http,
         dead_letters=providers.Singleton(RabbitDeadLetters, rabbit, service_user),
         tracing=tracing, apis=apis)
+    tunables = providers.Singleton(tunables_of, settings)
+    #: the service's workers (`application.workers.Workers`)
+    workers = providers.Singleton(workers_of, service, adapters, tunables)
+    #: the stores' read-only views (one pool or two: no broker connection)
+    inspection = providers.Singleton(
+        lambda pools, clock, service: postgres_inspection(pools.endpoint, pools.tokens, clock,
+                                                          service), pools, clock, service)
     #: the service's dead letters, in the endpoints' database
     dead_letter_store = providers.Singleton(
         lambda pools, clock: PostgresDeadLetterStore(pools.endpoint, clock), pools, clock)
-
-
-T = TypeVar("T")
-
-
-async def provided(provider: providers.Provider[T]) -> T:
-    """What `provider` gives, awaited: a provider that depends on an async resource (the
-    pools, the broker connection) returns an awaitable of it, which dependency-injector's
-    type stubs cannot tell from the object itself."""
-    value: Any = provider()
-    if inspect.isawaitable(value):
-        value = await value
-    return cast(T, value)
-
-
-async def init_resources(container: containers.Container) -> None:
-    """Start `container`'s resources (`Container.init_resources`, awaited when one of them
-    is async). Raises what a resource's start raises."""
-    started: Any = container.init_resources()
-    if inspect.isawaitable(started):
-        await started
-
-
-async def shutdown_resources(container: containers.Container) -> None:
-    """Stop `container`'s resources (`Container.shutdown_resources`, awaited when one of
-    them is async)."""
-    stopped: Any = container.shutdown_resources()
-    if inspect.isawaitable(stopped):
-        await stopped
+    #: the operations on them (replay, discard, expiry, gauges)
+    dead_letter_operations = providers.Singleton(
+        lambda workers, store: workers.dead_letters(store), workers, dead_letter_store)
+    source = providers.Singleton(rabbit_source, settings, service, rabbit, consumer, events,
+                                 service_user)
+    collector = providers.Singleton(dead_letter_collector, settings, rabbit, consumer,
+                                    dead_letter_store, service_user, events)

@@ -7,13 +7,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from adapters.postgres.admin import StoresAtRest, database_name, ensure_database, stores_at_rest
+from adapters.postgres.admin import database_name, ensure_database
 from adapters.postgres.migrate import upgrade_async
 from adapters.rabbitmq.topology import dead_letter_depths
+from application.ports import AtRest
 from application.side_effects import SideEffects
-from entrypoints.local import LocalContainer, provided, shutdown_resources
+from application.workers import Workers
+from entrypoints.local import LocalContainer
+from entrypoints.resources import provided, shutdown_resources
 from entrypoints.settings import Service, Settings
-from entrypoints.system import System
 
 
 async def migrate_all(settings: Settings) -> list[str]:
@@ -35,7 +37,7 @@ class Inspection:
     status, and its deferred clean-ups by whether their artifacts are still there
     (`"present"`, `"gone"`, `"unknown"`: an HTTP request)."""
 
-    stores: StoresAtRest
+    stores: AtRest
     dead_letters: dict[str, int | None] = field(default_factory=dict)
     dead_letter_tokens: int = 0
     kept: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -52,21 +54,19 @@ async def inspect(settings: Settings, service: Service) -> Inspection:
     deferred clean-ups per endpoint (asking the blob and token stores whether each artifact
     is still there), each endpoint's dead-letter queue depth and its dead letters in the
     store. Raises asyncpg's, aio_pika's and the blob store's errors."""
-    stores = await stores_at_rest(settings.database(), settings.tokens_database())
-    found = Inspection(stores, await dead_letter_depths(
-        settings.amqp(), service.registry.consuming(), len(settings.retry_delays_s)))
     container = LocalContainer(settings=settings, service=service)
     container.connection_name.override("eo inspect")
     try:
-        system: System = await provided(container.system)
-        store = await provided(container.dead_letter_store)
-        gauges = await system.dead_letters(store).gauges()
+        workers: Workers = await provided(container.workers)
+        found = Inspection(await workers.inspection.at_rest(), await dead_letter_depths(
+            settings.amqp(), service.registry.consuming(), len(settings.retry_delays_s)))
+        gauges = await (await provided(container.dead_letter_operations)).gauges()
         found.dead_letter_tokens, found.kept = gauges.tokens, gauges.counts
-        effects = SideEffects(system.tokens, system.dispatcher, system.blobs, system.http)
+        effects = SideEffects(workers.tokens, workers.dispatcher, workers.blobs, workers.http)
         later = datetime.now(UTC) + timedelta(days=3650)  # every one, due or not
         for name in service.registry.names():
             counted: Counter[str] = Counter()
-            for item in await system.stores[name].due_cleanups(later):
+            for item in await workers.stores[name].due_cleanups(later):
                 there = await effects.present(item.kind, item.key, item.payload)
                 counted[{True: "present", False: "gone", None: "unknown"}[there]] += 1
             found.cleanups[name] = counted

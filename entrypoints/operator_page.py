@@ -31,9 +31,9 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.postgres.admin import stores_at_rest
 from adapters.rabbitmq.topology import queue_depths
 from application.dead_letters import DeadLetters
+from application.ports import StoreInspection
 from application.registry import Role
 from entrypoints.dead_letter_api import (
     create_dead_letter_app,
@@ -97,15 +97,15 @@ class Status:
     dead-letter store and the consumers' metrics. Raises what those reads raise."""
 
     def __init__(self, settings: Settings, service: Service, dead_letters: DeadLetters,
-                 client: httpx.AsyncClient) -> None:
+                 inspection: StoreInspection, client: httpx.AsyncClient) -> None:
         self.settings, self.service = settings, service
-        self.dead_letters, self.client = dead_letters, client
+        self.dead_letters, self.inspection, self.client = dead_letters, inspection, client
 
     async def __call__(self) -> dict[str, Any]:
         settings, registry = self.settings, self.service.registry
         consuming = registry.consuming()
         rest, depths, gauges, (events, scraped) = await asyncio.gather(
-            stores_at_rest(settings.database(), settings.tokens_database()),
+            self.inspection.at_rest(),
             queue_depths(settings.amqp(), consuming, len(settings.retry_delays_s)),
             self.dead_letters.gauges(),
             event_counts(self.client, settings.operator_metrics_urls))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -14,10 +15,12 @@ from application.dead_letters import ActionResult
 from application.records import DeadLetter
 from application.registry import Role
 from application.strategy import Strategy
-from entrypoints.operations import Inspection
-from entrypoints.run_embedded import EmbeddedReport
 from entrypoints.settings import Service
-from entrypoints.states import StatesPage
+
+if TYPE_CHECKING:  # what they print, not what they import (`eo dead-letters list` stays light)
+    from entrypoints.operations import Inspection
+    from entrypoints.run_embedded import EmbeddedReport
+    from entrypoints.states import StatesPage
 
 console = Console(highlight=False)
 

@@ -1,35 +1,28 @@
 """The service's processes: one endpoint's consumer on RabbitMQ and PostgreSQL (its sweeper,
 its status port, a gateway's inbox relay), or one HTTP callee served with uvicorn; both stop
-gracefully on SIGTERM."""
+gracefully on SIGTERM. They only run what the composition root (entrypoints/local.py)
+builds: lifecycle, signals, upkeep loops."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
 
 import structlog
 import uvicorn
 
 from adapters.rabbitmq import topology
-from adapters.rabbitmq.connection import (
-    BrokerUnavailable,
-    RabbitConnection,
-)
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
-from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
-from application.dead_letters import DeadLetters
+from adapters.rabbitmq.errors import BrokerUnavailable
 from application.outcome import Outcome
-from application.records import DeadLetterStatus
+from application.ports import TransactionalStore
 from application.registry import Role
-from application.sweeper import Sweeper
+from application.workers import Workers
 from entrypoints.callee_app import create_callee_app
-from entrypoints.dead_letter_api import create_dead_letter_app
-from entrypoints.local import provided, shutdown_resources
+from entrypoints.resources import provided, shutdown_resources
 from entrypoints.settings import FIRST_STATUS_PORT, Service, Settings, SettingsError
 from entrypoints.startup import started_container, waiting_for
 from entrypoints.status import (
@@ -40,8 +33,8 @@ from entrypoints.status import (
     listening_socket,
     status_app,
 )
-from entrypoints.system import System
 from entrypoints.tracing import Tracing
+from entrypoints.upkeep import cancelled, dead_letters_forever, report_stopping, sweep_forever
 
 log = structlog.get_logger("eo.service")
 #: Exit status of a consumer whose broker stayed unreachable (or whose work queue could not
@@ -50,53 +43,24 @@ log = structlog.get_logger("eo.service")
 EXIT_BROKER_UNAVAILABLE = 69
 
 
-async def _sweep_forever(sweeper: Sweeper, system: System, metrics: Metrics,
-                         interval_s: float) -> None:
-    name = sweeper.endpoint
-    retention = system.state_retention(name) if name in system.streams else None
-    while True:
-        try:
-            report = await sweeper.sweep()
-            if any(vars(report).values()):
-                log.info("sweeper.swept", endpoint=name, **vars(report))
-            if retention is not None:  # a state endpoint: its stream is the dedup window
-                dropped = await retention.sweep()
-                if dropped:
-                    log.info("sweeper.state_truncated", endpoint=name, entries=dropped)
-            stale = await sweeper.store.committed_before(datetime.now(UTC))
-            oldest = min((t.committed_at for t in stale if t.committed_at), default=None)
-            age = (datetime.now(UTC) - oldest).total_seconds() if oldest else 0.0
-            metrics.oldest.labels(sweeper.endpoint).set(age)
-        except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a bad round
-            log.warning("sweeper.failed", endpoint=sweeper.endpoint, error=str(exc))
-        await asyncio.sleep(interval_s)
+def readiness(source: RabbitSource, rabbit: RabbitConnection, store: TransactionalStore
+              ) -> Callable[[], Awaitable[dict[str, bool]]]:
+    """The consumer's readiness checks (the status server's `/ready`): consuming, a live
+    consumer on the work queue; publishing, the connection and its publisher-confirm channel
+    are open (outputs, retries, dead letters); dead_letter_queue, room for dead letters (else
+    the endpoint takes nothing new); postgres, the endpoint's store answers."""
 
-
-async def _dead_letters_forever(collector: DeadLetterCollector | None,
-                                operations: DeadLetters, system: System, metrics: Metrics,
-                                endpoint: str, interval_s: float) -> None:
-    """Every `interval_s` seconds: move the endpoint's dead-letter queue into the store
-    (with a `collector`: `EO_DEAD_LETTER_COLLECT`), discard (and forget) what the retention
-    says, and set the gauges: dead letters per endpoint and status, the tokens dead letters
-    keep and the tokens in flight (the others)."""
-    name = endpoint
-    while True:
+    async def ready() -> dict[str, bool]:
+        checks = {"consuming": source.consuming, "publishing": rabbit.connected,
+                  "dead_letter_queue": not source.dead_letters_blocked}
         try:
-            moved = await collector.drain() if collector is not None else 0
-            discarded, purged = await operations.expire()
-            if moved or discarded or purged:
-                log.info("dead_letters.kept", endpoint=name, moved=moved,
-                         expired=discarded, forgotten=purged)
-            gauges = await operations.gauges()
-            for endpoint, counts in gauges.counts.items():
-                for status in DeadLetterStatus:
-                    metrics.dead_letters.labels(endpoint, str(status)).set(
-                        counts.get(str(status), 0))
-            metrics.dead_letter_tokens.set(gauges.tokens)
-            metrics.tokens.set(await system.tokens.count() - gauges.tokens)
-        except Exception as exc:  # noqa: BLE001 - the upkeep must outlive a bad round
-            log.warning("dead_letters.failed", endpoint=name, error=str(exc))
-        await asyncio.sleep(interval_s)
+            await store.load_tr("__ready__")
+            checks["postgres"] = True
+        except Exception:  # noqa: BLE001 - any failure means "not ready"
+            checks["postgres"] = False
+        return checks
+
+    return ready
 
 
 async def run_consumer(settings: Settings, service: Service, endpoint: str) -> None:
@@ -139,32 +103,11 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
                 settings.delivery_limit, settings.dead_letter_max_bytes,
                 inbound=service.registry[name].role is Role.GATEWAY), deadline,
                 endpoint=endpoint)
-        system: System = await provided(container.system)
+        workers: Workers = await provided(container.workers)
         metrics: Metrics = container.metrics()
-        service_user: str = container.service_user()
-        gateway = registration.role is Role.GATEWAY
-        source = RabbitSource(rabbit, endpoint, settings.retry_delays_s,
-                              settings.max_body_bytes, system.events,
-                              watchdog_s=settings.consumer_watchdog_s,
-                              dead_letter_body_bytes=settings.dead_letter_body_bytes,
-                              kept_headers=settings.kept_headers, service_user=service_user,
-                              require_producer=gateway and settings.profile == "production"
-                              and not settings.allow_anonymous_producers)
-        consumer = system.consumer(endpoint)
-
-        async def ready() -> dict[str, bool]:
-            # consuming: a live consumer on the work queue; publishing: the connection and
-            # its publisher-confirm channel are open (outputs, retries, dead letters);
-            # dead_letter_queue: room for dead letters (else the endpoint takes nothing new)
-            checks = {"consuming": source.consuming, "publishing": rabbit.connected,
-                      "dead_letter_queue": not source.dead_letters_blocked}
-            try:
-                await system.stores[endpoint].load_tr("__ready__")
-                checks["postgres"] = True
-            except Exception:  # noqa: BLE001 - any failure means "not ready"
-                checks["postgres"] = False
-            return checks
-
+        source: RabbitSource = await provided(container.source)
+        consumer = workers.consumer(endpoint)
+        ready = readiness(source, rabbit, workers.stores[endpoint])
         server = None
         if sock is not None:
             server = StatusServer(status_app(metrics, ready), sock)
@@ -173,22 +116,19 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         def stop() -> None:
             stops.append(asyncio.ensure_future(source.stop()))
             if not reports:
-                reports.append(asyncio.create_task(_report_stopping(endpoint)))
+                reports.append(asyncio.create_task(report_stopping(endpoint)))
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop)
-        kept = await provided(container.dead_letter_store)
-        collector = (DeadLetterCollector(rabbit, endpoint, kept, service_user,
-                                         system.events)
-                     if settings.dead_letter_collect else None)
-        background = [asyncio.create_task(_sweep_forever(
-            system.sweeper(endpoint), system, metrics, settings.sweep_interval_s)),
-            asyncio.create_task(_dead_letters_forever(
-                collector, system.dead_letters(kept), system,
-                metrics, endpoint, settings.sweep_interval_s))]
-        if gateway:  # batch producers' commands: inbox to queue
+        collector = await provided(container.collector)
+        operations = await provided(container.dead_letter_operations)
+        background = [asyncio.create_task(sweep_forever(
+            workers.sweeper(endpoint), workers, metrics, settings.sweep_interval_s)),
+            asyncio.create_task(dead_letters_forever(
+                collector, operations, workers, metrics, endpoint, settings.sweep_interval_s))]
+        if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
             background.append(asyncio.create_task(
-                system.relay(endpoint).run(settings.inbox_poll_s)))
+                workers.relay(endpoint).run(settings.inbox_poll_s)))
         prefetch = settings.prefetch_for(consumer.batches)
         await waiting_for(f"RabbitMQ: a consumer on {endpoint!r}",
                            partial(source.start, prefetch), deadline, endpoint=endpoint)
@@ -216,54 +156,6 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         raise lost
 
 
-#: how often a consumer that was told to stop says what it still waits for (seconds)
-STOPPING_REPORT_S = 10.0
-#: how long a cancelled background task gets to end before it is cancelled again (seconds)
-CANCEL_AGAIN_S = 1.0
-
-
-async def cancelled(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel `tasks` and wait until every one has ended, cancelling again each one still
-    running after `CANCEL_AGAIN_S`: a cancellation that arrives while a library call is in
-    progress may be swallowed by it (seen: a dead-letter round finishing after its task was
-    cancelled, then sleeping on), and a task that ignored one must not hold the stop for
-    ever. Their results and errors are dropped (they are the process's upkeep)."""
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
-    for task in tasks:
-        if not task.cancelled():
-            task.exception()  # retrieved: no "exception was never retrieved" warning
-
-
-def _suspended_at(task: asyncio.Task[object]) -> str:
-    """Where `task` waits: its innermost coroutine frames, outermost first."""
-    frames = []
-    awaited: object = task.get_coro()
-    while awaited is not None:
-        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
-        if frame is not None:
-            frames.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
-        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
-    return " > ".join(frames[-3:]) or repr(task.get_coro())
-
-
-async def _report_stopping(endpoint: str) -> None:
-    """While a stop takes longer than `STOPPING_REPORT_S`, log `consumer.stopping` every
-    `STOPPING_REPORT_S` with the seconds waited and where each other task waits: a stop
-    that hangs says on what (a chaos campaign found one that outlasted 30 s)."""
-    started = asyncio.get_running_loop().time()
-    me = asyncio.current_task()
-    while True:
-        await asyncio.sleep(STOPPING_REPORT_S)
-        tasks = sorted(_suspended_at(t) for t in asyncio.all_tasks() if t is not me)
-        log.warning("consumer.stopping", endpoint=endpoint,
-                    waited_s=round(asyncio.get_running_loop().time() - started, 1),
-                    tasks=tasks)
-
-
 async def run_callee(settings: Settings, service: Service, endpoint: str) -> None:
     """Serve callee `endpoint` (protocol 6) over HTTP with uvicorn until SIGTERM/SIGINT
     (uvicorn's graceful shutdown: in-flight requests finish), with its sweeper (stale
@@ -289,8 +181,8 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
     container = await started_container(settings, service, endpoint, deadline)
     try:
-        system: System = await provided(container.system)
-        app = create_callee_app(system.callees[endpoint], own.token.get_secret_value(),
+        workers: Workers = await provided(container.workers)
+        app = create_callee_app(workers.callees[endpoint], own.token.get_secret_value(),
                                 own.max_body_bytes)
         tracing: Tracing | None = await provided(container.tracing)
         if tracing is not None:  # server spans continuing the callers' traces
@@ -300,79 +192,11 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # finish in-flight requests, exit 0
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-        sweeper = asyncio.create_task(_sweep_forever(
-            system.sweeper(endpoint), system, container.metrics(), settings.sweep_interval_s))
+        sweeper = asyncio.create_task(sweep_forever(
+            workers.sweeper(endpoint), workers, container.metrics(), settings.sweep_interval_s))
         log.info("callee.serving", endpoint=endpoint,
                  url=f"http://{own.host}:{bound_port(sock)}")
         await server.serve(sockets=[sock])
         await cancelled([sweeper])
-    finally:
-        await shutdown_resources(container)
-
-
-
-async def run_dead_letter_api(settings: Settings, service: Service) -> None:
-    """Serve the dead letters over HTTP (entrypoints/dead_letter_api.py) with uvicorn on
-    `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT` (port 0: a free one, printed in
-    `dead_letters.serving`) until SIGTERM/SIGINT (in-flight requests finish). Raises
-    `SettingsError` when no operator token is set or the port is taken; at start-up,
-    `PermanentError` and `GaveUpWaiting` as `run_consumer`."""
-
-    @contextlib.asynccontextmanager
-    async def app(dead_letters: DeadLetters, tokens: dict[str, str]) -> AsyncIterator[Any]:
-        yield create_dead_letter_app(dead_letters, tokens)
-
-    await _serve_operators(settings, service, "dead-letters", "the dead letters", app)
-
-
-async def run_operator(settings: Settings, service: Service) -> None:
-    """Serve the operator's page (entrypoints/operator_page.py) with uvicorn on
-    `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT` (port 0: a free one, printed in
-    `operator.serving`) until SIGTERM/SIGINT. Raises as `run_dead_letter_api`."""
-    import httpx
-
-    from entrypoints.operator_page import Status, create_operator_app
-
-    @contextlib.asynccontextmanager
-    async def app(dead_letters: DeadLetters, tokens: dict[str, str]) -> AsyncIterator[Any]:
-        async with httpx.AsyncClient() as client:  # the consumers' /metrics
-            yield create_operator_app(dead_letters, tokens,
-                                      Status(settings, service, dead_letters, client))
-
-    await _serve_operators(settings, service, "operator", "the operator page", app)
-
-
-async def _serve_operators(
-        settings: Settings, service: Service, name: str, what: str,
-        app: Callable[[DeadLetters, dict[str, str]], contextlib.AbstractAsyncContextManager[Any]],
-) -> None:
-    """Serve the ASGI app `app` makes (from the dead letters' operations and the operators'
-    tokens) on `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT`, logging `<name>.serving` with its URL,
-    until SIGTERM/SIGINT. Raises `SettingsError` naming `what` when no operator token is
-    set, or when the port is taken; at start-up as `run_consumer`."""
-    tokens = {n: token.get_secret_value() for n, token in settings.operator_tokens.items()}
-    if not tokens or not all(tokens.values()):
-        raise SettingsError("invalid setting EO_OPERATOR_TOKENS: required, each token "
-                            f"non-empty, to serve {what}")
-    try:
-        sock = listening_socket(settings.operator_host, settings.operator_port,
-                                setting="EO_OPERATOR_PORT")
-    except OSError as exc:
-        raise SettingsError(f"invalid setting {exc}") from exc
-    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
-    container = await started_container(settings, service, name, deadline)
-    try:
-        system: System = await provided(container.system)
-        store = await provided(container.dead_letter_store)
-        async with app(system.dead_letters(store), tokens) as served:
-            server = EmbeddedServer(uvicorn.Config(served, log_level="warning",
-                                                   lifespan="off",
-                                                   timeout_graceful_shutdown=20))
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-            log.info(f"{name.replace('-', '_')}.serving", operators=sorted(tokens),
-                     url=f"http://{settings.operator_host}:{bound_port(sock)}")
-            await server.serve(sockets=[sock])
     finally:
         await shutdown_resources(container)

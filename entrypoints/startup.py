@@ -20,11 +20,14 @@ from alembic.script import ScriptDirectory
 from adapters.postgres.admin import database_name
 from adapters.postgres.migrate import MIGRATIONS, head_revision, upgrade_async
 from adapters.postgres.pool import translated as postgres_translated
-from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, reconnecting, redacted, refusal
-from adapters.rabbitmq.connection import translated as broker_translated
+from adapters.rabbitmq.backoff import reconnecting
+from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, redacted
+from adapters.rabbitmq.errors import refusal
+from adapters.rabbitmq.errors import translated as broker_translated
 from application.errors import PermanentError, TransientError
-from entrypoints.local import LocalContainer, init_resources, shutdown_resources
+from entrypoints.local import LocalContainer
 from entrypoints.logs import configure_logging
+from entrypoints.resources import init_resources, shutdown_resources
 from entrypoints.settings import Service, Settings
 
 log = structlog.get_logger("eo.service")

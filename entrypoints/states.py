@@ -12,7 +12,7 @@ from adapters.postgres.pool import create_pool
 from adapters.system.clock import SystemClock
 from application.codec import to_jsonable
 from application.strategy import Strategy
-from entrypoints.local import postgres_stores, postgres_streams
+from entrypoints.local import postgres_inspection
 from entrypoints.settings import Service, Settings
 
 
@@ -46,12 +46,8 @@ async def read_states(settings: Settings, service: Service, endpoint: str, limit
     clock = SystemClock()
     pool = await create_pool(settings.database(), min_size=1, max_size=1, read_only=True)
     try:
-        if strategy is Strategy.STATE:
-            found = await postgres_streams(pool, clock, service)[endpoint].states(
-                limit + 1, partition)
-        else:
-            found = await postgres_stores(pool, clock, service.registry)[endpoint].states(
-                limit + 1, partition)
+        inspection = postgres_inspection(pool, pool, clock, service)
+        found = await inspection.states(endpoint, limit + 1, partition)
     finally:
         await pool.close()
     shown = dict(list(found.items())[:limit])

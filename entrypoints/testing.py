@@ -28,21 +28,22 @@ out of order, several consumers per endpoint, and failpoints (protocol 10, `EO_F
 syntax) whose `crash` kills the whole service process at that point: every consumer's task
 is cancelled where it stands, their unsettled deliveries go back to their queues, and a new
 generation of consumers starts on the same stores (what a restart after `kill -9` finds).
-The faults are drawn from `Faults.seed`: a failing run replays with the same seed.
+The faults are drawn from `Faults.seed`: a failing run replays with the same seed. The
+consumers run on the embedded runtime (entrypoints/embedded_runtime.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import random
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import is_dataclass
 from datetime import timedelta
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -51,7 +52,7 @@ from dependency_injector import providers
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
 from adapters.memory.apis import SandboxApis
 from adapters.memory.blob_store import MemoryBlobStore
-from adapters.memory.broker import MemoryBroker, MemoryDelivery
+from adapters.memory.broker import MemoryBroker
 from adapters.system.clock import OffsetClock
 from application.codec import encode, to_jsonable
 from application.dead_letter_copies import letter_digest
@@ -65,125 +66,23 @@ from application.envelope import (
     clipped_body,
     known_headers,
 )
-from application.errors import Crash, MalformedMessage
+from application.errors import MalformedMessage
 from application.failpoints import Failpoints
 from application.outcome import Outcome
-from application.ports import BlobStore
+from application.ports import BlobStore, Clock
 from application.registry import Registry, Role
-from application.settlement import Settler
 from application.strategy import Strategy
+from application.workers import Workers
 from entrypoints.embedded import EmbeddedContainer
+from entrypoints.embedded_report import DeadLetterEntry, EmbeddedReport, Sent
+from entrypoints.embedded_runtime import EmbeddedRuntime, Faults, generation_task_factory
 from entrypoints.faults import fault_logger
-from entrypoints.local import shutdown_resources
+from entrypoints.resources import shutdown_resources
 from entrypoints.settings import Service, Settings, load_settings, resolve_service
-from entrypoints.system import System
 
 #: Header of a message dead-lettered before processing: its message ID as the producer gave
 #: it (which may not be a UUID).
 RAW_ID_HEADER = "eo-line-message-id"
-#: The consumers' generation a task belongs to (set for a generation's consumer tasks and
-#: inherited by every task they create), so that a crash cancels exactly those.
-_GENERATION: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars.ContextVar(
-    "eo_testing_generation", default=None)
-
-
-@dataclass(frozen=True)
-class Faults:
-    """What the run meets, drawn from `seed`.
-
-    - `duplicates`: the chance (0 <= p < 1) that a message's first delivery to a queue is
-      followed by a copy of it (a producer's retry, a re-publication);
-    - `redeliveries`: the chance (0 <= p < 1) that the consumer taking a message's first
-      delivery to a queue loses its channel a few milliseconds later: every unsettled
-      delivery of that consumer goes back to its queue and is delivered again, maybe while
-      the first copy is still being processed (concurrent attempts);
-    - `out_of_order`: each delivery is taken from a random place in its queue;
-    - `workers`: consumers per endpoint (>= 1);
-    - `failpoints`: `EO_FAILPOINTS` rules (application/failpoints.py), e.g.
-      `"after_commit=crash@2;after_put=raise@1"`; `crash` kills the service (module
-      docstring), `drop_conn` makes every consumer lose its channel.
-
-    Raises ValueError naming the field when a value is out of range or a rule is bad."""
-
-    seed: int = 0
-    duplicates: float = 0.0
-    redeliveries: float = 0.0
-    out_of_order: bool = False
-    workers: int = 1
-    failpoints: str = ""
-
-    def __post_init__(self) -> None:
-        for name in ("duplicates", "redeliveries"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"Faults.{name}: a chance in [0, 1), not "
-                                 f"{getattr(self, name)!r}")
-        if self.workers < 1:
-            raise ValueError(f"Faults.workers: at least 1, not {self.workers!r}")
-        Failpoints.from_spec(self.failpoints, _never)  # raises ValueError naming the rule
-
-
-def _never(name: str) -> None:
-    raise AssertionError(name)
-
-
-@dataclass
-class EmbeddedReport:
-    """What a run came to: the input published or rejected, every delivery's settlement per
-    endpoint (`processed`, `duplicate`, `retried`, `dead_lettered`, `unsettled`), the
-    endpoints' states (JSON-ready, by partition), the messages the endpoints sent each other
-    (`outputs`), the dead letters with reasons (one per message, `times` its copies), what is
-    left at rest (`at_rest`: all zero when every message was consumed or dead-lettered: I8,
-    I9), what the protocol keeps at rest on purpose (`kept`: the tokens dead letters keep
-    for their replay), the blob keys, and how many crashes were injected."""
-
-    service: str
-    lines: int = 0
-    published: int = 0
-    rejected: list[dict[str, Any]] = field(default_factory=list)
-    settled: dict[str, dict[str, int]] = field(default_factory=dict)
-    states: dict[str, dict[str, Any]] = field(default_factory=dict)
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    dead_letters: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    at_rest: dict[str, int] = field(default_factory=dict)
-    kept: dict[str, int] = field(default_factory=dict)
-    blobs: list[str] = field(default_factory=list)
-    crashes: int = 0
-
-    def as_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data (`eo embedded --format json`)."""
-        return {"service": self.service,
-                "input": {"lines": self.lines, "published": self.published,
-                          "rejected": self.rejected},
-                "settled": self.settled, "states": self.states, "outputs": self.outputs,
-                "dead_letters": self.dead_letters, "at_rest": self.at_rest,
-                "kept": self.kept, "blobs": self.blobs}
-
-
-@dataclass(frozen=True)
-class Sent:
-    """A message an endpoint sent: its destination, message ID, type, JSON body, and its
-    headers (the protocol's lineage among them: `eo-causation-id` names the message whose
-    processing sent it, `eo-origin-id` the outside message its chain started from)."""
-
-    to: str
-    message_id: uuid.UUID
-    type: str
-    body: Any
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A dead letter of `queue`: the message ID as sent, its type, the reason (the last
-    copy's), and how many copies of the message were dead-lettered (`times`): one entry per
-    message, as the dead-letter store keeps them (copies under one message ID with one type
-    and body are one message; `application.dead_letters.letter_digest`)."""
-
-    queue: str
-    message_id: str
-    type: str
-    reason: str
-    times: int = 1
 
 
 class _Recording:
@@ -213,26 +112,6 @@ def _json(body: bytes) -> Any:
         return body.decode(errors="replace")
 
 
-def _generation_task_factory(loop: asyncio.AbstractEventLoop, coro: Any,
-                             context: contextvars.Context | None = None) -> asyncio.Task[Any]:
-    """The event loop's task factory while a service runs: a task created by a task of a
-    consumers' generation (or in its context) joins that generation."""
-    task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
-    generation = context.get(_GENERATION) if context is not None else _GENERATION.get()
-    if generation is not None:
-        generation.add(task)
-        task.add_done_callback(lambda done: _forget(generation, done))
-    return task
-
-
-def _forget(generation: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None:
-    """A generation's task ended: drop it, its exception retrieved (an injected `Crash` is
-    how it was meant to end; anything else is re-raised where the consumer awaits it)."""
-    generation.discard(task)
-    if not task.cancelled():
-        task.exception()
-
-
 class EmbeddedService:
     """A registry's endpoints running in this process (see the module docstring). Make one
     with `EmbeddedService.start()`; every method is for the event loop it was started in."""
@@ -240,9 +119,6 @@ class EmbeddedService:
     def __init__(self, settings: Settings, service: Service, faults: Faults,
                  blobs: BlobStore | None) -> None:
         self.settings, self.service, self.faults = settings, service, faults
-        self._rng = random.Random(faults.seed)
-        #: (queue, message ID) whose first delivery drew its faults already
-        self._faulted: set[tuple[str, uuid.UUID]] = set()
         self.broker = MemoryBroker(
             shuffle=random.Random(faults.seed + 1) if faults.out_of_order else None,
             dead_letter_max_bytes=settings.dead_letter_max_bytes)
@@ -252,20 +128,16 @@ class EmbeddedService:
         self._container.dispatcher.override(self._recording)
         if blobs is not None:
             self._container.blobs.override(blobs)
-        self._crashed = asyncio.Event()
-        self._crashes = 0
+        self.runtime = EmbeddedRuntime(
+            self.broker, faults, service.registry.consuming(),
+            lambda name: self.system.consumer(name), settings.prefetch_for)
         self._container.failpoints.override(providers.Object(Failpoints.from_spec(
-            faults.failpoints, self._crash, self._drop_connection,
+            faults.failpoints, self.runtime.crash, self.runtime.drop_connection,
             on_fire=fault_logger(self._container.events()))))
-        self.system: System = self._container.system()
+        self.system: Workers = self._container.workers()
         self.report = EmbeddedReport(service.registry.service)
         self._refused: Counter[str] = Counter()
         self._tokens_sent: set[tuple[str, uuid.UUID]] = set()
-        self._counts: dict[str, Counter[Outcome]] = {
-            name: Counter() for name in self.system.registry.consuming()}
-        self._consumers: dict[str, tuple[str, Settler]] = {}  # tag -> endpoint, consumer
-        self._generation: set[asyncio.Task[Any]] = set()
-        self._generations = 0
 
     @classmethod
     @asynccontextmanager
@@ -282,12 +154,12 @@ class EmbeddedService:
         running = cls(settings, service, faults or Faults(), blobs or MemoryBlobStore())
         loop = asyncio.get_running_loop()
         previous = loop.get_task_factory()
-        loop.set_task_factory(_generation_task_factory)
+        loop.set_task_factory(generation_task_factory)
         try:
-            running._start_generation()
+            running.runtime.start_generation()
             yield running
         finally:
-            await running._stop_generation()
+            await running.runtime.stop_generation()
             await shutdown_resources(running._container)  # tracing's spans flushed
             loop.set_task_factory(previous)
 
@@ -397,104 +269,23 @@ class EmbeddedService:
                                ) from None
 
     async def _run_until_quiet(self, quiet_polls: int) -> EmbeddedReport:
-        await self._until_quiet(quiet_polls)
+        runtime = self.runtime
+        await runtime.until_quiet(quiet_polls)
         later = OffsetClock(self.system.clock, self.system.grace
                             + timedelta(seconds=self.settings.stale_after_s + 1))
         for name in self.system.registry.names():
-            await self._surviving(lambda name=name: self.system.sweeper(name, later).sweep())
+            await runtime.surviving(partial(self._sweep, name, later))
         for name in self.system.registry.names(Role.GATEWAY):
-            await self._surviving(lambda name=name: self.system.relay(name).drain())
-        await self._until_quiet(quiet_polls)
+            await runtime.surviving(partial(self._relay, name))
+        await runtime.until_quiet(quiet_polls)
         await self._fill()
         return self.report
 
-    async def _surviving(self, work: Any) -> None:
-        """Run `work()` (a sweep, a relay) until it ends without an injected crash: a crash
-        there kills the service too; the work is done again by the restarted one."""
-        while True:
-            try:
-                await work()
-                return
-            except Crash:
-                await self._restart()
+    async def _sweep(self, name: str, clock: Clock) -> None:
+        await self.system.sweeper(name, clock).sweep()
 
-    async def _until_quiet(self, quiet_polls: int) -> None:
-        quiet = 0
-        while quiet < quiet_polls:
-            await asyncio.sleep(0.01)
-            if self._crashed.is_set():
-                await self._restart()
-                quiet = 0
-                continue
-            quiet = quiet + 1 if self.broker.idle() else 0
-
-    def _crash(self, name: str) -> None:
-        """The `crash` failpoint action: the service dies here (the caller's task ends with
-        `Crash`); `_restart` cancels the rest of its generation."""
-        self._crashes += 1
-        self._crashed.set()
-        current = asyncio.current_task()
-        for task in self._generation:  # the others stop at their next await, as if killed
-            if task is not current:
-                task.cancel()
-        raise Crash(name)
-
-    async def _drop_connection(self) -> None:
-        """The `drop_conn` failpoint action: every consumer loses its channel."""
-        for consumer in list(self._consumers):
-            self.broker.drop_consumer(consumer)
-
-    async def _restart(self) -> None:
-        await self._stop_generation()
-        self._crashed.clear()
-        self._start_generation()
-
-    def _start_generation(self) -> None:
-        self._generations += 1
-        self._generation = set()
-        token = _GENERATION.set(self._generation)
-        try:
-            for name in self.system.registry.consuming():
-                for worker in range(self.faults.workers):
-                    tag = f"{name}-{self._generations}-{worker}"
-                    consumer = self.system.consumer(name)
-                    self._consumers[tag] = (name, consumer)
-                    self._generation.add(asyncio.create_task(consumer.serve(
-                        self._deliveries(name, tag),
-                        self.settings.prefetch_for(consumer.batches))))
-        finally:
-            _GENERATION.reset(token)
-
-    async def _stop_generation(self) -> None:
-        """Cancel every task of the running generation where it stands, put their unsettled
-        deliveries back, and keep their settlement counts."""
-        tasks = list(self._generation)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for tag, (name, consumer) in self._consumers.items():
-            self.broker.drop_consumer(tag)
-            self._counts[name].update(consumer.counts)
-        self._consumers = {}
-
-    async def _deliveries(self, queue: str, tag: str) -> AsyncIterator[MemoryDelivery]:
-        """`queue`'s deliveries for consumer `tag`, with the faults' copies and channel
-        losses."""
-        faults, loop = self.faults, asyncio.get_running_loop()
-        async for delivery in self.broker.consume(queue, tag):
-            first = (queue, delivery.envelope.message_id) not in self._faulted
-            if first and (faults.duplicates or faults.redeliveries):
-                # a message's first delivery only: faults drawn on every delivery would
-                # breed (each channel loss redelivers the consumer's whole prefetch, each
-                # redelivery a new chance of a copy and of another loss) and, with many
-                # deliveries in flight, never end
-                self._faulted.add((queue, delivery.envelope.message_id))
-                if faults.duplicates and self._rng.random() < faults.duplicates:
-                    self.broker.publish(queue, delivery.envelope)
-                if faults.redeliveries and self._rng.random() < faults.redeliveries:
-                    loop.call_later(self._rng.uniform(0.0, 0.02), self.broker.drop_consumer,
-                                    tag)
-            yield delivery
+    async def _relay(self, name: str) -> None:
+        await self.system.relay(name).drain()
 
     def seed_states(self, endpoint: str, states: Mapping[str, Any]) -> None:
         """Write initial states of `endpoint`'s partitions (`states`: partition key -> the
@@ -520,18 +311,18 @@ class EmbeddedService:
     def states(self, endpoint: str) -> dict[str, Any]:
         """The states of `endpoint` by partition key, as its domain objects (a `state`
         endpoint's newest snapshots). Raises KeyError for an unknown endpoint."""
-        store: Any = self.system.stores[endpoint]
-        return dict(sorted(store.states().items()))
+        inspection: Any = self.system.inspection  # the memory stores': read at once
+        return dict(inspection.snapshot(endpoint))
 
     def outputs(self, to: str | None = None) -> list[Sent]:
         """The messages the endpoints sent (to `to` only, when given), in order."""
         return [Sent(destination, e.message_id, e.type, _json(e.body), dict(e.headers))
                 for destination, e in self._recording.sent if to in (None, destination)]
 
-    def dead_letters(self, queue: str | None = None) -> list[DeadLetter]:
+    def dead_letters(self, queue: str | None = None) -> list[DeadLetterEntry]:
         """The dead letters (of `queue` only, when given), one per message, with their
         reasons, in the order they were first dead-lettered."""
-        merged: dict[tuple[str, str, str], DeadLetter] = {}
+        merged: dict[tuple[str, str, str], DeadLetterEntry] = {}
         for name, letters in self.broker.dead_letters.items():
             if queue not in (None, name):
                 continue
@@ -540,7 +331,7 @@ class EmbeddedService:
                 key = (name, message_id, letter_digest(e.type, e.body,
                                                        e.header(BODY_SHA256_HEADER)))
                 known = merged.get(key)
-                merged[key] = DeadLetter(name, message_id, e.type,
+                merged[key] = DeadLetterEntry(name, message_id, e.type,
                                          e.header(REASON_HEADER) or "",
                                          known.times + 1 if known is not None else 1)
         return list(merged.values())
@@ -558,25 +349,17 @@ class EmbeddedService:
         records, deferred clean-ups (after a sweep as if every grace had passed), requests on
         callees, unrelayed inbox rows. All zero once every message was consumed or
         dead-lettered (I8, I9)."""
-        system, rest = self.system, Counter[str]()
-        rest["tokens in flight"] = await system.tokens.count() - await self.kept_tokens()
-        for name in system.registry.names():
-            store: Any = system.stores[name]
-            rest["unfinished transaction records"] += await store.unfinished_count()
-            rest["side-effect records"] += store.record_count()
-            rest["deferred clean-ups"] += await store.cleanup_count()
-        for requests in system.requests.values():
-            rest["requests on callees"] += await requests.count()
-        for inbox in system.inboxes.values():
-            rest["unrelayed inbox rows"] += await inbox.count_pending()
-        return dict(rest)
+        found = await self.system.inspection.at_rest()
+        return {"tokens in flight": found.tokens - await self.kept_tokens(),
+                "unfinished transaction records": sum(found.unfinished.values()),
+                "side-effect records": sum(found.side_effect_records.values()),
+                "deferred clean-ups": sum(found.deferred_cleanups.values()),
+                "requests on callees": sum(found.requests.values()),
+                "unrelayed inbox rows": sum(found.inbox_rows.values())}
 
     async def _fill(self) -> None:
         report, names = self.report, {str(s): 0 for s in Outcome}
-        counts = {name: Counter(c) for name, c in self._counts.items()}
-        for name, consumer in self._consumers.values():
-            counts[name].update(consumer.counts)
-        for name, count in counts.items():
+        for name, count in self.runtime.settled().items():
             report.settled[name] = {**names, **{str(k): v for k, v in count.items()}}
             # one vocabulary: what the source refuses before processing is dead-lettered too
             report.settled[name][str(Outcome.DEAD_LETTERED)] += self._refused[name]
@@ -593,7 +376,7 @@ class EmbeddedService:
         report.kept = {"tokens kept by dead letters": await self.kept_tokens()}
         blobs = self.system.blobs
         report.blobs = await blobs.keys() if blobs is not None else []
-        report.crashes = self._crashes
+        report.crashes = self.runtime.crashes
 
 
 async def run_lines(settings: Settings, service: Service, lines: Iterable[str],
@@ -608,4 +391,4 @@ async def run_lines(settings: Settings, service: Service, lines: Iterable[str],
         return await running.run_until_quiet()
 
 
-__all__ = ["DeadLetter", "EmbeddedReport", "EmbeddedService", "Faults", "Sent", "run_lines"]
+__all__ = ["DeadLetterEntry", "EmbeddedReport", "EmbeddedService", "Faults", "Sent", "run_lines"]

@@ -73,7 +73,8 @@ def _child(request: dict[str, Any]) -> None:  # pragma: no cover - runs in the f
 #: service made without the sample).
 PRELOADED = ("entrypoints.cli", "entrypoints.service", "entrypoints.local",
              "entrypoints.startup", "entrypoints.callee_app", "entrypoints.dead_letter_cli",
-             "entrypoints.dead_letter_api", "entrypoints.operator_page", "service.registry")
+             "entrypoints.dead_letter_api", "entrypoints.operator_page",
+             "entrypoints.operator_servers", "service.registry")
 
 
 def serve() -> None:  # pragma: no cover - runs as its own process

@@ -16,10 +16,11 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from application.errors import PermanentError, TransientError
 from application.ports import ApiResult, ThirdPartyApis
 
 #: What the provider does with a new request: (status, JSON body) from method, path, body.
@@ -104,13 +105,32 @@ class IdempotentProvider:
 
 
 class SandboxApis(ThirdPartyApis):
-    """`ThirdPartyApis` on one in-process `provider` (a new one by default), whatever the
-    API's name: the stand-in for an API there is no URL for (nothing leaves the process;
-    a service routes each API to its own: `entrypoints.system.RoutedApis`)."""
+    """`ThirdPartyApis` on one in-process `provider` (a new one by default): the stand-in
+    for an API there is no URL for (nothing leaves the process). As the port promises:
 
-    def __init__(self, provider: IdempotentProvider | None = None) -> None:
+    - `apis`: the API names it answers for; a request to another raises `PermanentError`
+      before anything runs, as for an API not configured. None: every name (a route of
+      `adapters.routed_apis.RoutedApis`, which refuses the undeclared names itself);
+    - `timeout_s`: bound on one request in seconds (None: none); a slower request raises
+      `TransientError` while the provider goes on with it, as a remote provider does."""
+
+    def __init__(self, provider: IdempotentProvider | None = None,
+                 apis: Collection[str] | None = None, timeout_s: float | None = None) -> None:
         self.provider = provider or IdempotentProvider()
+        self.apis = None if apis is None else frozenset(apis)
+        self.timeout_s = timeout_s
+        self._running: set[asyncio.Task[ApiResult]] = set()
 
     async def send(self, api: str, method: str, path: str, body: bytes | None,
                    idempotency_key: str) -> ApiResult:
-        return await self.provider.handle(method, path, body, idempotency_key)
+        if self.apis is not None and api not in self.apis:
+            raise PermanentError(f"third-party API {api!r} is not configured in the sandbox")
+        if self.timeout_s is None:
+            return await self.provider.handle(method, path, body, idempotency_key)
+        task = asyncio.create_task(self.provider.handle(method, path, body, idempotency_key))
+        self._running.add(task)  # the provider's work goes on after a timeout
+        task.add_done_callback(self._running.discard)
+        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        if not done:
+            raise TransientError(f"{method} {api}{path}: no answer within {self.timeout_s} s")
+        return task.result()

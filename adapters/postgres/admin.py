@@ -4,18 +4,11 @@ protocol's tables hold (`eo inspect`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from domain.context import ARTIFACT_KEY_IN_TEXT
-
-_UNFINISHED = """
-SELECT endpoint, count(*) AS n, extract(epoch FROM now() - min(committed_at)) AS age
-  FROM eo_transaction_record WHERE message_id IS NOT NULL GROUP BY endpoint"""
-_DEFERRED = "SELECT endpoint, count(*) AS n FROM eo_deferred_cleanup GROUP BY endpoint"
-
 
 #: libpq connection parameters that hold secrets, also in a DSN's query string
 _SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
@@ -78,39 +71,6 @@ async def ensure_database(dsn: str) -> bool:
         return True
     await conn.close()
     return False
-
-
-@dataclass
-class StoresAtRest:
-    """What `eo inspect` reports of the databases: tokens in flight, and per endpoint the
-    committed-but-unfinished transaction records, the age of the oldest (seconds), and the
-    deferred clean-ups."""
-
-    tokens: int = 0
-    unfinished: dict[str, int] = field(default_factory=dict)
-    oldest_unfinished_s: dict[str, float] = field(default_factory=dict)
-    deferred_cleanups: dict[str, int] = field(default_factory=dict)
-
-
-async def stores_at_rest(dsn: str, token_dsn: str) -> StoresAtRest:
-    """Read `StoresAtRest` from the endpoint database `dsn` and the token store `token_dsn`.
-    Raises asyncpg's errors."""
-    out = StoresAtRest()
-    conn = await asyncpg.connect(token_dsn)
-    try:
-        out.tokens = int(await conn.fetchval("SELECT count(*) FROM eo_token"))
-    finally:
-        await conn.close()
-    conn = await asyncpg.connect(dsn)
-    try:
-        for row in await conn.fetch(_UNFINISHED):
-            out.unfinished[row["endpoint"]] = row["n"]
-            out.oldest_unfinished_s[row["endpoint"]] = float(row["age"] or 0)
-        for row in await conn.fetch(_DEFERRED):
-            out.deferred_cleanups[row["endpoint"]] = row["n"]
-    finally:
-        await conn.close()
-    return out
 
 
 _EVERY_STATE = ("(SELECT endpoint, state FROM eo_transaction_record WHERE state IS NOT NULL "

@@ -3,20 +3,24 @@ deferred clean-ups, processed-message rows and stored replies of one endpoint.""
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
-from types import MappingProxyType
 from typing import Any
 
 import asyncpg
 
-from adapters.postgres import sql
 from adapters.postgres.pool import Session, db, translated
+from adapters.postgres.record_rows import (
+    in_token_arrays,
+    in_token_record,
+    side_effect_record,
+    stored_rows,
+    transaction_record,
+)
+from adapters.postgres.sql import attempt, batch, writes
+from adapters.postgres.sweeper_queries import PostgresSweeperQueries
 from adapters.postgres.token_store import envelope_of_row
 from application.codec import from_jsonable, to_jsonable
-from application.envelope import Envelope
 from application.errors import Conflict, TransientError
 from application.ports import (
     Clear,
@@ -27,59 +31,17 @@ from application.ports import (
     TransactionalStore,
 )
 from application.records import (
-    Abandoned,
-    DeferredCleanup,
-    Kind,
     ProcessedMessage,
     SideEffectRecord,
     TransactionRecord,
 )
-from application.side_effects import message_payload
 from domain.decisions import Reply
 
 
-def _tr(partition: str, row: Any) -> TransactionRecord:
-    return TransactionRecord(partition, row["message_id"], row["attempt_id"], row["version"],
-                             row["committed_at"])
-
-
-def _array_literal(items: Any) -> str | None:
-    """A PostgreSQL array literal of plain items (UUIDs, integers), None when empty."""
-    text = ",".join(items)
-    return f"{{{text}}}" if text else None
-
-
-def _record(partition: str, r: dict[str, Any]) -> SideEffectRecord:
-    return SideEffectRecord(partition, Kind(r["kind"]), r["key"], uuid.UUID(r["incoming_id"]),
-                            uuid.UUID(r["attempt_id"]), r["seq"], r["payload"],
-                            datetime.fromisoformat(r["registered_at"]))
-
-
-def _in_token_record(tr: TransactionRecord, t: dict[str, Any]) -> SideEffectRecord:
-    """The record a committed transaction's outgoing token stands for (`_IN_TOKENS_OF`)."""
-    if tr.message_id is None or tr.attempt_id is None:
-        raise ValueError(f"partition {tr.partition}: no committed transaction")
-    envelope = Envelope(uuid.UUID(t["message_id"]), t["type"], base64.b64decode(t["body"]),
-                        MappingProxyType(t["headers"]))
-    return SideEffectRecord(tr.partition, Kind.MESSAGE, t["message_id"], tr.message_id,
-                            tr.attempt_id, t["seq"], message_payload(t["destination"], envelope),
-                            tr.committed_at, in_token=True)
-
-
-def _in_token_arrays(records: Sequence[SideEffectRecord]) -> tuple[list[str], list[int]]:
-    """The IDs and seqs of the records that tokens stand for (the commits' last columns)."""
-    held = [x for x in records if x.in_token]
-    return [x.key for x in held], [x.seq for x in held]
-
-
-def _rows(records: Sequence[SideEffectRecord]) -> list[SideEffectRecord]:
-    """The records a statement writes or deletes as rows: not those tokens stand for."""
-    return [x for x in records if not x.in_token]
-
-
-class PostgresTransactionalStore(TransactionalStore):
+class PostgresTransactionalStore(PostgresSweeperQueries, TransactionalStore):
     """Rows of endpoint `endpoint` in the `eo_*` tables (several endpoints may share one
-    database). The business state is JSONB in the transaction record's row, so a state and
+    database); the sweeper's queries and the gauges are `PostgresSweeperQueries`'. The
+    business state is JSONB in the transaction record's row, so a state and
     the version it belongs to are read together, and every optimistic check is a single
     statement (`WHERE version = $n AND message_id IS NULL`). `state_type` is the dataclass the
     JSON decodes to. Times come from `clock`, so tests control them."""
@@ -89,8 +51,8 @@ class PostgresTransactionalStore(TransactionalStore):
         """`holds_tokens`: the token store is this database's `eo_token` (protocol 3.2's
         co-located fast path: token checks, inserts and deletes join this store's
         statements)."""
-        self.pool, self.endpoint, self.state_type, self.clock = pool, endpoint, state_type, clock
-        self.holds_tokens = holds_tokens
+        super().__init__(pool, endpoint)
+        self.state_type, self.clock, self.holds_tokens = state_type, clock, holds_tokens
 
     def session(self) -> Session:
         return Session(self.pool)
@@ -98,13 +60,14 @@ class PostgresTransactionalStore(TransactionalStore):
     async def load(self, partition: str, token: uuid.UUID | None = None) -> Loaded:
         token = token if self.holds_tokens else None
         async with translated():
-            row = await db(self.pool).fetchrow(sql.LOAD, self.endpoint, partition, token)
+            row = await db(self.pool).fetchrow(attempt.LOAD, self.endpoint, partition, token)
             if not row["tr_exists"] and row["token_exists"] is False:  # a duplicate: no TR
                 return Loaded(TransactionRecord(partition, None, None, 0), None, False)
             if not row["tr_exists"]:  # first message of the partition
-                row = await db(self.pool).fetchrow(sql.INSERT_LOAD, self.endpoint, partition, token)
+                row = await db(self.pool).fetchrow(attempt.INSERT_LOAD, self.endpoint,
+                                                   partition, token)
             if row is None:  # a concurrent first insert won: visible to a new statement
-                row = await db(self.pool).fetchrow(sql.LOAD, self.endpoint, partition, token)
+                row = await db(self.pool).fetchrow(attempt.LOAD, self.endpoint, partition, token)
         if row is None or row.get("tr_exists") is False:
             raise TransientError(f"partition {partition}: transaction record not found")
         return self._loaded(partition, token, row)
@@ -115,8 +78,8 @@ class PostgresTransactionalStore(TransactionalStore):
         if token is not None and row["token_body"] is not None:
             stored = envelope_of_row(token, {"type": row["token_type"], "body": row["token_body"],
                                              "headers": row["token_headers"]})
-        return Loaded(_tr(partition, row), from_jsonable(self.state_type, row["state"]),
-                      row["token_exists"], stored)
+        return Loaded(transaction_record(partition, row),
+                      from_jsonable(self.state_type, row["state"]), row["token_exists"], stored)
 
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:
@@ -124,7 +87,7 @@ class PostgresTransactionalStore(TransactionalStore):
         rows: dict[str, Any] = {}
         duplicates: set[str] = set()  # no TR and an absent token: as `load`, none created
         async with translated():
-            for statement in (sql.LOAD_MANY, sql.INSERT_LOAD_MANY, sql.LOAD_MANY):
+            for statement in (batch.LOAD_MANY, batch.INSERT_LOAD_MANY, batch.LOAD_MANY):
                 # then the first messages of new partitions; then those a concurrent batch
                 # created first (not in the insert's snapshot)
                 missing = [(p, t) for p, t in zip(partitions, checks, strict=True)
@@ -146,30 +109,31 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def load_tr(self, partition: str) -> TransactionRecord:
         async with translated():
-            row = await db(self.pool).fetchrow(sql.SELECT_TR, self.endpoint, partition)
+            row = await db(self.pool).fetchrow(attempt.SELECT_TR, self.endpoint, partition)
             if row is None:  # first message of the partition
-                row = await db(self.pool).fetchrow(sql.INSERT_TR, self.endpoint, partition)
+                row = await db(self.pool).fetchrow(attempt.INSERT_TR, self.endpoint, partition)
             if row is None:  # a concurrent first insert won: visible to a new statement
-                row = await db(self.pool).fetchrow(sql.SELECT_TR, self.endpoint, partition)
+                row = await db(self.pool).fetchrow(attempt.SELECT_TR, self.endpoint, partition)
         if row is None:
             raise TransientError(f"partition {partition}: transaction record not found")
-        return _tr(partition, row)
+        return transaction_record(partition, row)
 
     async def load_tr_with_records(
         self, partition: str
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
         async with translated():
-            row = await db(self.pool).fetchrow(sql.SELECT_TR_WITH_RECORDS, self.endpoint, partition)
+            row = await db(self.pool).fetchrow(attempt.SELECT_TR_WITH_RECORDS, self.endpoint,
+                                               partition)
         if row is None:
             return TransactionRecord(partition, None, None, 0), ()
-        tr = _tr(partition, row)
-        return tr, (*(_record(partition, r) for r in row["records"]),
-                    *(_in_token_record(tr, t) for t in row["in_tokens"]))
+        tr = transaction_record(partition, row)
+        return tr, (*(side_effect_record(partition, r) for r in row["records"]),
+                    *(in_token_record(tr, t) for t in row["in_tokens"]))
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         async with translated():
             version = await db(self.pool).fetchval(
-                sql.REGISTER, self.endpoint, record.partition, expected_version,
+                attempt.REGISTER, self.endpoint, record.partition, expected_version,
                 str(record.kind), record.key, record.incoming_id, record.attempt_id, record.seq,
                 dict(record.payload), record.registered_at or self.clock.now())
         if version is None:
@@ -179,7 +143,7 @@ class PostgresTransactionalStore(TransactionalStore):
     async def registration_valid(self, record: SideEffectRecord) -> bool:
         async with translated():
             return bool(await db(self.pool).fetchval(
-                sql.REGISTRATION_VALID, self.endpoint, record.partition, str(record.kind),
+                attempt.REGISTRATION_VALID, self.endpoint, record.partition, str(record.kind),
                 record.key, record.attempt_id))
 
     async def commit(self, request: CommitRequest) -> Committed:
@@ -188,8 +152,8 @@ class PostgresTransactionalStore(TransactionalStore):
             raise ValueError("tokens passed to commit, but the token store is not co-located")
         now = self.clock.now()
         processed, reply, tokens = r.processed, r.reply, r.tokens
-        in_ids, in_seqs = _in_token_arrays(r.records)
-        rows = _rows(r.records)
+        in_ids, in_seqs = in_token_arrays(r.records)
+        rows = stored_rows(r.records)
         head = (self.endpoint, r.partition, r.expected_version, to_jsonable(r.state),
                 r.message_id, r.attempt_id, now)
         token_columns = ([d for d, _ in tokens], [e.message_id for _, e in tokens],
@@ -198,12 +162,12 @@ class PostgresTransactionalStore(TransactionalStore):
         async with translated():
             if tokens and not rows and reply is None and processed is None:
                 row = await db(self.pool).fetchrow(  # the plain co-located case
-                    sql.COMMIT_TOKENS, *head, *token_columns, in_ids or None, in_seqs or None)
+                    writes.COMMIT_TOKENS, *head, *token_columns, in_ids or None, in_seqs or None)
             else:
                 try:
                     row = await db(self.pool).fetchrow(
-                        sql.COMMIT, *head, processed is not None,
-                        *sql.record_arrays(rows, now),
+                        writes.COMMIT, *head, processed is not None,
+                        *writes.record_arrays(rows, now),
                         reply.status if reply else None, dict(reply.body) if reply else None,
                         [dict(o) for o in processed.outgoing] if processed else [],
                         *token_columns, processed.body_sha256 if processed else None,
@@ -211,7 +175,7 @@ class PostgresTransactionalStore(TransactionalStore):
                         processed.producer if processed else "",
                         processed.digest if processed else None)
                 except asyncpg.UniqueViolationError as exc:
-                    if exc.constraint_name != sql.PROCESSED_KEY:
+                    if exc.constraint_name != writes.PROCESSED_KEY:
                         raise
                     # another partition's commit claimed the ID first: this one rolled back
                     # whole; the retry finds the claim (a duplicate, or an ID reused)
@@ -220,7 +184,7 @@ class PostgresTransactionalStore(TransactionalStore):
         if row is None:
             raise Conflict(f"partition {r.partition}: commit at v{r.expected_version} refused "
                            "(version moved, transaction pending, or message processed)")
-        existing = tuple(_record(r.partition, x) for x in row["records"])
+        existing = tuple(side_effect_record(r.partition, x) for x in row["records"])
         return Committed(row["version"], existing + tuple(r.records))
 
     async def commit_many(self, requests: Sequence[CommitRequest]) -> list[Committed | None]:
@@ -231,28 +195,17 @@ class PostgresTransactionalStore(TransactionalStore):
             raise ValueError("tokens passed to commit, but the token store is not co-located")
         if not requests:
             return []
-        now = self.clock.now()
-        records = [x for r in requests for x in _rows(r.records)]
-        tokens = [(r.partition, d, e) for r in requests for d, e in r.tokens]
-        held = [_in_token_arrays(r.records) for r in requests]
         async with translated():
-            rows = await db(self.pool).fetch(
-                sql.COMMIT_MANY, self.endpoint, [r.partition for r in requests],
-                [r.expected_version for r in requests], [to_jsonable(r.state) for r in requests],
-                [r.message_id for r in requests], [r.attempt_id for r in requests], now,
-                [x.partition for x in records], *sql.record_arrays(records, now),
-                [p for p, _, _ in tokens], [d for _, d, _ in tokens],
-                [e.message_id for _, _, e in tokens], [e.type for _, _, e in tokens],
-                [e.body for _, _, e in tokens], [dict(e.headers) for _, _, e in tokens],
-                [_array_literal(ids) for ids, _ in held],
-                [_array_literal(map(str, seqs)) for _, seqs in held])
+            rows = await db(self.pool).fetch(batch.COMMIT_MANY, *batch.commit_many_arguments(
+                self.endpoint, requests, self.clock.now()))
         done = {row["partition_key"]: row for row in rows}
         committed: list[Committed | None] = []
         for r in requests:
             row = done.get(r.partition)
             committed.append(None if row is None else Committed(
                 row["version"],
-                tuple(_record(r.partition, x) for x in row["records"]) + tuple(r.records)))
+                tuple(side_effect_record(r.partition, x) for x in row["records"])
+                + tuple(r.records)))
         return committed
 
     async def clear_many(self, clears: Sequence[Clear]) -> list[bool]:
@@ -260,17 +213,9 @@ class PostgresTransactionalStore(TransactionalStore):
             raise ValueError("consume passed to clear, but the token store is not co-located")
         if not clears:
             return []
-        records = [(c.partition, x) for c in clears for x in _rows(c.records)]
-        aborted = [(c.partition, c.cleanup_due, x) for c in clears for x in c.aborted]
         async with translated():
             rows = await db(self.pool).fetch(
-                sql.CLEAR_MANY, self.endpoint, [c.partition for c in clears],
-                [c.expected_version for c in clears], [c.consume for c in clears],
-                [p for p, _ in records], [str(x.kind) for _, x in records],
-                [x.key for _, x in records],
-                [p for p, _, _ in aborted], [str(x.kind) for _, _, x in aborted],
-                [x.key for _, _, x in aborted], [dict(x.payload) for _, _, x in aborted],
-                [due for _, due, _ in aborted])
+                batch.CLEAR_MANY, *batch.clear_many_arguments(self.endpoint, clears))
         cleared = {row["partition_key"] for row in rows}
         return [c.partition in cleared for c in clears]
 
@@ -278,14 +223,14 @@ class PostgresTransactionalStore(TransactionalStore):
         consume = clear.consume
         if consume is not None and not self.holds_tokens:
             raise ValueError("consume passed to clear, but the token store is not co-located")
-        records, aborted = _rows(clear.records), clear.aborted
+        records, aborted = stored_rows(clear.records), clear.aborted
         async with translated():
             if consume is not None and not records and not aborted:  # the plain co-located case
-                return bool(await db(self.pool).fetchval(sql.CLEAR_CONSUMING, self.endpoint,
+                return bool(await db(self.pool).fetchval(writes.CLEAR_CONSUMING, self.endpoint,
                                                      clear.partition, clear.expected_version,
                                                      consume))
             cleared = await db(self.pool).fetchval(
-                sql.CLEAR, self.endpoint, clear.partition, clear.expected_version,
+                writes.CLEAR, self.endpoint, clear.partition, clear.expected_version,
                 [str(r.kind) for r in records], [r.key for r in records],
                 [str(r.kind) for r in aborted], [r.key for r in aborted],
                 [dict(r.payload) for r in aborted], clear.cleanup_due, consume)
@@ -294,8 +239,8 @@ class PostgresTransactionalStore(TransactionalStore):
     async def processed(self, message_id: uuid.UUID, producer: str = ""
                         ) -> ProcessedMessage | None:
         async with translated():
-            row = await db(self.pool).fetchrow(sql.SELECT_PROCESSED, self.endpoint, message_id,
-                                           producer)
+            row = await db(self.pool).fetchrow(attempt.SELECT_PROCESSED, self.endpoint,
+                                               message_id, producer)
         if row is None:
             return None
         return ProcessedMessage(message_id, row["partition_key"], tuple(row["outgoing"]),
@@ -304,55 +249,12 @@ class PostgresTransactionalStore(TransactionalStore):
 
     async def stored_reply(self, message_id: uuid.UUID) -> Reply | None:
         async with translated():
-            row = await db(self.pool).fetchrow(sql.SELECT_REPLY, self.endpoint, message_id)
+            row = await db(self.pool).fetchrow(attempt.SELECT_REPLY, self.endpoint, message_id)
         return None if row is None else Reply(row["status"], row["body"])
 
     async def delete_reply(self, message_id: uuid.UUID) -> None:
         async with translated():
-            await db(self.pool).execute(sql.DELETE_REPLY, self.endpoint, message_id)
-
-    async def committed_before(self, cutoff: datetime) -> Sequence[TransactionRecord]:
-        async with translated():
-            rows = await db(self.pool).fetch(sql.COMMITTED_BEFORE, self.endpoint, cutoff)
-        return [_tr(r["partition_key"], r) for r in rows]
-
-    async def due_cleanups(self, now: datetime) -> Sequence[DeferredCleanup]:
-        async with translated():
-            rows = await db(self.pool).fetch(sql.DUE_CLEANUPS, self.endpoint, now)
-        return [DeferredCleanup(r["cleanup_id"], Kind(r["kind"]), r["key"], r["payload"],
-                                r["due"]) for r in rows]
-
-    async def drop_cleanups(self, cleanup_ids: Sequence[int]) -> None:
-        async with translated():
-            await db(self.pool).execute(sql.DROP_CLEANUPS, self.endpoint, list(cleanup_ids))
-
-    async def abandoned(self, cutoff: datetime) -> Sequence[Abandoned]:
-        async with translated():
-            rows = await db(self.pool).fetch(sql.ABANDONED, self.endpoint, cutoff)
-        return [Abandoned(r["partition_key"], r["version"],
-                          tuple(_record(r["partition_key"], x) for x in r["records"]))
-                for r in rows]
-
-    async def take_over(self, abandoned: Abandoned, cleanup_due: datetime) -> bool:
-        recs = abandoned.records
-        async with translated():
-            taken = await db(self.pool).fetchval(
-                sql.TAKE_OVER, self.endpoint, abandoned.partition, abandoned.version,
-                [str(r.kind) for r in recs], [r.key for r in recs],
-                [dict(r.payload) for r in recs], cleanup_due)
-        return bool(taken)
-
-    async def purge_processed(self, before: datetime) -> int:
-        async with translated():
-            return int(await db(self.pool).fetchval(sql.PURGE_PROCESSED, self.endpoint, before))
-
-    async def unfinished_count(self) -> int:
-        async with translated():
-            return int(await db(self.pool).fetchval(sql.UNFINISHED, self.endpoint))
-
-    async def cleanup_count(self) -> int:
-        async with translated():
-            return int(await db(self.pool).fetchval(sql.CLEANUP_COUNT, self.endpoint))
+            await db(self.pool).execute(attempt.DELETE_REPLY, self.endpoint, message_id)
 
     async def states(self, limit: int | None = None, partition: str | None = None
                      ) -> dict[str, Any]:

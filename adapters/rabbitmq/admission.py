@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import translated
 from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
 from adapters.rabbitmq.delivery import channel_lost
 from adapters.rabbitmq.dispatcher import (
@@ -20,6 +19,7 @@ from adapters.rabbitmq.dispatcher import (
     producer_of,
     text_headers,
 )
+from adapters.rabbitmq.errors import translated
 from application import defaults
 from application.envelope import (
     BODY_BYTES_HEADER,

@@ -1,5 +1,6 @@
-"""A RabbitMQ connection the service supervises: reconnection with backoff, one
-publisher-confirm channel, and a give-up deadline after which the process should exit.
+"""A RabbitMQ connection the service supervises: reconnection (with the back-off of
+adapters/rabbitmq/backoff.py), one publisher-confirm channel, and a give-up deadline after
+which the process should exit. Which driver errors are transient: adapters/rabbitmq/errors.py.
 
 aio-pika's robust connection restores channels and consumers by itself, but a connection can
 come back while a consumer does not (aio-pika issues #231, #563, #577, #668; reproduced here
@@ -15,67 +16,29 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
 
 import aio_pika
-import pamqp.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aio_pika.exceptions import (
-    AMQPError,
-    ChannelInvalidStateError,
-    ChannelPreconditionFailed,
-    DeliveryError,
-    ProbableAuthenticationError,
-    PublishError,
-)
-from aiormq.exceptions import ChannelAccessRefused  # aio-pika does not re-export it
 from yarl import URL
 
+from adapters.rabbitmq.backoff import RECONNECT_DELAYS_S, reconnecting
+from adapters.rabbitmq.errors import (
+    DRIVER_ERRORS,
+    alive,
+    closed_while_opening,
+    translated,
+)
+from adapters.rabbitmq.publishing import ConfirmedPublisher
 from application.errors import TransientError
 
 log = logging.getLogger(__name__)
 
-#: Driver errors that mean "the broker or the network failed, try again later". asyncio's
-#: TimeoutError is the builtin one on 3.11 (an OSError); both are named for clarity.
-DRIVER_ERRORS: tuple[type[BaseException], ...] = (
-    AMQPError, ChannelInvalidStateError, pamqp.exceptions.PAMQPException, ConnectionError,
-    OSError, asyncio.TimeoutError, RuntimeError,
-)
-#: Pauses between reconnection attempts (seconds); the last one repeats.
-RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 #: Bound on opening a connection or a channel (seconds): an open on a connection that is
 #: closing under our feet must not wait forever.
 OPEN_TIMEOUT_S = 10.0
-#: Broker refusals that no wait fixes: the credentials (ACCESS_REFUSED at login), an
-#: operation the user has no permission for, a queue that exists with other arguments
-#: (PRECONDITION_FAILED). A virtual host the user may not open is not one of them: a revoked
-#: permission, or a deployment that has created the user but not yet its rights, looks so.
-REFUSALS: tuple[type[BaseException], ...] = (
-    ProbableAuthenticationError, ChannelAccessRefused, ChannelPreconditionFailed,
-)
-
-T = TypeVar("T")
-
-
-class PublishRefused(TransientError):
-    """The broker nacked a publish: the queue refused it (a bound with `reject-publish`
-    reached, as on the dead-letter queues) or the broker failed to store it."""
-
-
-class BrokerUnavailable(TransientError):
-    """The broker could not be reached, or a queue not consumed, for longer than the
-    give-up time: the process should exit and let its orchestrator restart it."""
-
-
-@contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Re-raise driver errors of the block as `TransientError("<what>: <error>")`."""
-    try:
-        yield
-    except DRIVER_ERRORS as exc:
-        raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 def redacted(url: str) -> str:
@@ -84,60 +47,14 @@ def redacted(url: str) -> str:
     return str(parsed.with_password("******")) if parsed.password else url
 
 
-def _alive(connection: AbstractConnection | None) -> bool:
-    """Whether `connection` and its AMQP transport are open (aio-pika may not have noticed
-    yet that the transport closed)."""
-    if connection is None or connection.is_closed:
-        return False
-    transport = getattr(connection, "transport", None)  # aio-pika's UnderlayConnection
-    return transport is not None and not transport.connection.is_closed
-
-
-def backoff(delays_s: Sequence[float], attempt: int) -> float:
-    """The pause before reconnection attempt `attempt` (0-based): `delays_s[attempt]`, the
-    last delay repeating."""
-    return delays_s[min(attempt, len(delays_s) - 1)]
-
-
-def refusal(error: BaseException) -> BaseException | None:
-    """The broker's refusal (one of `REFUSALS`) that `error` is or was raised from (its
-    `__cause__` / `__context__` chain), None when there is none: waiting may fix `error`."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, REFUSALS):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-async def reconnecting(step: Callable[[], Awaitable[T]], deadline: float,
-                       delays_s: Sequence[float] = RECONNECT_DELAYS_S,
-                       transient: tuple[type[BaseException], ...] = (TransientError,),
-                       waiting: Callable[[BaseException, float], None] | None = None) -> T:
-    """`await step()` until it returns its result: the reconnection backoff (not the
-    processor's immediate re-attempts after a conflict, nor a delivery's delayed redelivery
-    through the retry queues). After a failure of `transient`, pause
-    `backoff(delays_s, attempt)` seconds (cut short at `deadline`) and try again; once the
-    event loop's clock (`loop.time()`, seconds) has reached `deadline`, that failure is
-    raised instead. `waiting(failure, pause_s)` is called before each pause (to log it) and
-    may raise to stop. Other errors propagate at once. The reconnection of a running
-    connection and the waits of a process's start-up both go through it."""
-    loop = asyncio.get_running_loop()
-    attempt = 0
-    while True:
-        try:
-            return await step()
-        except transient as failure:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise
-            pause = min(backoff(delays_s, attempt), left)
-            if waiting is not None:
-                waiting(failure, pause)
-            await asyncio.sleep(pause)
-            attempt += 1
+async def _open_channel(connection: AbstractConnection, **options: Any) -> AbstractChannel:
+    """A channel on `connection` with aio-pika's `options`, opened within `OPEN_TIMEOUT_S`
+    seconds. Raises `ClosedWhileOpening` when the connection closed meanwhile (aiormq says
+    so with a plain `RuntimeError`), `DRIVER_ERRORS` otherwise; a `RuntimeError` on a
+    connection still open is a bug and propagates as it is."""
+    with closed_while_opening(connection):
+        async with asyncio.timeout(OPEN_TIMEOUT_S):
+            return await connection.channel(**options)
 
 
 class RabbitConnection:
@@ -177,7 +94,8 @@ class RabbitConnection:
         self.reconnections = 0
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
-        self._publishing: dict[str, list[asyncio.Future[None]]] = {}
+        #: publishes on the publishing channel of the moment
+        self.publisher = ConfirmedPublisher(lambda: self.channel, self._up, publish_timeout_s)
 
     def __repr__(self) -> str:
         return f"RabbitConnection({redacted(self._url)!r})"
@@ -200,9 +118,8 @@ class RabbitConnection:
         connection = await aio_pika.connect(
             self._url, timeout=OPEN_TIMEOUT_S, client_properties={"connection_name": self.name})
         try:
-            async with asyncio.timeout(OPEN_TIMEOUT_S):
-                channel = await connection.channel(publisher_confirms=True,
-                                                   on_return_raises=True)
+            channel = await _open_channel(connection, publisher_confirms=True,
+                                          on_return_raises=True)
         except BaseException:
             with contextlib.suppress(*DRIVER_ERRORS):
                 await connection.close()
@@ -238,25 +155,32 @@ class RabbitConnection:
             await reconnecting(self._reopen, started + self.give_up_after_s,
                           self.reconnect_delays_s, DRIVER_ERRORS)
         except DRIVER_ERRORS as exc:
-            self.failure = (f"the broker at {redacted(self._url)} stayed unreachable "
-                            f"for {loop.time() - started:.0f} s: {type(exc).__name__}: {exc}")
-            log.error("%s", self.failure)
-            self.failed.set()
+            self._give_up(f"the broker at {redacted(self._url)} stayed unreachable for "
+                          f"{loop.time() - started:.0f} s: {type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # a bug, not the broker: no wait fixes it
+            log.exception("recovering the connection to %s", redacted(self._url))
+            self._give_up(f"recovering the connection to {redacted(self._url)} failed: "
+                          f"{type(exc).__name__}: {exc}")
             return
         self.reconnections += 1
         log.warning("recovered the connection to %s after %.1f s", redacted(self._url),
                     loop.time() - started)
 
+    def _give_up(self, failure: str) -> None:
+        self.failure = failure
+        log.error("%s", failure)
+        self.failed.set()
+
     async def _reopen(self) -> None:
         connection = self._connection
-        if not _alive(connection):
+        if not alive(connection):
             await self._connect()
             return
         # only the publishing channel went (a channel-level error): reopen it, the consuming
         # channels on this connection are unaffected
-        async with asyncio.timeout(OPEN_TIMEOUT_S):
-            channel = await connection.channel(  # type: ignore[union-attr]
-                publisher_confirms=True, on_return_raises=True)
+        channel = await _open_channel(connection,  # type: ignore[arg-type]
+                                      publisher_confirms=True, on_return_raises=True)
         self._channel = channel
         channel.close_callbacks.add(self._on_close)
         self._up.set()
@@ -291,100 +215,56 @@ class RabbitConnection:
         return self._channel
 
     async def publish(self, queue: str, message: aio_pika.Message) -> None:
-        """Publish `message` on the default exchange to `queue` (mandatory) and wait for the
-        publisher confirm, waiting for a reconnection first if need be. Raises
-        `PublishRefused` on a nack (the message did not arrive), `TransientError` on an
-        unroutable message (no such queue), a timeout or a lost channel (the message may then
-        have arrived or not)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.publish_timeout_s
-        message_id = message.message_id  # None: aiormq gives the message a random ID
-        try:
-            if message_id is not None:
-                if message_id in self._publishing:
-                    await self._wait_turn(message_id, deadline)
-                self._publishing[message_id] = []
-            try:
-                if not self._up.is_set():
-                    async with asyncio.timeout_at(deadline):
-                        await self._up.wait()
-                # aiormq bounds the write and the confirm with its own timeout
-                await self.channel.default_exchange.publish(
-                    message, routing_key=queue, mandatory=True,
-                    timeout=max(deadline - loop.time(), 0.001))
-            finally:
-                if message_id is not None:
-                    self._end_turn(message_id)
-        except PublishError as exc:
-            raise TransientError(f"publish to {queue!r}: unroutable (no such queue)") from exc
-        except DeliveryError as exc:
-            raise PublishRefused(f"publish to {queue!r}: nacked by the broker") from exc
-        except DRIVER_ERRORS as exc:
-            raise TransientError(f"publish to {queue!r}: {type(exc).__name__}: {exc}") from exc
-
-    # aiormq matches a returned (unroutable) message to its publish by message ID: two
-    # publishes of one ID in flight at once (concurrent finishers re-dispatching) could swap
-    # their outcomes and report an unroutable copy as confirmed. One publish of an ID at a
-    # time: `_publishing` maps the ID in flight to the futures of those waiting for it.
-
-    async def _wait_turn(self, message_id: str, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout_at(deadline):
-            while (waiting := self._publishing.get(message_id)) is not None:
-                turn = loop.create_future()
-                waiting.append(turn)
-                await turn  # woken when that publish ends; the first one awake goes next
-
-    def _end_turn(self, message_id: str) -> None:
-        for turn in self._publishing.pop(message_id, ()):
-            if not turn.done():
-                turn.set_result(None)
+        """Publish `message` to `queue` and wait for its confirm, waiting for a reconnection
+        first if need be, within `publish_timeout_s` (`ConfirmedPublisher.publish`: its
+        errors)."""
+        await self.publisher.publish(queue, message)
 
     async def open_channel(self, prefetch: int | None = None) -> AbstractChannel:
         """A new plain channel on the current connection (no publisher confirms), with at most
         `prefetch` unacked deliveries when given. Its owner watches and re-creates it: it is
         not restored after a reconnection. Raises `TransientError` while disconnected."""
         connection = self._connection
-        if not _alive(connection) or not self._up.is_set():
+        if not alive(connection) or not self._up.is_set():
             raise TransientError(f"not connected to {redacted(self._url)}")
         with translated("opening a channel"):
-            async with asyncio.timeout(OPEN_TIMEOUT_S):
-                channel = await connection.channel(  # type: ignore[union-attr]
-                    publisher_confirms=False)
-                if prefetch is not None:
+            channel = await _open_channel(connection,  # type: ignore[arg-type]
+                                          publisher_confirms=False)
+            if prefetch is not None:
+                async with asyncio.timeout(OPEN_TIMEOUT_S):
                     await channel.set_qos(prefetch_count=prefetch)
         return channel
 
-    async def queue_counts(self, queue: str) -> tuple[int, int]:
-        """(ready messages, consumers) of `queue` as the broker counts them now, through a
-        passive declare on a channel of its own (a missing queue closes that channel only).
-        Raises `TransientError` when disconnected or the queue does not exist."""
+    @asynccontextmanager
+    async def _own_channel(self) -> AsyncIterator[AbstractChannel]:
         channel = await self.open_channel()
         try:
-            with translated(f"inspecting {queue!r}"):
-                declared = await channel.declare_queue(queue, passive=True)
-            result = declared.declaration_result
-            return result.message_count or 0, result.consumer_count or 0
+            yield channel
         finally:
             with contextlib.suppress(*DRIVER_ERRORS):
                 if not channel.is_closed:
                     await channel.close()
 
+    async def queue_counts(self, queue: str) -> tuple[int, int]:
+        """(ready messages, consumers) of `queue` as the broker counts them now, through a
+        passive declare on a channel of its own (a missing queue closes that channel only).
+        Raises `TransientError` when disconnected or the queue does not exist."""
+        async with self._own_channel() as channel:
+            with translated(f"inspecting {queue!r}"):
+                declared = await channel.declare_queue(queue, passive=True)
+            result = declared.declaration_result
+            return result.message_count or 0, result.consumer_count or 0
+
     async def queue_exists(self, queue: str) -> bool:
         """Whether `queue` exists, through a passive declare on a channel of its own. Raises
         `TransientError` when disconnected or the broker fails otherwise."""
-        channel = await self.open_channel()
-        try:
+        async with self._own_channel() as channel:
             with translated(f"looking for {queue!r}"):
                 try:
                     await channel.declare_queue(queue, passive=True)
                 except aio_pika.exceptions.ChannelNotFoundEntity:
                     return False
             return True
-        finally:
-            with contextlib.suppress(*DRIVER_ERRORS):
-                if not channel.is_closed:
-                    await channel.close()
 
     async def close(self) -> None:
         """Stop supervising and close the connection and its channels; unacked deliveries

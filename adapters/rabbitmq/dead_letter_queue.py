@@ -15,8 +15,9 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import PublishRefused, RabbitConnection, translated
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import producer_of, text_headers
+from adapters.rabbitmq.errors import PublishRefused, translated
 from adapters.rabbitmq.topology import queue_names
 from application.dead_letter_copies import dead_letter_of
 from application.envelope import REASON_HEADER

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from aio_pika import ExchangeType
 from aio_pika.abc import AbstractChannel
 
-from adapters.rabbitmq.connection import translated
+from adapters.rabbitmq.errors import translated
 
 
 @dataclass(frozen=True)

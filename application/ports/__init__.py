@@ -6,6 +6,7 @@ X` for every port.
 
 from application.ports.dead_letters import DeadLetterQuery, DeadLetterStore, HeldDeadLetter
 from application.ports.endpoint import Ports
+from application.ports.inspection import AtRest, StoreInspection
 from application.ports.messaging import (
     DeadLetterPublisher,
     Delivery,
@@ -45,6 +46,7 @@ from application.ports.tokens import IncomingTokens, PutResult, RequestStore, To
 __all__ = [
     "ApiPolicy",
     "ApiResult",
+    "AtRest",
     "BlobStore",
     "Clear",
     "Clock",
@@ -75,6 +77,7 @@ __all__ = [
     "SpanValue",
     "StateStream",
     "StoreGauges",
+    "StoreInspection",
     "StoredReplies",
     "SweeperQueries",
     "ThirdPartyApis",

@@ -19,8 +19,8 @@ import pytest
 
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
-from adapters.postgres import sql
 from adapters.postgres.request_store import PostgresRequestStore
+from adapters.postgres.sql import batch
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
 from adapters.system.clock import ManualClock
@@ -648,12 +648,12 @@ class TestPostgresTransactionalStore(TransactionalStoreContract):
             n, parts = 30, [f"p{i}" for i in range(1, 31)]
             ids = [uuid.uuid4() for _ in parts]
             statements = {
-                "LOAD_MANY": (sql.LOAD_MANY, [store.endpoint, parts, ids]),
-                "INSERT_LOAD_MANY": (sql.INSERT_LOAD_MANY, [store.endpoint, parts, ids]),
-                "COMMIT_MANY": (sql.COMMIT_MANY, [
+                "LOAD_MANY": (batch.LOAD_MANY, [store.endpoint, parts, ids]),
+                "INSERT_LOAD_MANY": (batch.INSERT_LOAD_MANY, [store.endpoint, parts, ids]),
+                "COMMIT_MANY": (batch.COMMIT_MANY, [
                     store.endpoint, parts, [0] * n, [{}] * n, ids, ids, clock.now(),
                     *[[]] * 8, *[[]] * 6, [None] * n, [None] * n]),
-                "CLEAR_MANY": (sql.CLEAR_MANY, [
+                "CLEAR_MANY": (batch.CLEAR_MANY, [
                     store.endpoint, parts, [1] * n, ids, *[[]] * 3, *[[]] * 5]),
             }
             async with store.pool.acquire() as conn:

@@ -30,9 +30,9 @@ from application.errors import Crash
 from application.inbox_relay import InboxRelay
 from application.observability import INBOX_RELAYED, TRANSACTION_COMMITTED
 from application.ports import Inbox, InboxClaim
+from application.workers import Workers
 from entrypoints.local import LocalContainer
 from entrypoints.settings import Settings, load_settings, resolve_service
-from entrypoints.system import System
 from tests.support.counters.endpoints import Add
 from tests.support.counters.registry import SPEC
 from tests.support.processes import (
@@ -73,13 +73,13 @@ def _settings(where: Where, tmp_path: Path) -> Settings:
 
 
 @asynccontextmanager
-async def _system(where: Where, tmp_path: Path) -> AsyncIterator[tuple[LocalContainer, System]]:
+async def _system(where: Where, tmp_path: Path) -> AsyncIterator[tuple[LocalContainer, Workers]]:
     """The counters on the local profile's adapters (the container's resources started)."""
     settings = _settings(where, tmp_path)
     container = LocalContainer(settings=settings, service=resolve_service(settings))
     await container.init_resources()  # type: ignore[misc]
     try:
-        yield container, await container.system()  # type: ignore[misc]
+        yield container, await container.workers()  # type: ignore[misc]
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
 

@@ -253,7 +253,7 @@ async def test_the_counter_spends_over_http_and_deletes_the_request() -> None:
         # the embedded wiring of counter, with the HTTP caller instead of the in-process one
         ports = replace(s.ports("counter"), http=c.http, services={"bank": c.base})
         counter = build_processor(s.registry["counter"].endpoint, ports,
-                                  s.service.strategy("counter"))
+                                  s.strategy("counter"))
         spend = token_envelope(Spend(ACCOUNT, 128), uuid.uuid4())
         await s.tokens.create("counter", [spend])
         assert await counter.process(spend) is Outcome.PROCESSED

@@ -37,8 +37,9 @@ from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.postgres.transactional_store import PostgresTransactionalStore
-from adapters.rabbitmq.connection import PublishRefused, RabbitConnection
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.rabbitmq.errors import PublishRefused
 from adapters.rabbitmq.topology import declare
 from adapters.system.clock import ManualClock
 from application.envelope import Envelope

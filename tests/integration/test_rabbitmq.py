@@ -22,10 +22,11 @@ import pika
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import BrokerUnavailable, RabbitConnection
+from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.delivery import RabbitDelivery
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
+from adapters.rabbitmq.errors import BrokerUnavailable
 from adapters.rabbitmq.topology import QueueNames, declare, retry_index
 from application.envelope import (
     ATTEMPTS_HEADER,
@@ -324,7 +325,7 @@ async def test_concurrent_publishes_of_one_message_id_keep_their_own_outcomes(
     assert all(isinstance(o, TransientError) and "unroutable" in str(o)
                for o in outcomes[1::2])
     assert await rabbit.depth(rabbit.names.work) == 10
-    assert rabbit.publisher._publishing == {}  # nothing kept per message ID afterwards
+    assert rabbit.publisher.publisher.waiting == {}  # nothing kept per message ID afterwards
 
 
 async def test_a_publish_cancelled_while_waiting_its_turn_leaves_nothing_behind(
@@ -338,7 +339,7 @@ async def test_a_publish_cancelled_while_waiting_its_turn_leaves_nothing_behind(
     await first
     with pytest.raises(asyncio.CancelledError):
         await second
-    assert rabbit.publisher._publishing == {}
+    assert rabbit.publisher.publisher.waiting == {}
     await dispatcher.dispatch(rabbit.names.work, envelope)  # the ID is free again
     assert await rabbit.depth(rabbit.names.work) == 2
 
@@ -428,8 +429,8 @@ async def test_a_message_that_keeps_killing_consumers_is_dead_lettered_by_the_br
 
 
 async def _underlay_consumers(source: RabbitSource) -> dict[str, Any]:
-    assert source._channel is not None  # the channel the source consumes on now
-    underlay: Any = await source._channel.get_underlay_channel()
+    assert source.subscription.channel is not None  # the channel the source consumes on now
+    underlay: Any = await source.subscription.channel.get_underlay_channel()
     return underlay.consumers  # type: ignore[no-any-return]
 
 
@@ -442,8 +443,8 @@ async def test_watchdog_recreates_a_consumer_the_broker_no_longer_lists(rabbit: 
                           watchdog_s=0.5, watchdog_interval_s=0.1)
     await source.start(4)
     async with pumped(source) as received:
-        underlay: Any = await source._channel.get_underlay_channel()  # type: ignore[union-attr]
-        await underlay.basic_cancel(source._tag)
+        underlay: Any = await source.subscription.channel.get_underlay_channel()  # type: ignore[union-attr]
+        await underlay.basic_cancel(source.subscription.tag)
         sent = valid()
         await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, sent)
         delivery = await asyncio.wait_for(received.get(), 5.0)
@@ -477,8 +478,8 @@ async def test_watchdog_recreates_a_consumer_that_receives_but_never_yields(
         async def swallow(_message: Any) -> None:
             return None
 
-        assert source._tag is not None
-        consumers[source._tag] = swallow  # deliveries vanish inside the client library
+        assert source.subscription.tag is not None
+        consumers[source.subscription.tag] = swallow  # deliveries vanish inside the client library
         sent = [valid(), valid()]
         for envelope in sent:
             await RabbitDispatcher(rabbit.publisher).dispatch(rabbit.names.work, envelope)
@@ -511,6 +512,46 @@ async def test_a_source_that_cannot_consume_again_raises_broker_unavailable(
     with pytest.raises(BrokerUnavailable, match="no consumer"):
         await asyncio.wait_for(pending, 10.0)
     await declare(rabbit.publisher, rabbit.names.work, DELAYS, 5)  # for the teardown
+
+
+class BuggyChannels(RabbitConnection):
+    """A connection whose channels after the first fail with a programming error."""
+
+    opened = 0
+
+    async def open_channel(self, prefetch: int | None = None) -> Any:
+        self.opened += 1
+        if self.opened > 1:
+            raise RuntimeError("a bug opening a channel")
+        return await super().open_channel(prefetch)
+
+
+async def test_a_bug_while_consuming_again_ends_the_deliveries_with_it(
+    rabbit: Rabbit, amqp_url: str,
+) -> None:
+    """A programming error while the source consumes again is not the broker away: it is
+    not retried for the connection's give-up time, the deliveries end and raise it."""
+    connection = BuggyChannels(amqp_url, reconnect_delays_s=(0.1,), give_up_after_s=60.0)
+    await connection.start()
+    try:
+        source = RabbitSource(connection, rabbit.names.work, DELAYS)
+        await source.start(1)
+
+        async def first() -> RabbitDelivery:
+            return await anext(source.deliveries())
+
+        pending = asyncio.create_task(first())
+        await asyncio.sleep(0.1)
+        assert source.subscription.channel is not None
+        loop = asyncio.get_running_loop()
+        closed = loop.time()
+        await source.subscription.channel.close()
+        with pytest.raises(RuntimeError, match="a bug opening a channel"):
+            await asyncio.wait_for(pending, 5.0)
+        assert loop.time() - closed < 2.0  # at once: not when the wait gave up
+        assert source.restarts == 0
+    finally:
+        await connection.close()
 
 
 async def test_a_delivery_of_a_closed_channel_publishes_no_copy(rabbit: Rabbit) -> None:
@@ -553,7 +594,7 @@ async def test_acks_settled_together_share_frames_and_none_is_lost_or_doubled(
         last = await asyncio.wait_for(received.get(), 5.0)
         assert last.envelope.message_id == more.message_id
         await last.ack()
-        acks = source._acks
+        acks = source.subscription.acks
         assert acks is not None
         assert acks.acked == 41
         assert acks.frames == 2 + (1 + 18) + 1 + 1  # before, after (above 21), 21, the last

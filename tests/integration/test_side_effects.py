@@ -21,7 +21,7 @@ import pytest
 
 from adapters.http.client import CalleeRefused, HttpxRequests, http_client_resource
 from adapters.memory.broker import MemoryBroker
-from adapters.memory.inbox import MemoryInbox
+from adapters.memory.http import InProcessHttp
 from adapters.memory.request_store import MemoryRequestStore
 from adapters.memory.token_store import MemoryTokenStore
 from adapters.memory.transactional_store import MemoryTransactionalStore
@@ -33,14 +33,17 @@ from application.codec import decode
 from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, RequestDeleted
 from application.failpoints import Failpoints
+from application.http_callee import HttpCallee
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT, CountingSink
 from application.outcome import Outcome
 from application.processor import Processor
 from application.strategy import Strategy
+from application.workers import Workers
 from entrypoints.callee_app import create_callee_app
+from entrypoints.composition import tunables_of, workers_of
+from entrypoints.embedded import memory_adapters
 from entrypoints.settings import load_settings, resolve_service
 from entrypoints.status import StatusServer, listening_socket
-from entrypoints.system import System
 from tests.support.counters.endpoints import COUNTER, Account, Reported, Spend, Tally
 from tests.support.counters.harness import take, token_envelope
 from tests.support.counters.registry import REGISTRY, SPEC
@@ -63,25 +66,25 @@ def moto_endpoint() -> Iterator[str]:
 
 
 def counters_over_http(blobs: S3BlobStore, failpoints: str | None, http: HttpxRequests,
-                       base: str) -> System:
+                       base: str) -> Workers:
     """The counters on memory stores and broker, with `blobs` and the `bank` callee at
     `base` (called through `http`); failpoints whose `crash` raises `Crash`."""
     settings = load_settings(service=SPEC)
-    clock = ManualClock()
-    return System(
-        resolve_service(settings, REGISTRY), settings, clock, SeededIds(11), CountingSink(),
-        MemoryBroker(), MemoryTokenStore(),
-        stores={r.name: MemoryTransactionalStore(clock) for r in REGISTRY},
-        requests={"bank": MemoryRequestStore()}, inboxes={"front": MemoryInbox(clock)},
-        streams={}, blobs=blobs, failpoints=Failpoints.from_spec(failpoints, crash),
-        http=http, urls={"bank": base})
+    service = resolve_service(settings, REGISTRY)
+    adapters = memory_adapters(service, ManualClock(), SeededIds(11), CountingSink(),
+                               MemoryBroker(), MemoryTokenStore(), blobs,
+                               Failpoints.from_spec(failpoints, crash))
+    callees: dict[str, HttpCallee] = {}
+    adapters = replace(adapters, http=InProcessHttp(callees, http), callee_urls={"bank": base},
+                       local_callees=callees)
+    return workers_of(service, adapters, tunables_of(settings))
 
 
 @dataclass
 class Wired:
     """The counters with S3 blobs and the bank served over HTTP."""
 
-    system: System
+    system: Workers
     base: str
     client: httpx.AsyncClient
     blobs: S3BlobStore
@@ -208,7 +211,7 @@ async def _assert_settled(w: Wired, debited: bool, strays: tuple[str, ...] = ())
         assert all(p.tr.message_id is None for p in store.partitions.values()), name
     clock = system.clock
     assert isinstance(clock, ManualClock)
-    clock.advance(timedelta(seconds=system.settings.cleanup_grace_s + 1))
+    clock.advance(system.grace + timedelta(seconds=1))
     for name in ("counter", "bank"):
         report_ = await system.sweeper(name).sweep()
         assert (report_.finished, report_.taken_over) == (0, 0), name

@@ -35,7 +35,7 @@ _ATTEMPT_GUARD = ("application/finisher.py",
                   """            if (tr.message_id, tr.attempt_id) != (message_id, attempt_id):
                 return False""", """            if False:
                 return False""")
-_COMPARE_AND_CLEAR = ("adapters/postgres/sql.py",
+_COMPARE_AND_CLEAR = ("adapters/postgres/sql/writes.py",
                       """   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
   RETURNING 1)\"\"\"""", """   WHERE endpoint = $1 AND partition_key = $2 AND $3::bigint IS NOT NULL
   RETURNING 1)\"\"\"""")
@@ -115,7 +115,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="postgres-clear-without-compare",
         guard="3.1: compare-and-clear (the fence's other half) in PostgreSQL's clear statements",
-        file="adapters/postgres/sql.py",
+        file="adapters/postgres/sql/writes.py",
         before="""   WHERE endpoint = $1 AND partition_key = $2 AND version = $3
   RETURNING 1)\"\"\"""",
         after="""   WHERE endpoint = $1 AND partition_key = $2 AND $3::bigint IS NOT NULL
@@ -330,7 +330,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="processed-claim-does-nothing-on-conflict",
         guard="4: the processed-message row claims the message ID; the commit that loses "
               "the claim (a concurrent commit of the ID on another partition) rolls back whole",
-        file="adapters/postgres/sql.py",
+        file="adapters/postgres/sql/writes.py",
         before="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24, $27, $28 FROM tr WHERE $8),""",
         after="""  SELECT $1, $5, $2, to_jsonb($18::jsonb[]), $7, $24, $27, $28 FROM tr WHERE $8
   ON CONFLICT (endpoint, producer, message_id) DO NOTHING),""",

@@ -35,9 +35,9 @@ async def test_demo_passes_its_oracle_and_the_oracle_catches_a_doubled_line(
     duplicating = DuplicatingDispatcher(container.broker(), 0.15, rng, late_s=0.2)
     container.dispatcher.override(duplicating)
     sample = generate(0.001)
-    system = container.system()
+    system = container.workers()
     report = await run_demo(system, sample, duplicating, consumers=2, rng=rng,
-                            credit_limit=settings.credit_limit)
+                            credit_limit=settings.credit_limit, settings=settings)
     assert report.oracle.violations == []
     assert report.ok
     assert report.oracle.confirmed + report.oracle.rejected == 1500

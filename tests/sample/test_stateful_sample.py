@@ -96,7 +96,7 @@ class SampleMachine(RuleBasedStateMachine):
 
     def _processor(self, name: str, spec: str | None = None) -> Processor:
         return build_processor(self.system.registry[name].endpoint, self.system.ports(name),
-                               self.system.service.strategy(name),
+                               self.system.strategy(name),
                                Failpoints.from_spec(spec, _crash))
 
     def _settle(self, index: int, spec: str | None = None) -> None:

@@ -15,9 +15,11 @@ from adapters.http.apis import ApiEndpoint, HttpxApis, retry_after_s
 from application.errors import PermanentError, TransientError
 from application.registry import Registration, Registry, RegistryError, ThirdPartyApi
 from application.strategy import Strategy
-from entrypoints.local import LocalContainer, provided, shutdown_resources
+from application.workers import api_policies
+from entrypoints.composition import tunables_of
+from entrypoints.local import LocalContainer
+from entrypoints.resources import provided, shutdown_resources
 from entrypoints.settings import SettingsError, load_settings, resolve_service
-from entrypoints.system import api_policies
 from tests.support.shipping import SHIPPING
 from tests.support.shipping_service import REGISTRY
 
@@ -38,9 +40,10 @@ def test_the_registry_refuses_an_undeclared_api_and_the_outbox_and_state_strateg
 def test_settings_may_shorten_a_keys_window_never_lengthen_it() -> None:
     settings = load_settings(apis={"carrier": {"key_retention_s": 600}})
     resolve_service(settings, REGISTRY)
-    assert api_policies(REGISTRY, settings)["carrier"].key_retention == timedelta(minutes=10)
-    assert api_policies(REGISTRY, load_settings())["carrier"].key_retention == timedelta(
-        hours=24)
+    policies = api_policies(REGISTRY, tunables_of(settings))
+    assert policies["carrier"].key_retention == timedelta(minutes=10)
+    policies = api_policies(REGISTRY, tunables_of(load_settings()))
+    assert policies["carrier"].key_retention == timedelta(hours=24)
     longer = load_settings(apis={"carrier": {"key_retention_s": 25 * 3600}})
     with pytest.raises(SettingsError, match="EO_APIS__CARRIER__KEY_RETENTION_S: 90000 s is "
                                             "longer than the provider's"):

@@ -24,14 +24,12 @@ import asyncpg
 import httpx
 from pydantic import SecretStr
 
-from adapters.postgres.state_stream import PostgresStateStream
-from adapters.rabbitmq.dead_letter_queue import DeadLetterCollector
 from adapters.s3.blob_store import S3BlobStore, ensure_bucket, s3_client_resource
 from adapters.system.clock import OffsetClock, SystemClock
 from application.registry import Role
-from application.strategy import Strategy
-from entrypoints.local import LocalContainer, postgres_stores, provided
+from entrypoints.local import LocalContainer, dead_letter_collector, postgres_inspection
 from entrypoints.logs import configure_logging
+from entrypoints.resources import provided
 from entrypoints.settings import CalleeSettings, Service, Settings, resolve_service
 from tools.zygote import Zygote, ZygoteProcess
 
@@ -235,7 +233,7 @@ async def final_sweep(settings: Settings, service: Service) -> None:
                                service=service)
     await container.init_resources()  # type: ignore[misc]
     try:
-        system = await container.system()  # type: ignore[misc]
+        system = await provided(container.workers)
         later = OffsetClock(system.clock, timedelta(seconds=settings.cleanup_grace_s
                                                     + settings.stale_after_s + 1))
         for name in service.registry.names():
@@ -244,8 +242,10 @@ async def final_sweep(settings: Settings, service: Service) -> None:
             rabbit = await provided(container.rabbit)
             kept = await provided(container.dead_letter_store)
             for name in service.registry.consuming():
-                await DeadLetterCollector(rabbit, name, kept, container.service_user(),
-                                          system.events).drain()
+                collector = dead_letter_collector(settings, rabbit, name, kept,
+                                                  container.service_user(), system.events)
+                assert collector is not None  # EO_DEAD_LETTER_COLLECT is on
+                await collector.drain()
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
 
@@ -253,12 +253,7 @@ async def final_sweep(settings: Settings, service: Service) -> None:
 async def business_states(service: Service, pool: asyncpg.Pool) -> dict[str, dict[str, Any]]:
     """Every endpoint's business state per partition (callees included): the transaction
     records' states, or the stream's newest snapshots for a `state` endpoint."""
-    stores = postgres_stores(pool, SystemClock(), service.registry)
-    states = {name: await store.states() for name, store in stores.items()}
-    for r in service.registry:
-        if service.strategy(r.name) is Strategy.STATE:
-            states[r.name] = await PostgresStateStream(pool, r.name, r.endpoint.state_type,
-                                                       SystemClock()).states()
-    return states
+    inspection = postgres_inspection(pool, pool, SystemClock(), service)
+    return {name: await inspection.states(name) for name in service.registry.names()}
 
 

@@ -170,8 +170,8 @@ def _embedded_demo(settings: ToolSettings, service: Service, sample: TpchSample,
     container.events.override(CountingSink(StructlogEventSink() if log_file else None))
     duplicating = DuplicatingDispatcher(broker, duplicates, rng)
     container.dispatcher.override(duplicating)
-    return asyncio.run(run_demo(container.system(), sample, duplicating, consumers, rng,
-                                settings.credit_limit, advance, inbox_feed=feed))
+    return asyncio.run(run_demo(container.workers(), sample, duplicating, consumers, rng,
+                                settings.credit_limit, settings, advance, inbox_feed=feed))
 
 
 def _local_demo(settings: ToolSettings, service: Service, sample: TpchSample, consumers: int,

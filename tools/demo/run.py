@@ -19,8 +19,9 @@ from application.codec import encode
 from application.envelope import Envelope
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
 from application.settlement import Settler
+from application.workers import Workers
 from domain.sample.payments import open_account
-from entrypoints.system import System
+from entrypoints.settings import Settings
 from tools.tpch.data import TpchSample
 from tools.tpch.oracle import OracleResult, check_oracle, sandbox_executions
 
@@ -80,12 +81,13 @@ class DemoReport:
 
 
 async def run_demo(
-    system: System,
+    system: Workers,
     sample: TpchSample,
     duplicates: DuplicatingDispatcher,
     consumers: int,
     rng: random.Random,
     credit_limit: Decimal,
+    settings: Settings,
     on_progress: Callable[[int], None] = lambda _done: None,
     timeout_s: float = 600.0,
     inbox_feed: Sequence[Envelope] | None = None,
@@ -98,9 +100,10 @@ async def run_demo(
     With `inbox_feed` (the commands as the Spark ingest derived them) nothing is published
     by the producer: the commands are added to the gateway's inbox twice (a re-run producer:
     the second add finds every natural ID there) and an in-process relay publishes them,
-    through `duplicates` (which re-publishes a share, as a relay that crashed would)."""
+    through `duplicates` (which re-publishes a share, as a relay that crashed would).
+    `settings`: the consumers' prefetch and the grace periods the final sweep skips."""
     started = time.monotonic()
-    broker, settings = duplicates.broker, system.settings
+    broker = duplicates.broker
     for customer, balance in sample.customers:
         system.stores[PAYMENTS].seed_state(  # type: ignore[attr-defined]
             str(customer), open_account(customer, balance, credit_limit))
@@ -152,10 +155,10 @@ async def run_demo(
     return report
 
 
-async def _report(system: System, sample: TpchSample, duplicates: DuplicatingDispatcher,
+async def _report(system: Workers, sample: TpchSample, duplicates: DuplicatingDispatcher,
                   workers: list[Settler], seconds: float, credit_limit: Decimal
                   ) -> DemoReport:
-    stores: dict[str, Any] = system.stores
+    stores: Any = system.stores
     blob_keys = await system.blobs.keys() if system.blobs is not None else []
     oracle = check_oracle(sample, stores["orders"].states(), stores["ledger"].states(),
                           stores[PAYMENTS].states(), blob_keys, credit_limit,

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from adapters.memory.apis import SandboxApis
+from adapters.routed_apis import RoutedApis
 from application.registry import Registry
 from domain.sample.ledger import CustomerLedger
 from domain.sample.orders import CONFIRMED, REJECTED, Order
 from domain.sample.payments import Account
 from entrypoints.settings import SettingsError
-from entrypoints.system import RoutedApis
 from tools.tpch.data import TpchSample
 
 
@@ -112,7 +112,7 @@ def check_oracle(
 
 def sandbox_executions(apis: object, api: str = "carrier") -> dict[str, int] | None:
     """The executions per idempotency key of `api`'s in-process sandbox in `apis` (a
-    `System.apis`), or None when `api` is not served by one."""
+    `Workers.apis`), or None when `api` is not served by one."""
     route = apis.routes.get(api) if isinstance(apis, RoutedApis) else None
     return dict(route.provider.executions) if isinstance(route, SandboxApis) else None
 

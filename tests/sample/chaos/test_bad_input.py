@@ -60,6 +60,7 @@ from application.envelope import (
 )
 from application.errors import PermanentError
 from application.outcome import Outcome
+from application.workers import Workers
 from domain.context import Context
 from domain.sample import ledger as ledger_domain
 from domain.sample import orders as orders_domain
@@ -71,7 +72,6 @@ from domain.sample.messages import (
 )
 from domain.sample.orders import Order
 from entrypoints.settings import DEFAULT_SERVICE
-from entrypoints.system import System
 from tests.sample.support.bad_input import (
     DEAD,
     DUPLICATE,
@@ -425,7 +425,7 @@ async def test_a_campaign_of_bad_input_ends_processed_duplicate_or_dead_lettered
 # found by the campaign's design, checked in process (memory adapters)
 
 
-def _embedded() -> System:
+def _embedded() -> Workers:
     return sample_system()
 
 

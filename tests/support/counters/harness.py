@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -25,10 +25,11 @@ from application.http_callee import HttpCallee
 from application.observability import HANDLER_INVOKED, CountingSink
 from application.processor import Processor
 from application.settlement import Settler
+from application.strategy import Strategy
 from application.sweeper import Sweeper
+from application.workers import Workers
 from entrypoints.embedded import EmbeddedContainer
 from entrypoints.settings import load_settings, resolve_service
-from entrypoints.system import System
 from tests.support.counters.endpoints import Account
 from tests.support.counters.registry import REGISTRY
 from tests.support.world import crash
@@ -39,7 +40,7 @@ class Counters:
     """The counters service on memory adapters (`system`), with its adapters typed for the
     tests that read them directly."""
 
-    system: System
+    system: Workers
     broker: MemoryBroker
     clock: ManualClock
     events: CountingSink
@@ -97,9 +98,9 @@ class Counters:
     def worker(self, name: str, failpoints: str) -> Processor:
         """A worker of endpoint `name` with failpoints of its own (`crash` raises `Crash`)."""
         s = self.system
-        return build_processor(s.registry[name].endpoint, s.ports(name), s.service.strategy(name),
+        return build_processor(s.registry[name].endpoint, s.ports(name), s.strategy(name),
                                Failpoints.from_spec(failpoints, crash),
-                               s.settings.conflict_retries, s.grace)
+                               s.tunables.conflict_retries, s.grace)
 
 
 def counters(failpoints: str | None = None, seed: int = 11, colocated: bool = False,
@@ -119,11 +120,14 @@ def counters(failpoints: str | None = None, seed: int = 11, colocated: bool = Fa
     container.broker.override(broker)
     container.tokens.override(tokens)
     container.failpoints.override(Failpoints.from_spec(failpoints, crash))
-    system = container.system()
-    if colocated:  # before any worker is built: each takes its ports from the system
-        for name in system.token_receivers:
-            system.stores[name] = MemoryTransactionalStore(clock, tokens, name)
-        system.colocated_tokens = True
+    if colocated:  # before any worker is built: each takes its ports from the adapters
+        adapters = container.adapters()
+        stores: Any = adapters.stores  # the memory profile's dict, which inspection reads too
+        for name, strategy in container.service().strategies.items():
+            if strategy is Strategy.TOKEN and name in REGISTRY.consuming():
+                stores[name] = MemoryTransactionalStore(clock, tokens, name)
+        container.adapters.override(replace(adapters, colocated_tokens=True))
+    system = container.workers()
     return Counters(system, broker, clock, events, blobs, tokens)
 
 

@@ -13,7 +13,8 @@ from aio_pika.exceptions import (
 )
 from aiormq.exceptions import ChannelAccessRefused
 
-from adapters.rabbitmq.connection import reconnecting, refusal
+from adapters.rabbitmq.backoff import reconnecting
+from adapters.rabbitmq.errors import refusal
 from application.errors import PermanentError, TransientError
 
 

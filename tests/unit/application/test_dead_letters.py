@@ -32,7 +32,7 @@ from application.observability import MESSAGE_DEAD_LETTERED
 from application.outcome import Outcome
 from application.settlement import Settler
 from application.wire_text import clean
-from entrypoints.dead_letter_api import letter_json
+from entrypoints.dead_letter_views import letter_json
 from tests.support.counter import COUNTER
 from tests.support.counters import endpoints as counters
 from tests.support.world import World

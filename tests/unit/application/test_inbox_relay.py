@@ -198,7 +198,7 @@ async def test_the_gateway_sweeper_purges_relayed_rows_after_the_retention_windo
     await system.inbox.add(_commands(2))
     async with system.inbox.claim(3) as claim:
         await claim.mark_relayed(claim.envelopes)
-    clock.advance(timedelta(days=system.system.settings.retention_days, seconds=1))
+    clock.advance(system.system.tunables.retention + timedelta(seconds=1))
     report = await system.sweeper("front").sweep()
     assert report.purged_inbox == 3
     assert await system.inbox.count_pending() == 3  # pending rows stay, however old

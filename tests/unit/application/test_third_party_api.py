@@ -109,28 +109,9 @@ async def test_still_failing_after_the_tries_is_a_transient_error_and_later_succ
     assert provider.executions == {follow_up.id_text: 1}
 
 
-class TimingOut:
-    """A client whose timeout is shorter than the provider's work: the request goes on at
-    the provider while the client gives up (`TransientError`)."""
-
-    def __init__(self, provider: IdempotentProvider, timeout_s: float) -> None:
-        self.provider, self.timeout_s = provider, timeout_s
-        self.running: set[asyncio.Task[ApiResult]] = set()
-
-    async def send(self, api: str, method: str, path: str, body: bytes | None,
-                   idempotency_key: str) -> ApiResult:
-        task = asyncio.create_task(self.provider.handle(method, path, body, idempotency_key))
-        self.running.add(task)
-        task.add_done_callback(self.running.discard)
-        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
-        if not done:
-            raise TransientError(f"{method} {api}{path}: ReadTimeout")
-        return task.result()
-
-
 async def test_a_provider_slower_than_the_timeout_answers_409_then_the_stored_answer() -> None:
     provider = IdempotentProvider(latency_s=0.2)
-    client = TimingOut(provider, timeout_s=0.05)
+    client = SandboxApis(provider, timeout_s=0.05)  # the request goes on after the timeout
     world, _ = _world(provider, ApiPolicy(timedelta(hours=24), tries=10, backoff_s=(0.05,)),
                       apis=client)
     follow_up = await _ordered(world)

@@ -1,4 +1,4 @@
-"""The blob store a process builds (`entrypoints.local.blob_resource`) where its S3 API is not
+"""The blob store a process builds (`entrypoints.resources.blob_resource`) where its S3 API is not
 there: the local profile without `EO_S3_ENDPOINT_URL` starts moto, a development dependency
 the image does not carry; without it, start-up stops naming the settings (issue 26: the image
 died with a 125-line traceback ending in `No module named 'moto'`)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.local import blob_resource
+from entrypoints.resources import blob_resource
 from entrypoints.settings import SettingsError, load_settings
 from tests.support.counters.registry import REGISTRY  # its `counter` endpoint makes blobs
 
