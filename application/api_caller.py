@@ -30,7 +30,8 @@ from typing import Any
 
 from application.envelope import API_CALL_HEADER, API_DEADLINE_HEADER, Envelope
 from application.errors import PermanentError, TransientError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
+from application.null_tracer import NULL_TRACER
 from application.observability import API_CALLED
 from application.ports import (
     ApiPolicy,
@@ -150,9 +151,9 @@ class ApiCaller:
 
     def __init__(self, endpoint: str, apis: ThirdPartyApis | None,
                  policies: Mapping[str, ApiPolicy], clock: Clock, events: EventSink,
-                 failpoints: Failpoints | None = None,
+                 failpoints: Failpoints = NO_FAILPOINTS,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer = NULL_TRACER) -> None:
         """`tracer`: a `call <api>` span per send (kind client), with its answer's status."""
         self.endpoint, self.apis, self.policies = endpoint, apis, dict(policies)
         self.clock, self.events, self._fp, self._sleep = clock, events, failpoints, sleep
@@ -172,8 +173,6 @@ class ApiCaller:
 
     async def _send(self, apis: ThirdPartyApis, request: ApiRequest, content: bytes | None,
                     key: str, tried: int) -> ApiResult:
-        if self._tracer is None:
-            return await apis.send(request.api, request.method, request.path, content, key)
         with self._tracer.span(f"call {request.api}", SpanKind.CLIENT, {
                 "eo.api": request.api, "http.request.method": request.method,
                 "url.path": request.path, "eo.idempotency_key": key, "eo.send": tried}) as span:
@@ -216,8 +215,7 @@ class ApiCaller:
             self.events.emit(API_CALLED, endpoint=self.endpoint, message_id=key,
                              api=request.api, method=request.method, path=request.path,
                              status=result.status, send=tried)
-            if self._fp:
-                await self._fp.hit("after_api_call")
+            await self._fp.hit("after_api_call")
             status = result.status
             if status == 422:
                 raise PermanentError(f"{request.api} answered 422 to {request.method} "

@@ -16,7 +16,7 @@ from application.consumption import (
     Consumption,
     DeletedBeforeTheClear,
 )
-from application.failpoints import Failpoints
+from application.failpoints import Failpoints, or_no_failpoints
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
@@ -46,10 +46,12 @@ def build_finisher(name: str, ports: Ports, failpoints: Failpoints | None = None
                    cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
                    strategy: Strategy = Strategy.TOKEN) -> Finisher:
     """The `finish` of endpoint `name` (protocol 3.1) with its side-effect kinds; on the
-    outbox strategy it consumes no token (its messages come with none)."""
-    effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, failpoints)
+    outbox strategy it consumes no token (its messages come with none). `failpoints`: None
+    for none configured, as `Failpoints.from_spec` gives it (so for every builder here)."""
+    fp = or_no_failpoints(failpoints)
+    effects = SideEffects(ports.tokens, ports.dispatcher, ports.blobs, ports.http, fp)
     return Finisher(name, ports.store, consumption(name, ports, strategy), effects,
-                    ports.clock, ports.events, failpoints, cleanup_grace, ports.tracer)
+                    ports.clock, ports.events, fp, cleanup_grace, ports.tracer)
 
 
 def consumption(name: str, ports: Ports, strategy: Strategy = Strategy.TOKEN) -> Consumption:
@@ -91,6 +93,7 @@ def build_processor(
     `max_state_bytes`: the bound of a partition's state (`HandlerRunner`)."""
     if ports.colocated_tokens and not ports.store.holds_tokens:
         raise ValueError("colocated_tokens needs a transactional store that holds tokens")
+    failpoints = or_no_failpoints(failpoints)
     name, runner = endpoint.name, HandlerRunner(endpoint, max_state_bytes)
     finisher, batch = None, None
     path: Path
@@ -134,7 +137,8 @@ def build_callee(endpoint: Endpoint[Any], ports: Ports, requests: RequestStore,
     callee_ports = replace(ports, incoming=requests, colocated_tokens=False)
     processor = build_processor(endpoint, callee_ports, Strategy.TOKEN, failpoints,
                                 conflict_retries, cleanup_grace, max_state_bytes)
-    return HttpCallee(processor, requests, ports.store, ports.clock, request_type, failpoints)
+    return HttpCallee(processor, requests, ports.store, ports.clock, request_type,
+                      or_no_failpoints(failpoints))
 
 
 def build_sweeper(name: str, ports: Ports, finisher: Finisher,

@@ -4,8 +4,8 @@ Actions: `crash` (end the process at once), `raise` (a `TransientError`), `sleep
 `drop_conn` (close the broker connection), `wait:<gate>` (pause until a file named `<gate>`
 exists in the gates directory: a test opens the gate when what the pause waits for has
 happened, however long that took on a loaded machine). `@n` fires on the n-th hit only, `*n`
-on each of the first n hits, neither on every hit. Off unless configured: callers hold `None`
-instead of a `Failpoints` and test `if fp:` so an unset failpoint costs one truth test.
+on each of the first n hits, neither on every hit. Off unless configured: the collaborators
+then hold `NO_FAILPOINTS`, whose hits do nothing, and call `hit` unconditionally.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from application.errors import TransientError
 NAMES: frozenset[str] = frozenset(
     {
         "after_token_load", "after_tr_load", "after_token_check", "after_handler",
+        # the outbox path's (application/outbox_path.py): its check is the processed row's
+        "after_processed_check",
         "before_commit", "after_commit", "after_publish_all", "after_cleanup_aborted",
         "after_consume_token", "after_tr_clear", "before_ack",
         "after_put", "after_post", "before_delete", "after_delete", "after_api_call",
@@ -155,3 +157,31 @@ class Failpoints:
                 await asyncio.sleep(GATE_POLL_S)
         else:
             await asyncio.sleep(int(rule.action.split(":", 1)[1]) / 1000)
+
+
+def _no_crash(name: str) -> None:
+    raise AssertionError(f"failpoint {name}: no failpoint is configured, none can crash")
+
+
+class NoFailpoints(Failpoints):
+    """No failpoint configured: every `hit` does nothing and counts nothing, and a scoped
+    view is itself. The default wherever failpoints are taken (`NO_FAILPOINTS`)."""
+
+    def __init__(self) -> None:
+        super().__init__({}, _no_crash)
+
+    def scoped(self, prefix: str) -> Failpoints:
+        """Itself: no name of any prefix is configured."""
+        return self
+
+    async def hit(self, name: str) -> None:
+        """Nothing."""
+
+
+NO_FAILPOINTS: Failpoints = NoFailpoints()
+
+
+def or_no_failpoints(failpoints: Failpoints | None) -> Failpoints:
+    """`failpoints`, or `NO_FAILPOINTS` for None (what `Failpoints.from_spec` returns for an
+    empty spec): for the builders that take what `from_spec` gives as it is."""
+    return NO_FAILPOINTS if failpoints is None else failpoints

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
 from application import defaults
 from application.consumption import Consumption
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
+from application.null_tracer import NULL_TRACER
 from application.observability import (
     SIDE_EFFECT_CLEANED,
     SIDE_EFFECT_PUBLISHED,
@@ -61,9 +61,9 @@ class Finisher:
         effects: SideEffects,
         clock: Clock,
         events: EventSink,
-        failpoints: Failpoints | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
         cleanup_grace: timedelta = defaults.CLEANUP_GRACE,
-        tracer: Tracer | None = None,
+        tracer: Tracer = NULL_TRACER,
     ) -> None:
         """`consumption`: how the endpoint's incoming token is consumed with the clear
         (application/consumption.py: by the clear itself, by a delete before it, or none on
@@ -74,12 +74,9 @@ class Finisher:
         self._clock, self._events = clock, events
         self.effects = effects
         self._fp = failpoints
+        self._hit = failpoints.hit
         self._grace = cleanup_grace
         self._tracer = tracer
-
-    async def _hit(self, name: str) -> None:
-        if self._fp:
-            await self._fp.hit(name)
 
     async def finish(self, partition: str, message_id: uuid.UUID, attempt_id: uuid.UUID,
                      committed: Committed | None = None,
@@ -135,8 +132,6 @@ class Finisher:
         losers, consume, clear. `batched` (co-located tokens only): the publications run
         together and one `clear_many` consumes and clears them all; else there is one
         plan."""
-        if self._tracer is None:
-            return await self._steps(plans, batched)
         with self._tracer.span("finish", attributes={"eo.transactions": len(plans)}):
             return await self._steps(plans, batched)
 
@@ -150,24 +145,21 @@ class Finisher:
             for outcome in outcomes:  # every publication ended: raise the first failure
                 if isinstance(outcome, BaseException):
                     raise outcome
-        if fp:
-            await fp.hit("after_publish_all")
+        await fp.hit("after_publish_all")
         for plan in plans:
             await self._clean_up(plan.clear.aborted, plan.fields)
-        if fp:
-            await fp.hit("after_cleanup_aborted")
+        await fp.hit("after_cleanup_aborted")
         cleared = await self._consumption.consume_and_clear(
             self._store, [p.clear for p in plans], [p.message_id for p in plans],
             lambda i: ev.emit(TOKEN_CONSUMED, **plans[i].fields), self._hit, batched)
-        if fp:
-            await fp.hit("after_tr_clear")
+        await fp.hit("after_tr_clear")
         return cleared
 
     async def _publish(self, winners: Sequence[SideEffectRecord], fields: dict[str, str]
                        ) -> None:
         fp, published = self._fp, 0
         for rec in winners:
-            if self._tracer is None or rec.kind not in PUBLISHED_KINDS:
+            if rec.kind not in PUBLISHED_KINDS:  # nothing to publish: no span
                 done = await self.effects.publish(rec.kind, rec.key, rec.payload)
             else:
                 with self._tracer.span(f"publish {rec.kind}", _span_kind(rec),
@@ -177,15 +169,13 @@ class Finisher:
                 published += 1
                 self._events.emit(SIDE_EFFECT_PUBLISHED, kind=str(rec.kind), key=rec.key,
                                   **fields)
-                if fp:
-                    await fp.hit(f"after_publish:{published}")
+                await fp.hit(f"after_publish:{published}")
 
     async def _clean_up(self, aborted: Sequence[SideEffectRecord], fields: dict[str, str]
                         ) -> None:
         # losers go before the token: I8 holds once the message is consumed
-        for rec in aborted:  # rare (an attempt lost): one call site, traced or not
-            with (nullcontext() if self._tracer is None else
-                  self._tracer.span(f"clean up {rec.kind}", attributes=_attributes(rec))):
+        for rec in aborted:  # rare: an attempt lost
+            with self._tracer.span(f"clean up {rec.kind}", attributes=_attributes(rec)):
                 await self.effects.clean_up(rec.kind, rec.key, rec.payload)
             self._events.emit(SIDE_EFFECT_CLEANED, kind=str(rec.kind), key=rec.key,
                               loser_attempt_id=str(rec.attempt_id), **fields)

@@ -10,7 +10,7 @@ from typing import Any
 
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import PermanentError, TransientError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.ports import Clock, PutResult, RequestStore, StoredReplies
 from application.processor import Processor
 
@@ -52,7 +52,7 @@ class HttpCallee:
         replies: StoredReplies,
         clock: Clock,
         request_type: str,
-        failpoints: Failpoints | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
     ) -> None:
         self.processor = processor
         self.requests = requests
@@ -102,11 +102,10 @@ class HttpCallee:
         reply = await self.replies.stored_reply(request_id)
         if reply is None:
             return CalleeResponse(404, {"error": f"unknown request {request_id}"})
-        if self._fp:
-            try:
-                await self._fp.hit("before_reply")
-            except TransientError as exc:  # the reply is lost: the caller retries
-                return CalleeResponse(503, UNAVAILABLE, internal=str(exc))
+        try:
+            await self._fp.hit("before_reply")
+        except TransientError as exc:  # the reply is lost: the caller retries
+            return CalleeResponse(503, UNAVAILABLE, internal=str(exc))
         return CalleeResponse(reply.status, reply.body, stored=True)
 
     async def get(self, request_id: uuid.UUID) -> CalleeResponse:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from application.api_caller import ApiCaller
 from application.envelope import API_CALL_HEADER, REQUEST_URL_HEADER, Envelope, capped
 from application.errors import Conflict, Duplicate, PermanentError, TransientError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints, or_no_failpoints
 from application.ports import HttpRequests, IncomingTokens, PartitionStore
 from domain.context import HttpResponse
 
@@ -17,7 +17,7 @@ MAX_ERROR_BODY_CHARS = 200
 
 
 async def collect_response(
-    http: HttpRequests, url: str, failpoints: Failpoints | None
+    http: HttpRequests, url: str, failpoints: Failpoints | None = NO_FAILPOINTS
 ) -> HttpResponse | None:
     """POST the stored request at `url` and classify the answer (protocol 6, step 2).
 
@@ -25,10 +25,10 @@ async def collect_response(
     None for a 404 without the stored-response header (the caller decides: duplicate when
     its follow-up token is gone, else permanent). Raises `TransientError` for 5xx (and the
     port raises it for network errors) and `PermanentError` for any other 4xx.
+    `failpoints`: None stands for none configured (as `Failpoints.from_spec` gives it).
     """
     result = await http.post(url)
-    if failpoints:
-        await failpoints.hit("after_post")
+    await or_no_failpoints(failpoints).hit("after_post")
     if result.stored:
         return HttpResponse(status=result.status, body=result.body)
     if result.status == 404:
@@ -50,7 +50,7 @@ class HttpCaller:
     """
 
     def __init__(self, http: HttpRequests | None, tokens: IncomingTokens, store: PartitionStore,
-                 failpoints: Failpoints | None = None, api: ApiCaller | None = None) -> None:
+                 failpoints: Failpoints = NO_FAILPOINTS, api: ApiCaller | None = None) -> None:
         """`api`: the endpoint's third-party APIs (protocol 12), for follow-ups carrying a
         request to one of them."""
         self.http, self.tokens, self.store, self._fp = http, tokens, store, failpoints

@@ -8,7 +8,7 @@ from application.errors import Duplicate, MessageIdReused
 from application.ports import Clock, MessageDispatcher, ProcessedMessages
 from application.preparation import Prepared
 from application.records import ProcessedMessage
-from application.side_effects import envelope_of
+from application.side_effects import from_message_payload
 from application.transactional_path import Steps
 
 
@@ -40,7 +40,7 @@ class OutboxPath:
         async with steps.locks.hold(partition):
             loaded = await steps.settle_committed(partition, stored.message_id)
             await self.still_pending(stored)
-            await steps.hit("after_token_check")
+            await steps.hit("after_processed_check")
             await steps.run(stored, message, partition, loaded, self.processed_row)
 
     async def still_pending(self, stored: Envelope) -> None:
@@ -54,7 +54,7 @@ class OutboxPath:
             if not stored.same_message(row.digest, row.body_sha256):
                 raise MessageIdReused(stored.message_id)
             for out in row.outgoing:
-                destination, env = envelope_of(out["message_id"], out)
+                destination, env = from_message_payload(out["message_id"], out)
                 await self.dispatcher.dispatch(destination, env)
             raise Duplicate
 

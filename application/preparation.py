@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -21,7 +20,8 @@ from application.envelope import (
     lineage,
 )
 from application.errors import Conflict, PermanentError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
+from application.null_tracer import NULL_TRACER
 from application.outgoing_tokens import OutgoingTokens
 from application.ports import (
     BlobStore,
@@ -77,13 +77,13 @@ class Preparation:
         outgoing: OutgoingTokens,
         clock: Clock,
         ids: IdGenerator,
-        failpoints: Failpoints | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
         blobs: BlobStore | None = None,
         http: HttpRequests | None = None,
         services: Mapping[str, str] | None = None,
         renderer: DocumentRenderer | None = None,
         token_receivers: frozenset[str] | None = None,
-        tracer: Tracer | None = None,
+        tracer: Tracer = NULL_TRACER,
         api: ApiCaller | None = None,
     ) -> None:
         """`outgoing`: where outgoing messages' tokens are made (by the commit, or before
@@ -148,8 +148,7 @@ class Preparation:
         extra: list[SideEffectRecord] = []
         tokens: list[tuple[str, Envelope]] = []
         chain = lineage(incoming)
-        if self._tracer is not None:  # committed with the message: every copy has it
-            chain.update(self._tracer.headers())
+        chain.update(self._tracer.headers())  # committed with the message: every copy has it
         for index, out in enumerate(outgoing):
             destination = out.destination
             tokened = self._token_receivers is None or destination in self._token_receivers
@@ -216,8 +215,7 @@ class Preparation:
 
         async def put() -> None:
             await http.put(url, body)
-            if self._fp:
-                await self._fp.hit("after_put")
+            await self._fp.hit("after_put")
 
         version = await self._artifact(record(Kind.HTTP_REQUEST, url), version,
                                        create=put, delete=partial(http.delete, url))
@@ -230,17 +228,14 @@ class Preparation:
         create: Callable[[], Awaitable[None]],
         delete: Callable[[], Awaitable[None]],
     ) -> int:
-        """register -> create -> re-check one artifact (in a span when tracing is on);
-        returns the new expected version."""
-        with (nullcontext() if self._tracer is None else
-              self._tracer.span(f"create {rec.kind}", attributes={"eo.key": rec.key})):
+        """register -> create -> re-check one artifact (in a span); returns the new expected
+        version."""
+        with self._tracer.span(f"create {rec.kind}", attributes={"eo.key": rec.key}):
             store, fp = self._store, self._fp
             version = await store.register(rec, version)
-            if fp:
-                await fp.hit(f"after_register:{rec.kind}")
+            await fp.hit(f"after_register:{rec.kind}")
             await create()
-            if fp:
-                await fp.hit(f"after_create:{rec.kind}")
+            await fp.hit(f"after_create:{rec.kind}")
             if not await store.registration_valid(rec):
                 # another attempt committed and may have cleaned up already: our artifact would
                 # be an orphan nobody deletes (protocol 3.2, step 3)

@@ -7,7 +7,6 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from functools import partial
 from typing import Any, Protocol
 
 from application import defaults
@@ -15,6 +14,7 @@ from application.envelope import Envelope
 from application.errors import Conflict, Duplicate, TransientError
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
+from application.null_tracer import NULL_TRACER
 from application.observability import (
     MESSAGE_DUPLICATE,
     MESSAGE_RECEIVED,
@@ -48,11 +48,11 @@ class Processor:
     def __init__(self, endpoint: str, path: Path, runner: HandlerRunner,
                  events: EventSink, conflict_retries: int = defaults.CONFLICT_RETRIES,
                  finisher: Finisher | None = None, batch: TokenBatch | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer = NULL_TRACER) -> None:
         """`finisher`: the path's (None for the state strategy), for the sweeper and tests;
         `batch`: the batched token path (co-located tokens only), used by `process_batch`;
         `tracer`: a `process <endpoint>` span per delivery (its parent the message's trace
-        context) and one per batch (linking each message's), when tracing is on."""
+        context) and one per batch (linking each message's)."""
         self.endpoint, self.path, self.runner = endpoint, path, runner
         self.events, self.conflict_retries = events, conflict_retries
         self.finisher, self.batch, self.tracer = finisher, batch, tracer
@@ -68,17 +68,14 @@ class Processor:
 
     async def process(self, envelope: Envelope) -> Outcome:
         """Process one delivery; see the class docstring for the errors raised."""
-        if self.tracer is None:
-            return await self._attempts(envelope, self._received(envelope))
-        return await self._traced(self.tracer, envelope, received=True)
+        return await self._traced(envelope, received=True)
 
-    async def _traced(self, tracer: Tracer, envelope: Envelope, received: bool = False
-                      ) -> Outcome:
+    async def _traced(self, envelope: Envelope, received: bool = False) -> Outcome:
         """`_attempts` in a `process <endpoint>` span whose parent is the message's trace
         context (messaging semantic conventions' attributes, and `eo.outcome`); with
         `received`, `message.received` is emitted in it first."""
         m = envelope.id_text
-        with tracer.span(f"process {self.endpoint}", SpanKind.CONSUMER,
+        with self.tracer.span(f"process {self.endpoint}", SpanKind.CONSUMER,
                          message_attributes(self.endpoint, m),
                          parent=envelope.headers) as span:
             if received:
@@ -97,7 +94,7 @@ class Processor:
         tracer = self.tracer
         # a batch's own events in its span (once per batch), each message's in the message's
         batch_span: AbstractContextManager[object] = nullcontext()
-        if tracer is not None and self.batch is not None:
+        if self.batch is not None:
             batch_span = tracer.span(f"process batch {self.endpoint}", SpanKind.CONSUMER,
                                      {"messaging.destination.name": self.endpoint,
                                       "messaging.batch.message_count": len(envelopes)},
@@ -108,8 +105,7 @@ class Processor:
             if self.batch is not None:
                 results = await self.batch.run(envelopes)
         singles = [i for i in range(len(envelopes)) if i not in results]
-        attempts = self._attempts if tracer is None else partial(self._traced, tracer)
-        alone = await asyncio.gather(*(attempts(envelopes[i]) for i in singles),
+        alone = await asyncio.gather(*(self._traced(envelopes[i]) for i in singles),
                                      return_exceptions=True)
         for i, outcome in zip(singles, alone, strict=True):
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from application import defaults
 from application.errors import PermanentError, TransientError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.observability import (
     MESSAGE_DEAD_LETTERED,
     MESSAGE_RETRIED,
@@ -39,8 +39,9 @@ def batches_in_flight(prefetch: int, batch_size: int) -> int:
     return max(1, prefetch // batch_size - 1)
 
 
-class Consumer:
-    """Runs an endpoint's `Processor` on deliveries and settles each one.
+class Settler:
+    """Settles an endpoint's deliveries: runs its `Processor` on each (alone, or in batches)
+    and acks, retries or dead-letters the delivery by the outcome.
 
     - duplicate or processed: ack;
     - `PermanentError`: dead-letter with its reason (the token stays); the dead letter of a
@@ -58,7 +59,7 @@ class Consumer:
         processor: Processor,
         max_attempts: int = defaults.MAX_ATTEMPTS,
         retry_delays: Sequence[float] = defaults.RETRY_DELAYS_S,
-        failpoints: Failpoints | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
         dead_letter_body_bytes: int = defaults.DEAD_LETTER_BODY_BYTES,
         batch_size: int = 1,
         batch_wait_s: float = 0.0,
@@ -116,8 +117,7 @@ class Consumer:
                 delay_s=delay, reason=reason)
             self.counts[Outcome.RETRIED] += 1
             return Outcome.RETRIED
-        if self._fp:
-            await self._fp.hit("before_ack")
+        await self._fp.hit("before_ack")
         await delivery.ack()
         settlement = (Outcome.PROCESSED if result is Outcome.PROCESSED
                       else Outcome.DUPLICATE)

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from pydantic_core import from_json, to_json
 
 from application.envelope import Envelope
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.ports import BlobStore, HttpRequests, MessageDispatcher, TokenStore
 from application.records import Kind
 
@@ -19,7 +19,7 @@ class MessagePayload(Mapping[str, str]):
     """The side-effect record payload of an outgoing message (`message_payload`): its
     `destination`, and its `type`, `body` (UTF-8 text) and `headers` (JSON text), formatted
     only when read (a record that its token stands for is never stored as a row), while
-    `envelope_of` takes the envelope back without parsing them."""
+    `from_message_payload` takes the envelope back without parsing them."""
 
     __slots__ = ("_text", "destination", "envelope")
 
@@ -58,7 +58,7 @@ def message_payload(destination: str, envelope: Envelope) -> Mapping[str, str]:
     return MessagePayload(destination, envelope)
 
 
-def envelope_of(key: str, payload: Mapping[str, str]) -> tuple[str, Envelope]:
+def from_message_payload(key: str, payload: Mapping[str, str]) -> tuple[str, Envelope]:
     """Inverse of `message_payload`: (destination, envelope) of a message record whose
     payload is `payload` (a `MessagePayload`, or the mapping a store read back)."""
     if isinstance(payload, MessagePayload):
@@ -86,7 +86,7 @@ class SideEffects:
     dispatcher: MessageDispatcher
     blobs: BlobStore | None
     http: HttpRequests | None
-    failpoints: Failpoints | None = None
+    failpoints: Failpoints = NO_FAILPOINTS
 
     async def publish(self, kind: Kind, key: str, payload: Mapping[str, str]) -> bool:
         """Make a committed side effect visible. Returns False for kinds with nothing to
@@ -95,7 +95,7 @@ class SideEffects:
         if kind not in PUBLISHED_KINDS:
             return False
         if kind is Kind.MESSAGE:
-            destination, envelope = envelope_of(key, payload)
+            destination, envelope = from_message_payload(key, payload)
             await self.dispatcher.dispatch(destination, envelope)
             return True
         await self._http_delete(key)  # Kind.HTTP_DELETE
@@ -129,8 +129,6 @@ class SideEffects:
         if self.http is None:
             return
         fp = self.failpoints
-        if fp:
-            await fp.hit("before_delete")
+        await fp.hit("before_delete")
         await self.http.delete(url)
-        if fp:
-            await fp.hit("after_delete")
+        await fp.hit("after_delete")

@@ -47,9 +47,10 @@ from typing import Any
 from application.codec import encode
 from application.envelope import TRACE_HEADERS, Envelope, lineage
 from application.errors import Duplicate, MessageIdReused, PermanentError
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.handler_runner import HandlerRunner
 from application.locks import PartitionLocks
+from application.null_tracer import NULL_TRACER, NullTracer
 from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
 from application.ports import (
     Clock,
@@ -123,31 +124,26 @@ class StatePath:
         clock: Clock,
         ids: IdGenerator,
         events: EventSink,
-        failpoints: Failpoints | None = None,
-        tracer: Tracer | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
+        tracer: Tracer = NULL_TRACER,
     ) -> None:
-        """`tracer`: a span per publication, and the outputs carry the incoming message's
-        trace context (`outgoing_envelopes`)."""
+        """`tracer`: a span per publication; where tracing is on (any tracer but
+        `NULL_TRACER`), the outputs carry the incoming message's trace context
+        (`outgoing_envelopes`)."""
         self.endpoint, self.runner, self.stream = endpoint, runner, stream
         self.dispatcher = dispatcher
         self.clock, self.ids, self.events = clock, ids, events
-        self._fp = failpoints
+        self._hit = failpoints.hit
         self._tracer = tracer
-        self._traced = tracer is not None
+        # what the outputs carry, not a cost: a trace context only where tracing is on
+        self._traced = not isinstance(tracer, NullTracer)
         self._locks = PartitionLocks()
 
-    async def _hit(self, name: str) -> None:
-        if self._fp:
-            await self._fp.hit(name)
-
     async def _publish(self, destination: str, out: Envelope) -> None:
-        if self._tracer is None:
-            return await self.dispatcher.dispatch(destination, out)
         with self._tracer.span("publish message", SpanKind.PRODUCER, {
                 "messaging.destination.name": destination, "messaging.message.id": out.id_text,
                 "messaging.operation.type": "send"}):
             await self.dispatcher.dispatch(destination, out)
-        return None
 
     async def attempt(self, envelope: Envelope) -> None:
         """Process one delivery; see the class docstring."""

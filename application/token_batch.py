@@ -123,7 +123,7 @@ class TokenBatch:
         """One round; a statement's error is raised after every attempt of the round that
         ran its handler and did not commit was logged as abandoned."""
         started: dict[int, Attempt] = {}  # item index -> its attempt
-        spans: dict[int, Span] = {}  # item index -> its message's span (tracing on)
+        spans: dict[int, Span] = {}  # item index -> its message's span
         try:
             await self._round_of(todo, settled, singly, started, spans)
         except Exception as exc:
@@ -135,11 +135,10 @@ class TokenBatch:
 
     @staticmethod
     def _ended(spans: dict[int, Span], index: int, outcome: str) -> None:
-        """End the span of item `index` (if traced) with `eo.outcome` = `outcome`."""
-        span = spans.pop(index, None)
-        if span is not None:
-            span.set("eo.outcome", outcome)
-            span.end()
+        """End the span of item `index` with `eo.outcome` = `outcome`."""
+        span = spans.pop(index)
+        span.set("eo.outcome", outcome)
+        span.end()
 
     def _abandoned(self, a: Attempt, reason: str) -> None:
         self.steps.events.emit(ATTEMPT_ABANDONED, **a.fields, reason=f"{reason}: processed alone")
@@ -172,20 +171,17 @@ class TokenBatch:
         requests: list[tuple[_Item, Attempt, CommitRequest]] = []
         for item, stored, load in ready:
             a = steps.begin(stored, item.message, item.partition, load)
-            if tracer is None:
+            # the message's own span, in its trace: its outputs carry it
+            span = spans[item.index] = tracer.start(
+                f"process {steps.endpoint}", SpanKind.CONSUMER,
+                {**message_attributes(steps.endpoint, a.fields["message_id"]),
+                 "eo.attempt_id": a.fields["attempt_id"], "eo.partition": a.partition},
+                parent=stored.headers)
+            with span.current():
                 request, reason = await self._decide(a)
-            else:  # the message's own span, in its trace: its outputs carry it
-                span = spans[item.index] = tracer.start(
-                    f"process {steps.endpoint}", SpanKind.CONSUMER,
-                    {**message_attributes(steps.endpoint, a.fields["message_id"]),
-                     "eo.attempt_id": a.fields["attempt_id"], "eo.partition": a.partition},
-                    parent=stored.headers)
-                with span.current():
-                    request, reason = await self._decide(a)
             if request is None:
                 self._abandoned(a, reason)
-                if spans:
-                    self._ended(spans, item.index, "processed alone")
+                self._ended(spans, item.index, "processed alone")
                 singly.add(item.partition)
             else:
                 started[item.index] = a
@@ -194,11 +190,8 @@ class TokenBatch:
         if not requests:
             return
         await steps.hit("before_commit")
-        if tracer is None:
+        with tracer.span("commit", attributes={"eo.transactions": len(requests)}):
             committed = await steps.store.commit_many([r for _, _, r in requests])
-        else:
-            with tracer.span("commit", attributes={"eo.transactions": len(requests)}):
-                committed = await steps.store.commit_many([r for _, _, r in requests])
         done = []
         for (item, a, request), result in zip(requests, committed, strict=True):
             started.pop(item.index)  # committed or refused: ended either way
@@ -207,14 +200,10 @@ class TokenBatch:
                                   message_id=a.fields["message_id"], partition=item.partition,
                                   reason=f"partition {item.partition}: batch commit at "
                                          f"v{request.expected_version} refused")
-                if spans:
-                    self._ended(spans, item.index, "conflict")
+                self._ended(spans, item.index, "conflict")
                 singly.add(item.partition)
                 continue
-            if spans:  # the message's event, in the message's trace
-                with spans[item.index].current():
-                    steps.events.emit(TRANSACTION_COMMITTED, **a.fields)
-            else:
+            with spans[item.index].current():  # the message's event, in the message's trace
                 steps.events.emit(TRANSACTION_COMMITTED, **a.fields)
             done.append((item, a, result))
         await steps.hit("after_commit")
@@ -225,8 +214,7 @@ class TokenBatch:
                                           [a.fields for _, a, _ in done])
         for item, _, _ in done:
             settled[item.index] = Outcome.PROCESSED
-            if spans:
-                self._ended(spans, item.index, str(Outcome.PROCESSED))
+            self._ended(spans, item.index, str(Outcome.PROCESSED))
 
     async def _decide(self, a: Attempt) -> tuple[CommitRequest | None, str]:
         """Attempt `a`'s decision as a commit request, or None and why the message needs

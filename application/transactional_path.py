@@ -7,17 +7,18 @@ messages, with one statement per step for all of them."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from application.envelope import Envelope
 from application.errors import Conflict, Duplicate
-from application.failpoints import Failpoints
+from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
 from application.http_caller import HttpCaller
 from application.locks import PartitionLocks
+from application.null_tracer import NULL_TRACER
 from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
 from application.ports import (
     Clock,
@@ -52,8 +53,8 @@ class PathParts:
     clock: Clock
     ids: IdGenerator
     events: EventSink
-    failpoints: Failpoints | None = None
-    tracer: Tracer | None = None
+    failpoints: Failpoints = NO_FAILPOINTS
+    tracer: Tracer = NULL_TRACER
 
 
 @dataclass(frozen=True)
@@ -79,15 +80,11 @@ class Steps:
         self.preparation, self.finisher, self.caller = (parts.preparation, parts.finisher,
                                                         parts.caller)
         self.clock, self.ids, self.events = parts.clock, parts.ids, parts.events
-        self._fp = parts.failpoints
+        #: count a hit of failpoint `name` (nothing when none is configured)
+        self.hit: Callable[[str], Awaitable[None]] = parts.failpoints.hit
         self.tracer = parts.tracer
         #: this worker's partition locks (its single and batched attempts share them)
         self.locks = PartitionLocks()
-
-    async def hit(self, name: str) -> None:
-        """Count a hit of failpoint `name` (nothing when none is configured)."""
-        if self._fp:
-            await self._fp.hit(name)
 
     async def settle_committed(self, partition: str, m: uuid.UUID,
                                check: uuid.UUID | None = None,
@@ -146,12 +143,10 @@ class Steps:
     async def run(self, stored: Envelope, message: Any, partition: str, loaded: Loaded,
                   processed_row: ProcessedRow | None = None) -> None:
         """One attempt at a message checked against `loaded`, from the handler to the
-        finish: decide, prepare, commit, finish (in an `attempt` span when tracing is on).
-        Raises `Conflict` when another attempt moved the partition first, `PermanentError`
-        or `TransientError`."""
+        finish: decide, prepare, commit, finish (in an `attempt` span). Raises `Conflict`
+        when another attempt moved the partition first, `PermanentError` or
+        `TransientError`."""
         a = self.begin(stored, message, partition, loaded)
-        if self.tracer is None:
-            return await self._run(a, processed_row)
         span = self.tracer.start("attempt", attributes={
             "eo.attempt_id": a.fields["attempt_id"], "eo.partition": partition})
         try:
@@ -174,11 +169,8 @@ class Steps:
         await self.hit("after_handler")
         request = await self.prepare(a, decision, processed_row)
         await self.hit("before_commit")
-        if self.tracer is None:
+        with self.tracer.span("commit", attributes={"eo.partition": a.partition}):
             committed = await self.store.commit(request)
-        else:
-            with self.tracer.span("commit", attributes={"eo.partition": a.partition}):
-                committed = await self.store.commit(request)
         self.events.emit(TRANSACTION_COMMITTED, **a.fields)
         await self.hit("after_commit")
         # the commit returned what finish would read: nothing can add records while the TR

@@ -13,6 +13,7 @@ from datetime import timedelta
 from application import defaults
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
+from application.null_tracer import NULL_TRACER
 from application.ports import (
     BlobStore,
     Clock,
@@ -76,7 +77,8 @@ class Adapters:
     - `dead_letter_publisher`: where inbox relays dead-letter rows they cannot relay (None:
       such a row stays pending);
     - `apis`: the third-party APIs the registry declares (None: none declared);
-    - `failpoints`: protocol 10's (None: off); `tracer`: spans (None: tracing off).
+    - `failpoints`: protocol 10's (None: off, as `Failpoints.from_spec` gives it); `tracer`:
+      spans (`NULL_TRACER`: tracing off).
     """
 
     clock: Clock
@@ -98,4 +100,4 @@ class Adapters:
     dead_letter_publisher: DeadLetterPublisher | None = None
     apis: ThirdPartyApis | None = None
     failpoints: Failpoints | None = None
-    tracer: Tracer | None = None
+    tracer: Tracer = NULL_TRACER

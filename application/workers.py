@@ -9,13 +9,14 @@ from dataclasses import replace
 
 from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
 from application.dead_letters import DeadLetters, EndpointAccess
+from application.failpoints import or_no_failpoints
 from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
 from application.inbox_relay import InboxRelay
 from application.ports import ApiPolicy, Clock, DeadLetterStore, Ports
 from application.processor import Processor
 from application.registry import Registration, Registry, Role
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.side_effects import SideEffects
 from application.state_path import StateRetention
 from application.strategy import Strategy
@@ -54,7 +55,8 @@ class Workers:
         self.clock, self.ids, self.events, self.dispatcher = a.clock, a.ids, a.events, a.dispatcher
         self.tokens, self.stores, self.requests = a.tokens, a.stores, a.requests
         self.inboxes, self.streams, self.blobs, self.http = a.inboxes, a.streams, a.blobs, a.http
-        self.inspection, self.failpoints, self.apis = a.inspection, a.failpoints, a.apis
+        self.inspection, self.apis = a.inspection, a.apis
+        self.failpoints = or_no_failpoints(a.failpoints)
         self.grace = tunables.cleanup_grace
         self.api_policies = api_policies(registry, tunables)
         self._check()
@@ -62,7 +64,7 @@ class Workers:
         self.services = {name: a.callee_urls.get(name, f"{IN_PROCESS}{name}")
                          for name in registry.names(Role.CALLEE)}
         self.callees: MutableMapping[str, HttpCallee] = a.local_callees
-        callee_fp = a.failpoints.scoped("callee.") if a.failpoints else None
+        callee_fp = self.failpoints.scoped("callee.")
         for name in registry.names(Role.CALLEE):
             r = registry[name]
             self.callees[name] = build_callee(
@@ -120,12 +122,12 @@ class Workers:
                                self.strategies[name], self.failpoints, t.conflict_retries,
                                self.grace, t.max_state_bytes)
 
-    def consumer(self, name: str) -> Consumer:
+    def consumer(self, name: str) -> Settler:
         """A new consumer (its own processor) of endpoint `name`."""
         t = self.tunables
-        return Consumer(self.processor(name), t.max_attempts, t.retry_delays_s,
-                        self.failpoints, t.dead_letter_body_bytes, t.batch_size,
-                        t.batch_wait_s)
+        return Settler(self.processor(name), t.max_attempts, t.retry_delays_s,
+                       self.failpoints, t.dead_letter_body_bytes, t.batch_size,
+                       t.batch_wait_s)
 
     def relay(self, name: str) -> InboxRelay:
         """A new inbox relay of gateway `name`: its inbox rows to its work queue."""

@@ -22,6 +22,7 @@ from adapters.routed_apis import RoutedApis
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
+from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import (
     BlobStore,
@@ -71,7 +72,7 @@ def memory_adapters(
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
         http=InProcessHttp(callees), local_callees=callees,
         dead_letter_publisher=dead_letters, failpoints=failpoints,
-        tracer=tracing.tracer if tracing else None,
+        tracer=tracing.tracer if tracing else NULL_TRACER,
         apis=RoutedApis({api.name: SandboxApis(apis=[api.name], timeout_s=api.timeout_s)
                          for api in registry.apis})
         if registry.apis else None)

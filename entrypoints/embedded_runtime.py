@@ -21,7 +21,7 @@ from adapters.memory.broker import MemoryBroker, MemoryDelivery
 from application.errors import Crash
 from application.failpoints import Failpoints
 from application.outcome import Outcome
-from application.settlement import Consumer
+from application.settlement import Settler
 
 #: The consumers' generation a task belongs to (set for a generation's consumer tasks and
 #: inherited by every task they create), so that a crash cancels exactly those.
@@ -97,7 +97,7 @@ class EmbeddedRuntime:
     while it runs (`EmbeddedService.start` sets it)."""
 
     def __init__(self, broker: MemoryBroker, faults: Faults, consuming: Iterable[str],
-                 consumer_of: Callable[[str], Consumer],
+                 consumer_of: Callable[[str], Settler],
                  prefetch_for: Callable[[bool], int]) -> None:
         self.broker, self.faults, self.consuming = broker, faults, list(consuming)
         self.consumer_of, self.prefetch_for = consumer_of, prefetch_for
@@ -110,7 +110,7 @@ class EmbeddedRuntime:
         #: settlements per endpoint of the generations that ended (`settled` adds the
         #: running one's)
         self.counts: dict[str, Counter[Outcome]] = {name: Counter() for name in self.consuming}
-        self._consumers: dict[str, tuple[str, Consumer]] = {}  # tag -> endpoint, consumer
+        self._consumers: dict[str, tuple[str, Settler]] = {}  # tag -> endpoint, consumer
         self._generation: set[asyncio.Task[Any]] = set()
         self._generations = 0
 

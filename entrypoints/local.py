@@ -29,6 +29,7 @@ from adapters.routed_apis import RoutedApis
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
+from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import (
     BlobStore,
@@ -157,7 +158,7 @@ def postgres_adapters(service: Service, settings: Settings, pools: Pools, clock:
         renderer=document_renderer() if any(r.blobs for r in registry) else None,
         http=InProcessHttp(callees, http), callee_urls=callee_urls(settings),
         local_callees=callees, dead_letter_publisher=dead_letters, apis=apis,
-        failpoints=failpoints, tracer=tracing.tracer if tracing else None)
+        failpoints=failpoints, tracer=tracing.tracer if tracing else NULL_TRACER)
 
 
 def rabbit_source(settings: Settings, service: Service, rabbit: RabbitConnection,

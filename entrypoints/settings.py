@@ -218,7 +218,7 @@ class Settings(BaseSettings):
 
     def prefetch_for(self, batches: bool) -> int:
         """The deliveries in flight of one consumer (RabbitMQ's `prefetch_count`):
-        `EO_PREFETCH` when set; otherwise, for a consumer that batches (`Consumer.batches`),
+        `EO_PREFETCH` when set; otherwise, for a consumer that batches (`Settler.batches`),
         `defaults.PREFETCH_IN_BATCHES` (3) times `EO_BATCH_SIZE`: two batches in process and the
         next one's deliveries waiting (docs/batching.md); for one that does not,
         `defaults.SINGLE_PREFETCH` (8): a consumer that processes one delivery at a time is

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from application.null_tracer import NULL_TRACER
 from application.ports.messaging import MessageDispatcher
 from application.ports.observability import Clock, EventSink, IdGenerator, Tracer
 from application.ports.side_effects import (
@@ -48,8 +49,8 @@ class Ports:
     #: get a token per message; the others (outbox, state) deduplicate by message ID and
     #: consume no token. None: every destination gets one.
     token_receivers: frozenset[str] | None = None
-    #: spans of the protocol's steps; None: tracing is off (nothing is traced)
-    tracer: Tracer | None = None
+    #: spans of the protocol's steps; `NULL_TRACER` where tracing is off (nothing is traced)
+    tracer: Tracer = NULL_TRACER
     #: the third-party APIs this endpoint calls (protocol 12), and how, by API name
     apis: ThirdPartyApis | None = None
     api_policies: Mapping[str, ApiPolicy] = field(default_factory=dict)

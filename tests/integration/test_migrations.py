@@ -24,7 +24,7 @@ from adapters.system.clock import ManualClock
 from application.envelope import TOKEN_HEADER, Envelope
 from application.ports import Clear, CommitRequest
 from application.records import Kind, SideEffectRecord
-from application.side_effects import envelope_of, message_payload
+from application.side_effects import from_message_payload, message_payload
 from tests.support.counter import Tally
 from tests.support.processes import this_run
 from tests.support.services import discover
@@ -191,7 +191,7 @@ async def test_0007_down_turns_the_records_tokens_stand_for_back_into_rows() -> 
         [row] = rows
         assert (row["partition_key"], row["kind"], row["key"], row["incoming_id"],
                 row["attempt_id"], row["seq"]) == ("p", "message", str(out.message_id), m, a, 1)
-        assert envelope_of(row["key"], json.loads(row["payload"])) == ("audit", out)
+        assert from_message_payload(row["key"], json.loads(row["payload"])) == ("audit", out)
         await upgrade_async(dsn)
 
 

@@ -233,9 +233,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="token-created-at-dispatch",
         guard="3.3: a token is created before the commit, never at dispatch time",
         file="application/side_effects.py",
-        before="""            destination, envelope = envelope_of(key, payload)
+        before="""            destination, envelope = from_message_payload(key, payload)
             await self.dispatcher.dispatch(destination, envelope)""",
-        after="""            destination, envelope = envelope_of(key, payload)
+        after="""            destination, envelope = from_message_payload(key, payload)
             await self.tokens.create(destination, [envelope])
             await self.dispatcher.dispatch(destination, envelope)""",
         killers=(f"{_FAILURE_TABLE}::test_a_repeated_publication_never_recreates_an_"

@@ -33,7 +33,8 @@ from tools.tpch.data import TpchSample, generate
 from tools.tpch.oracle import check_oracle
 
 CRASH_POINTS = [
-    "after_token_load", "after_tr_load", "after_token_check", "after_handler",
+    "after_token_load", "after_tr_load", "after_token_check", "after_processed_check",
+    "after_handler",
     "after_register:blob", "after_register:message", "after_register:http_request",
     "after_create:blob", "after_create:message", "after_create:http_request", "before_commit",
     "after_commit", "after_publish:1", "after_publish:2", "after_publish_all",

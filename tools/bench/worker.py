@@ -30,9 +30,10 @@ from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.system.clock import SystemClock
 from application.assembly import build_processor
+from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import Ports
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.strategy import Strategy
 from entrypoints.tracing import tracing_from
 from tools.bench import endpoint as bench
@@ -67,11 +68,11 @@ async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection)
                   colocated_tokens=not state,
                   state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
                   if state else None,
-                  tracer=tracing.tracer if tracing else None)
+                  tracer=tracing.tracer if tracing else NULL_TRACER)
     processor = build_processor(bench.endpoint(work, sink), ports, Strategy(strategy))
-    consumer = Consumer(processor, retry_delays=RETRY_DELAYS_S,
-                        batch_size=config["batch_size"] if batched else 1,
-                        batch_wait_s=config["batch_wait_s"])
+    consumer = Settler(processor, retry_delays=RETRY_DELAYS_S,
+                       batch_size=config["batch_size"] if batched else 1,
+                       batch_wait_s=config["batch_wait_s"])
     source = RabbitSource(rabbit, work, RETRY_DELAYS_S)
     try:
         await consumer.serve(source.deliveries(config["in_flight"]), config["in_flight"])

@@ -40,7 +40,7 @@ def topology_of(service: Service, workers: int = 2) -> Topology:
     registry, processes, points = service.registry, {}, {}
     consumer_base = sorted(n for n in NAMES if not n.startswith("callee.")
                            and n not in STATE_POINTS and n not in HTTP_CALLER_POINTS
-                           and n != "after_api_call")
+                           and n not in ("after_api_call", "after_processed_check"))
     for r in registry:
         if r.role is Role.CALLEE:
             points[r.name] = CALLEE_POINTS
@@ -48,6 +48,8 @@ def topology_of(service: Service, workers: int = 2) -> Topology:
         # the campaign's tokens share the endpoints' database: the commit creates the
         # outgoing tokens, so `after_register:message` / `after_create:message` never fire
         found = [*consumer_base, "after_publish:1", "after_publish:2"]
+        if service.strategy(r.name) is Strategy.OUTBOX:  # it checks a processed row, no token
+            found[found.index("after_token_check")] = "after_processed_check"
         if service.strategy(r.name) is Strategy.STATE:
             found += sorted(STATE_POINTS)
         if r.blobs:

@@ -18,7 +18,7 @@ from adapters.system.clock import OffsetClock
 from application.codec import encode
 from application.envelope import Envelope
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.workers import Workers
 from domain.sample.payments import open_account
 from entrypoints.settings import Settings
@@ -107,7 +107,7 @@ async def run_demo(
     for customer, balance in sample.customers:
         system.stores[PAYMENTS].seed_state(  # type: ignore[attr-defined]
             str(customer), open_account(customer, balance, credit_limit))
-    workers: list[Consumer] = []
+    workers: list[Settler] = []
     tasks = []
     notes: list[str] = []
     if inbox_feed is None:
@@ -156,7 +156,7 @@ async def run_demo(
 
 
 async def _report(system: Workers, sample: TpchSample, duplicates: DuplicatingDispatcher,
-                  workers: list[Consumer], seconds: float, credit_limit: Decimal
+                  workers: list[Settler], seconds: float, credit_limit: Decimal
                   ) -> DemoReport:
     stores: Any = system.stores
     blob_keys = await system.blobs.keys() if system.blobs is not None else []

@@ -24,7 +24,7 @@ from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
 from application.observability import HANDLER_INVOKED, CountingSink
 from application.processor import Processor
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.strategy import Strategy
 from application.sweeper import Sweeper
 from application.workers import Workers
@@ -88,7 +88,7 @@ class Counters:
         """A new worker of endpoint `name` (the system's failpoints)."""
         return self.system.processor(name)
 
-    def consumer(self, name: str) -> Consumer:
+    def consumer(self, name: str) -> Settler:
         """A new consumer of endpoint `name` (its own processor)."""
         return self.system.consumer(name)
 

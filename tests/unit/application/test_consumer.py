@@ -23,7 +23,7 @@ from application.envelope import (
 from application.errors import PermanentError, TransientError
 from application.observability import MESSAGE_DEAD_LETTERED, MESSAGE_RETRIED, CountingSink
 from application.outcome import Outcome
-from application.settlement import Consumer, batches_in_flight
+from application.settlement import Settler, batches_in_flight
 from domain.errors import Rejected
 from tests.support.counter import COUNTER, PLAIN_COUNTER, Add
 from tests.support.invariants import check
@@ -47,11 +47,11 @@ async def _deliver(broker: MemoryBroker, envelope: Envelope) -> None:
     await broker.dispatch(QUEUE, envelope)
 
 
-def _consumer(world: World, failpoints: str | None = None, max_attempts: int = 5) -> Consumer:
-    return Consumer(world.processor(failpoints), max_attempts=max_attempts, retry_delays=FAST)
+def _consumer(world: World, failpoints: str | None = None, max_attempts: int = 5) -> Settler:
+    return Settler(world.processor(failpoints), max_attempts=max_attempts, retry_delays=FAST)
 
 
-async def _settle_until_done(consumer: Consumer, broker: MemoryBroker) -> list[Outcome]:
+async def _settle_until_done(consumer: Settler, broker: MemoryBroker) -> list[Outcome]:
     """Take and settle deliveries until one is not retried (what a live consumer does)."""
     settlements = []
     while True:
@@ -210,7 +210,7 @@ async def test_retry_delays_follow_the_attempt_and_the_last_one_repeats() -> Non
     recorder = _Recorder()
     world, broker = World(COUNTER, events=CountingSink(recorder)), MemoryBroker()
     await _deliver(broker, await world.send(Add("p", 1), M1))
-    consumer = Consumer(world.processor("before_commit=raise"), 4, retry_delays=(0.001, 0.002))
+    consumer = Settler(world.processor("before_commit=raise"), 4, retry_delays=(0.001, 0.002))
     settlements = await _settle_until_done(consumer, broker)
     assert settlements[-1] is Outcome.DEAD_LETTERED
     retried = [fields for event, fields in recorder.events if event == MESSAGE_RETRIED]
@@ -406,10 +406,10 @@ async def test_a_delivery_is_settled_only_once() -> None:
 
 
 def _batched(world: World, batch_size: int, batch_wait_s: float = 0.0,
-             failpoints: str | None = None) -> tuple[Consumer, list[int]]:
+             failpoints: str | None = None) -> tuple[Settler, list[int]]:
     """A batching consumer, and the sizes of the batches it hands its processor."""
-    consumer = Consumer(world.processor(failpoints), retry_delays=FAST, batch_size=batch_size,
-                        batch_wait_s=batch_wait_s)
+    consumer = Settler(world.processor(failpoints), retry_delays=FAST, batch_size=batch_size,
+                       batch_wait_s=batch_wait_s)
     sizes: list[int] = []
     real = consumer.processor.process_batch
 
@@ -434,7 +434,7 @@ async def test_serve_in_batches_settles_each_delivery_by_its_own_outcome() -> No
     consumer, sizes = _batched(world, batch_size=5, failpoints="before_commit=raise@1")
     assert consumer.processor.batches
     assert consumer.batches
-    assert not Consumer(consumer.processor, batch_size=1).batches  # batching turned off
+    assert not Settler(consumer.processor, batch_size=1).batches  # batching turned off
     stream = _first(len(deliveries), broker.consume(QUEUE, "server"))
     await asyncio.wait_for(consumer.serve(stream, prefetch=10), 5.0)
     assert broker.idle()
@@ -512,7 +512,7 @@ async def test_an_endpoint_without_a_batched_path_serves_one_by_one() -> None:
 
 def test_a_batch_size_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="batch_size 0"):
-        Consumer(World(COUNTER).processor(), batch_size=0)
+        Settler(World(COUNTER).processor(), batch_size=0)
 
 
 class _EventLog:
@@ -565,7 +565,7 @@ async def test_a_failed_settlement_names_what_failed(result: Outcome | Exception
     # a retry or dead letter that could not be published ends an attempt all the same
     # (the broker redelivers it): the event says so, unlike a lost ack after a commit
     processor = _Processor(result)
-    consumer = Consumer(processor, retry_delays=FAST)  # type: ignore[arg-type]
+    consumer = Settler(processor, retry_delays=FAST)  # type: ignore[arg-type]
 
     async def one() -> AsyncIterator[_Unreachable]:
         yield _Unreachable()

@@ -30,7 +30,7 @@ from application.envelope import (
 from application.errors import MalformedMessage
 from application.observability import MESSAGE_DEAD_LETTERED
 from application.outcome import Outcome
-from application.settlement import Consumer
+from application.settlement import Settler
 from application.wire_text import clean
 from entrypoints.dead_letter_views import letter_json
 from tests.support.counter import COUNTER
@@ -49,9 +49,9 @@ async def _take(broker: MemoryBroker) -> MemoryDelivery:
         await deliveries.aclose()
 
 
-def _consumer(world: World) -> Consumer:
-    return Consumer(world.processor(), max_attempts=5, retry_delays=(0.001, 0.002),
-                    dead_letter_body_bytes=LIMIT)
+def _consumer(world: World) -> Settler:
+    return Settler(world.processor(), max_attempts=5, retry_delays=(0.001, 0.002),
+                   dead_letter_body_bytes=LIMIT)
 
 
 async def _sent(world: World, broker: MemoryBroker, type_: str, body: bytes) -> Envelope:

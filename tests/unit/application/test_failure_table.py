@@ -20,7 +20,7 @@ from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
 from application.outcome import Outcome
 from application.records import Kind, SideEffectRecord
-from application.settlement import Consumer
+from application.settlement import Settler
 from tests.support.counter import COUNTER, Add
 from tests.support.invariants import check, install_probes
 from tests.support.world import World, crash
@@ -422,8 +422,8 @@ async def test_crash_after_clear_leaves_nothing_and_redelivery_is_dropped(point:
     world, violations = await _world()
     broker = MemoryBroker()
     await broker.dispatch(COUNTER.name, await world.send(Add("p", 1), M1))
-    dying = Consumer(world.processor(f"{point}=crash"),
-                     failpoints=Failpoints.from_spec(f"{point}=crash", crash))
+    dying = Settler(world.processor(f"{point}=crash"),
+                    failpoints=Failpoints.from_spec(f"{point}=crash", crash))
     delivery = await _take(broker, "dying")
     with pytest.raises(Crash):
         await dying.settle(delivery)
@@ -432,7 +432,7 @@ async def test_crash_after_clear_leaves_nothing_and_redelivery_is_dropped(point:
     assert broker.drop_consumer("dying") == 1  # its process is gone: the broker requeues
     redelivered = await _take(broker, "next")
     assert redelivered.envelope == delivery.envelope
-    assert await Consumer(world.processor()).settle(redelivered) is Outcome.DUPLICATE
+    assert await Settler(world.processor()).settle(redelivered) is Outcome.DUPLICATE
     assert _invoked(world) == 1
     assert broker.idle()
     await world.quiesce()

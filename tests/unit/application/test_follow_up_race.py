@@ -9,7 +9,7 @@ import asyncio
 
 from application.outcome import Outcome
 from application.processor import Processor
-from application.settlement import Consumer
+from application.settlement import Settler
 from tests.unit.application.test_http_protocol import (
     _open,
     _spend,
@@ -32,7 +32,7 @@ async def test_a_follow_up_copy_that_meets_the_deleted_request_is_a_duplicate() 
     # copy B passes its token check while the partition is idle, then is slow to POST;
     # copy A meanwhile commits and its finish sends the DELETE, then stalls before it
     # consumes the token: B's POST meets a deleted request while the token still exists
-    second = Consumer(worker("after_token_check=sleep:100"))
+    second = Settler(worker("after_token_check=sleep:100"))
 
     class Copy:
         envelope, attempt = follow_up, 1

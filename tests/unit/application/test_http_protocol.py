@@ -28,7 +28,7 @@ from application.outcome import Outcome
 from application.ports import HttpResult
 from application.processor import Processor
 from application.records import Kind
-from application.settlement import Consumer
+from application.settlement import Settler
 from domain.context import HttpResponse
 from tests.support.counters.endpoints import BANK, Reported, Spend, Tally, Withdraw
 from tests.support.counters.harness import Counters, counters, take, token_envelope
@@ -475,7 +475,7 @@ async def test_crash_after_the_follow_up_commit_still_deletes_the_request_on_red
     await system.processor("counter").process(await _spend(system))
     (request_id,) = system.requests.requests
 
-    doomed = Consumer(_counter_worker(system, "after_commit=crash"))
+    doomed = Settler(_counter_worker(system, "after_commit=crash"))
     delivery = await _take(system.broker, "counter", "worker-1")
     with pytest.raises(Crash):
         await doomed.settle(delivery)
@@ -605,7 +605,7 @@ async def test_a_commit_rejected_by_an_error_is_retried_and_the_winner_deletes_i
     _open(system, balance=500)
     spend = await _spend(system)
     await system.broker.dispatch("counter", spend)
-    consumer = Consumer(_counter_worker(system, "before_commit=raise@1"), retry_delays=FAST)
+    consumer = Settler(_counter_worker(system, "before_commit=raise@1"), retry_delays=FAST)
     assert await consumer.settle(await _take(system.broker, "counter")) is Outcome.RETRIED
     (loser,) = system.requests.requests
     retried = await _retried(system.broker, "counter")
@@ -659,7 +659,7 @@ async def test_a_callee_that_dies_answering_the_post_is_asked_again_and_debits_o
     (request_id,) = system.requests.requests
     callees = system.system.callees
     callees["bank"] = _ConnectionLost(system.bank)  # type: ignore[assignment]
-    consumer = Consumer(system.processor("counter"), retry_delays=FAST)
+    consumer = Settler(system.processor("counter"), retry_delays=FAST)
     assert await consumer.settle(await _take(system.broker, "counter")) is Outcome.RETRIED
     assert (_bank_runs(system), _balance(system)) == (1, 400)  # committed before it died
     # the restarted bank process (no failpoint), on the same stores

@@ -20,6 +20,7 @@ from adapters.memory.apis import SandboxApis
 from application.assembly import build_processor
 from application.envelope import TOKEN_HEADER, TRACEPARENT_HEADER, Envelope
 from application.errors import PermanentError
+from application.null_tracer import NULL_TRACER
 from application.outcome import Outcome
 from application.ports import ApiPolicy
 from application.processor import Processor
@@ -45,7 +46,7 @@ def exported() -> Iterator[tuple[Tracing, InMemorySpanExporter]]:
 
 
 def _processor(world: World, tracing: Tracing | None, **kwargs: object) -> Processor:
-    ports = replace(world.ports(), tracer=tracing.tracer if tracing else None)
+    ports = replace(world.ports(), tracer=tracing.tracer if tracing else NULL_TRACER)
     return build_processor(world.endpoint, ports, world.strategy, **kwargs)  # type: ignore[arg-type]
 
 
