@@ -65,7 +65,7 @@ class DeadLetterEntry:
     """A dead letter of `queue`: the message ID as sent, its type, the reason (the last
     copy's), and how many copies of the message were dead-lettered (`times`): one entry per
     message, as the dead-letter store keeps them (copies under one message ID with one type
-    and body are one message; `application.dead_letters.letter_digest`)."""
+    and body are one message; `application.dead_letter_copies.letter_digest`)."""
 
     queue: str
     message_id: str

@@ -76,10 +76,12 @@ class RabbitSource:
                                    service_user, require_producer)
         #: the consumer, kept registered
         self.subscription = Subscription(
-            connection, endpoint, self._on_message, lambda: self._inbox.put_nowait(None),
+            connection, endpoint, self._on_message, lambda: self._received.put_nowait(None),
             lambda: self.subscription.prefetch - self._in_flight,
             lambda: self.dead_letters_blocked, events, watchdog_s, watchdog_interval_s)
-        self._inbox: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
+        #: the messages the broker pushed, in order, until `deliveries` admits them (None:
+        #: the stream ends); not an inbox in the protocol's sense
+        self._received: asyncio.Queue[AbstractIncomingMessage | None] = asyncio.Queue()
         self._in_flight = 0
         self._started = False
         self._stopped = False
@@ -135,7 +137,7 @@ class RabbitSource:
         for task in tasks:
             task.add_done_callback(self._supervision_ended)
         try:
-            while (message := await self._inbox.get()) is not None:
+            while (message := await self._received.get()) is not None:
                 # while a dead letter waits for room, take no new delivery
                 await self.dead_letters.wait_for_room(lambda: self.stopped)
                 if channel_lost(message):
@@ -161,7 +163,7 @@ class RabbitSource:
 
     def _supervision_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            self._inbox.put_nowait(None)  # `deliveries` ends and raises it
+            self._received.put_nowait(None)  # `deliveries` ends and raises it
 
     async def start(self, prefetch: int = defaults.SINGLE_PREFETCH) -> None:
         """Consume the work queue now (`deliveries` does it otherwise), at most `prefetch`
@@ -203,15 +205,15 @@ class RabbitSource:
         that was still being registered when `stop` first ran."""
         self._stopped = True
         await self.subscription.cancel()
-        while not self._inbox.empty():
-            message = self._inbox.get_nowait()
+        while not self._received.empty():
+            message = self._received.get_nowait()
             if message is not None:
                 await self._requeue(message)
-        self._inbox.put_nowait(None)
+        self._received.put_nowait(None)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         if not self._stopped:
-            self._inbox.put_nowait(message)
+            self._received.put_nowait(message)
         else:  # sent before the broker processed our cancel
             await self._requeue(message)
 

@@ -118,7 +118,7 @@ def _text(value: Any) -> str:
 def letter_of(message: AbstractIncomingMessage, endpoint: str, service_user: str | None
               ) -> DeadLetter:
     """The `DeadLetter` of a message of `endpoint`'s dead-letter queue (see
-    `application.dead_letters.dead_letter_of`); its producer by `producer_of`."""
+    `application.dead_letter_copies.dead_letter_of`); its producer by `producer_of`."""
     headers = text_headers(message.headers)
     at = message.timestamp.astimezone(UTC) if message.timestamp else datetime.now(UTC)
     return dead_letter_of(endpoint, message.message_id, message.type, message.body, headers,
