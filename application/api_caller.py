@@ -31,7 +31,6 @@ from typing import Any
 from application.envelope import API_CALL_HEADER, API_DEADLINE_HEADER, Envelope
 from application.errors import PermanentError, TransientError
 from application.failpoints import NO_FAILPOINTS, Failpoints
-from application.null_tracer import NULL_TRACER
 from application.observability import API_CALLED
 from application.ports import (
     ApiPolicy,
@@ -42,6 +41,7 @@ from application.ports import (
     ThirdPartyApis,
     Tracer,
 )
+from application.ports.null_tracer import NULL_TRACER
 from domain.context import HttpResponse
 from domain.decisions import CallApi
 

@@ -11,7 +11,6 @@ from datetime import timedelta
 from application import defaults
 from application.consumption import Consumption
 from application.failpoints import NO_FAILPOINTS, Failpoints
-from application.null_tracer import NULL_TRACER
 from application.observability import (
     SIDE_EFFECT_CLEANED,
     SIDE_EFFECT_PUBLISHED,
@@ -27,6 +26,7 @@ from application.ports import (
     SpanKind,
     Tracer,
 )
+from application.ports.null_tracer import NULL_TRACER
 from application.records import Kind, SideEffectRecord
 from application.side_effects import PUBLISHED_KINDS, SideEffects
 

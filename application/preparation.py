@@ -21,7 +21,6 @@ from application.envelope import (
 )
 from application.errors import Conflict, PermanentError
 from application.failpoints import NO_FAILPOINTS, Failpoints
-from application.null_tracer import NULL_TRACER
 from application.outgoing_tokens import OutgoingTokens
 from application.ports import (
     BlobStore,
@@ -32,6 +31,7 @@ from application.ports import (
     PartitionStore,
     Tracer,
 )
+from application.ports.null_tracer import NULL_TRACER
 from application.records import Kind, SideEffectRecord
 from application.side_effects import MessagePayload, message_payload
 from domain.decisions import CallApi, CallHttp, CreateBlob, Decision, Outgoing

@@ -14,7 +14,6 @@ from application.envelope import Envelope
 from application.errors import Conflict, Duplicate, TransientError
 from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
-from application.null_tracer import NULL_TRACER
 from application.observability import (
     MESSAGE_DUPLICATE,
     MESSAGE_RECEIVED,
@@ -23,6 +22,7 @@ from application.observability import (
 )
 from application.outcome import Outcome
 from application.ports import EventSink, SpanKind, Tracer
+from application.ports.null_tracer import NULL_TRACER
 from application.token_batch import TokenBatch
 
 

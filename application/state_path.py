@@ -50,7 +50,6 @@ from application.errors import Duplicate, MessageIdReused, PermanentError
 from application.failpoints import NO_FAILPOINTS, Failpoints
 from application.handler_runner import HandlerRunner
 from application.locks import PartitionLocks
-from application.null_tracer import NULL_TRACER, NullTracer
 from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
 from application.ports import (
     Clock,
@@ -61,6 +60,7 @@ from application.ports import (
     StateStream,
     Tracer,
 )
+from application.ports.null_tracer import NULL_TRACER, NullTracer
 from domain.context import Context
 from domain.decisions import Decision
 

@@ -18,7 +18,6 @@ from application.finisher import Finisher
 from application.handler_runner import HandlerRunner
 from application.http_caller import HttpCaller
 from application.locks import PartitionLocks
-from application.null_tracer import NULL_TRACER
 from application.observability import HANDLER_INVOKED, TRANSACTION_COMMITTED, attempt_fields
 from application.ports import (
     Clock,
@@ -29,6 +28,7 @@ from application.ports import (
     PartitionStore,
     Tracer,
 )
+from application.ports.null_tracer import NULL_TRACER
 from application.preparation import Preparation, Prepared
 from application.records import ProcessedMessage
 from domain.context import Context, HttpResponse

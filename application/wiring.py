@@ -13,7 +13,6 @@ from datetime import timedelta
 from application import defaults
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
-from application.null_tracer import NULL_TRACER
 from application.ports import (
     BlobStore,
     Clock,
@@ -32,6 +31,7 @@ from application.ports import (
     Tracer,
     TransactionalStore,
 )
+from application.ports.null_tracer import NULL_TRACER
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from adapters.routed_apis import RoutedApis
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
-from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import (
     BlobStore,
@@ -32,6 +31,7 @@ from application.ports import (
     IdGenerator,
     MessageDispatcher,
 )
+from application.ports.null_tracer import NULL_TRACER
 from application.registry import Role
 from application.strategy import Strategy
 from application.wiring import Adapters

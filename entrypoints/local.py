@@ -29,7 +29,6 @@ from adapters.routed_apis import RoutedApis
 from adapters.system.clock import SystemClock
 from application.failpoints import Failpoints
 from application.http_callee import HttpCallee
-from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import (
     BlobStore,
@@ -40,6 +39,7 @@ from application.ports import (
     MessageDispatcher,
     ThirdPartyApis,
 )
+from application.ports.null_tracer import NULL_TRACER
 from application.registry import Registry, Role
 from application.strategy import Strategy
 from application.wiring import Adapters

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from application.null_tracer import NULL_TRACER
 from application.ports.messaging import MessageDispatcher
+from application.ports.null_tracer import NULL_TRACER
 from application.ports.observability import Clock, EventSink, IdGenerator, Tracer
 from application.ports.side_effects import (
     ApiPolicy,

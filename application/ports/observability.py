@@ -63,7 +63,7 @@ class Span(Protocol):
 
 class Tracer(Protocol):
     """Spans of the protocol's steps (OpenTelemetry: adapters/tracing.py). Where tracing is
-    off the tracer is `application.null_tracer.NULL_TRACER`, whose spans record nothing.
+    off the tracer is `application.ports.null_tracer.NULL_TRACER`, whose spans record nothing.
 
     A message's trace context travels in its headers (`TRACE_HEADERS`: W3C `traceparent`
     and `tracestate`), written when the message is prepared, so it is part of the committed

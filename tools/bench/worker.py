@@ -30,9 +30,9 @@ from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.system.clock import SystemClock
 from application.assembly import build_processor
-from application.null_tracer import NULL_TRACER
 from application.observability import CountingSink
 from application.ports import Ports
+from application.ports.null_tracer import NULL_TRACER
 from application.settlement import Settler
 from application.strategy import Strategy
 from entrypoints.tracing import tracing_from

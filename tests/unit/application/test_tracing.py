@@ -20,9 +20,9 @@ from adapters.memory.apis import SandboxApis
 from application.assembly import build_processor
 from application.envelope import TOKEN_HEADER, TRACEPARENT_HEADER, Envelope
 from application.errors import PermanentError
-from application.null_tracer import NULL_TRACER
 from application.outcome import Outcome
 from application.ports import ApiPolicy
+from application.ports.null_tracer import NULL_TRACER
 from application.processor import Processor
 from entrypoints.tracing import Tracing, tracing_from
 from tests.support.counter import COUNTER, PLAIN_COUNTER
