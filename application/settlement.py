@@ -39,6 +39,18 @@ def batches_in_flight(prefetch: int, batch_size: int) -> int:
     return max(1, prefetch // batch_size - 1)
 
 
+def default_prefetch(batches: bool, batch_size: int) -> int:
+    """A consumer's deliveries in flight (RabbitMQ's `prefetch_count`) when `EO_PREFETCH` is
+    unset: for a consumer that batches (`Settler.batches`), `defaults.PREFETCH_IN_BATCHES`
+    (3) times `batch_size`: two batches in process and the next one's deliveries waiting
+    (docs/batching.md); for one that does not, `defaults.SINGLE_PREFETCH` (8): a consumer
+    that processes one delivery at a time is CPU-bound well below that (docs/bench.md), and
+    what it holds unacked waits for nothing but adds to a redelivery burst."""
+    if batches:
+        return defaults.PREFETCH_IN_BATCHES * batch_size
+    return defaults.SINGLE_PREFETCH
+
+
 class Settler:
     """Settles an endpoint's deliveries: runs its `Processor` on each (alone, or in batches)
     and acks, retries or dead-letters the delivery by the outcome.

@@ -53,6 +53,8 @@ class Tunables:
     #: deliveries processed as one unit, and how long a batch waits to fill (seconds)
     batch_size: int = 1
     batch_wait_s: float = 0.0
+    #: a consumer's deliveries in flight (None: `application.settlement.default_prefetch`)
+    prefetch: int | None = None
     #: a gateway's inbox rows relayed per round
     inbox_batch: int = 200
     dead_letter_retention: timedelta = timedelta(days=14)

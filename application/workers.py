@@ -4,19 +4,20 @@ operations) per call. Everything per endpoint is derived from the registry."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import replace
 
 from application.assembly import build_callee, build_finisher, build_processor, build_sweeper
+from application.consumer_process import ConsumerProcess, Upkeep
 from application.dead_letters import DeadLetters, EndpointAccess
 from application.failpoints import or_no_failpoints
 from application.handler_runner import HandlerRunner
 from application.http_callee import HttpCallee
 from application.inbox_relay import InboxRelay
-from application.ports import ApiPolicy, Clock, DeadLetterStore, Ports
+from application.ports import ApiPolicy, Clock, DeadLetterStore, DeliverySource, Ports
 from application.processor import Processor
 from application.registry import Registration, Registry, Role
-from application.settlement import Settler
+from application.settlement import Settler, default_prefetch
 from application.side_effects import SideEffects
 from application.state_path import StateRetention
 from application.strategy import Strategy
@@ -128,6 +129,17 @@ class Workers:
         return Settler(self.processor(name), t.max_attempts, t.retry_delays_s,
                        self.failpoints, t.dead_letter_body_bytes, t.batch_size,
                        t.batch_wait_s)
+
+    def consumer_process(self, name: str, source: DeliverySource,
+                         upkeep: Sequence[Upkeep] = ()) -> ConsumerProcess:
+        """A new consumer process of endpoint `name` on `source` (RabbitMQ's or the memory
+        broker's), with `upkeep` loops beside it; its prefetch is `tunables.prefetch`, else
+        `default_prefetch` for its consumer."""
+        settler = self.consumer(name)
+        prefetch = self.tunables.prefetch
+        if prefetch is None:
+            prefetch = default_prefetch(settler.batches, settler.batch_size)
+        return ConsumerProcess(name, settler, source, prefetch, upkeep)
 
     def relay(self, name: str) -> InboxRelay:
         """A new inbox relay of gateway `name`: its inbox rows to its work queue."""

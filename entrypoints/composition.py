@@ -21,7 +21,7 @@ def tunables_of(settings: Settings) -> Tunables:
         retention=timedelta(days=s.retention_days), max_state_bytes=s.max_state_bytes or None,
         max_attempts=s.max_attempts, retry_delays_s=tuple(s.retry_delays_s),
         max_body_bytes=s.max_body_bytes, dead_letter_body_bytes=s.dead_letter_body_bytes,
-        batch_size=s.batch_size, batch_wait_s=s.batch_wait_ms / 1000,
+        batch_size=s.batch_size, batch_wait_s=s.batch_wait_ms / 1000, prefetch=s.prefetch,
         inbox_batch=s.inbox_batch,
         dead_letter_retention=timedelta(days=s.dead_letter_retention_days),
         api_key_retention={name: timedelta(seconds=api.key_retention_s)

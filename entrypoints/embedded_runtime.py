@@ -13,15 +13,18 @@ import contextvars
 import random
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from adapters.memory.broker import MemoryBroker, MemoryDelivery
+from adapters.memory.source import MemorySource
+from application.consumer_process import ConsumerProcess
 from application.errors import Crash
 from application.failpoints import Failpoints
 from application.outcome import Outcome
-from application.settlement import Settler
+from application.ports import DeliverySource
 
 #: The consumers' generation a task belongs to (set for a generation's consumer tasks and
 #: inherited by every task they create), so that a crash cancels exactly those.
@@ -91,16 +94,16 @@ def _forget(generation: set[asyncio.Task[Any]], task: asyncio.Task[Any]) -> None
 
 
 class EmbeddedRuntime:
-    """The consumers of `consuming` endpoints on `broker` with `faults`: `consumer_of(name)`
-    makes a consumer (its own processor) of endpoint `name`, `prefetch_for(batches)` its
-    deliveries in flight. The event loop's task factory must be `generation_task_factory`
-    while it runs (`EmbeddedService.start` sets it)."""
+    """The consumer processes of `consuming` endpoints on `broker` with `faults`:
+    `process_of(name, source)` makes one of endpoint `name` (its own processor) on a
+    source, as `eo consume` makes one on RabbitMQ (`Workers.consumer_process`). The event
+    loop's task factory must be `generation_task_factory` while it runs
+    (`EmbeddedService.start` sets it)."""
 
     def __init__(self, broker: MemoryBroker, faults: Faults, consuming: Iterable[str],
-                 consumer_of: Callable[[str], Settler],
-                 prefetch_for: Callable[[bool], int]) -> None:
+                 process_of: Callable[[str, DeliverySource], ConsumerProcess]) -> None:
         self.broker, self.faults, self.consuming = broker, faults, list(consuming)
-        self.consumer_of, self.prefetch_for = consumer_of, prefetch_for
+        self.process_of = process_of
         self._rng = random.Random(faults.seed)
         #: (queue, message ID) whose first delivery drew its faults already
         self._faulted: set[tuple[str, uuid.UUID]] = set()
@@ -110,15 +113,15 @@ class EmbeddedRuntime:
         #: settlements per endpoint of the generations that ended (`settled` adds the
         #: running one's)
         self.counts: dict[str, Counter[Outcome]] = {name: Counter() for name in self.consuming}
-        self._consumers: dict[str, tuple[str, Settler]] = {}  # tag -> endpoint, consumer
+        self._processes: dict[str, tuple[str, ConsumerProcess]] = {}  # tag -> endpoint, it
         self._generation: set[asyncio.Task[Any]] = set()
         self._generations = 0
 
     def settled(self) -> dict[str, Counter[Outcome]]:
         """Settlements per endpoint so far, the running generation's included."""
         counts = {name: Counter(c) for name, c in self.counts.items()}
-        for name, consumer in self._consumers.values():
-            counts[name].update(consumer.counts)
+        for name, process in self._processes.values():
+            counts[name].update(process.settled())
         return counts
 
     async def surviving(self, work: Callable[[], Awaitable[Any]]) -> None:
@@ -156,8 +159,8 @@ class EmbeddedRuntime:
 
     async def drop_connection(self) -> None:
         """The `drop_conn` failpoint action: every consumer loses its channel."""
-        for consumer in list(self._consumers):
-            self.broker.drop_consumer(consumer)
+        for tag in list(self._processes):
+            self.broker.drop_consumer(tag)
 
     async def restart(self) -> None:
         """The service restarted: the running generation killed, a new one started."""
@@ -174,11 +177,10 @@ class EmbeddedRuntime:
             for name in self.consuming:
                 for worker in range(self.faults.workers):
                     tag = f"{name}-{self._generations}-{worker}"
-                    consumer = self.consumer_of(name)
-                    self._consumers[tag] = (name, consumer)
-                    self._generation.add(asyncio.create_task(consumer.serve(
-                        self._deliveries(name, tag),
-                        self.prefetch_for(consumer.batches))))
+                    process = self.process_of(name, MemorySource(
+                        self.broker, name, tag, partial(self._draw_faults, name, tag)))
+                    self._processes[tag] = (name, process)
+                    self._generation.add(asyncio.create_task(process.run()))
         finally:
             _GENERATION.reset(token)
 
@@ -189,26 +191,24 @@ class EmbeddedRuntime:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for tag, (name, consumer) in self._consumers.items():
+        for tag, (name, process) in self._processes.items():
             self.broker.drop_consumer(tag)
-            self.counts[name].update(consumer.counts)
-        self._consumers = {}
+            self.counts[name].update(process.settled())
+        self._processes = {}
 
-    async def _deliveries(self, queue: str, tag: str) -> AsyncIterator[MemoryDelivery]:
-        """`queue`'s deliveries for consumer `tag`, with the faults' copies and channel
-        losses."""
-        faults, loop = self.faults, asyncio.get_running_loop()
-        async for delivery in self.broker.consume(queue, tag):
-            first = (queue, delivery.envelope.message_id) not in self._faulted
-            if first and (faults.duplicates or faults.redeliveries):
-                # a message's first delivery only: faults drawn on every delivery would
-                # breed (each channel loss redelivers the consumer's whole prefetch, each
-                # redelivery a new chance of a copy and of another loss) and, with many
-                # deliveries in flight, never end
-                self._faulted.add((queue, delivery.envelope.message_id))
-                if faults.duplicates and self._rng.random() < faults.duplicates:
-                    self.broker.publish(queue, delivery.envelope)
-                if faults.redeliveries and self._rng.random() < faults.redeliveries:
-                    loop.call_later(self._rng.uniform(0.0, 0.02), self.broker.drop_consumer,
-                                    tag)
-            yield delivery
+    def _draw_faults(self, queue: str, tag: str, delivery: MemoryDelivery) -> None:
+        """The faults of a message's first delivery to `queue` (to consumer `tag`): a copy
+        of it, a channel loss a few milliseconds later."""
+        first = (queue, delivery.envelope.message_id) not in self._faulted
+        faults = self.faults
+        if first and (faults.duplicates or faults.redeliveries):
+            # a message's first delivery only: faults drawn on every delivery would breed
+            # (each channel loss redelivers the consumer's whole prefetch, each redelivery a
+            # new chance of a copy and of another loss) and, with many deliveries in
+            # flight, never end
+            self._faulted.add((queue, delivery.envelope.message_id))
+            if faults.duplicates and self._rng.random() < faults.duplicates:
+                self.broker.publish(queue, delivery.envelope)
+            if faults.redeliveries and self._rng.random() < faults.redeliveries:
+                asyncio.get_running_loop().call_later(
+                    self._rng.uniform(0.0, 0.02), self.broker.drop_consumer, tag)

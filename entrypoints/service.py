@@ -17,6 +17,7 @@ from adapters.rabbitmq import topology
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.errors import BrokerUnavailable
+from application.consumer_process import cancelled
 from application.outcome import Outcome
 from application.ports import TransactionalStore
 from application.registry import Role
@@ -35,7 +36,7 @@ from entrypoints.status import (
     status_app,
 )
 from entrypoints.tracing import Tracing
-from entrypoints.upkeep import cancelled, dead_letters_forever, report_stopping, sweep_forever
+from entrypoints.upkeep import dead_letters_forever, report_stopping, sweep_forever
 
 log = structlog.get_logger("eo.service")
 #: Exit status of a consumer whose broker stayed unreachable (or whose work queue could not
@@ -107,7 +108,15 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         workers: Workers = await provided(container.workers)
         metrics: Metrics = container.metrics()
         source: RabbitSource = await provided(container.source)
-        consumer = workers.consumer(endpoint)
+        collector = await provided(container.collector)
+        operations = await provided(container.dead_letter_operations)
+        upkeep = [partial(sweep_forever, workers.sweeper(endpoint), workers, metrics,
+                          settings.sweep_interval_s),
+                  partial(dead_letters_forever, collector, operations, workers, metrics,
+                          endpoint, settings.sweep_interval_s)]
+        if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
+            upkeep.append(partial(workers.relay(endpoint).run, settings.inbox_poll_s))
+        process = workers.consumer_process(endpoint, source, upkeep)
         ready = readiness(source, rabbit, workers.stores[endpoint])
         server = None
         if sock is not None:
@@ -115,38 +124,26 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
             server.start()
         loop = asyncio.get_running_loop()
         def stop() -> None:
-            stops.append(asyncio.ensure_future(source.stop()))
+            stops.append(asyncio.ensure_future(process.stop()))
             if not reports:
                 reports.append(asyncio.create_task(report_stopping(endpoint)))
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop)
-        collector = await provided(container.collector)
-        operations = await provided(container.dead_letter_operations)
-        background = [asyncio.create_task(sweep_forever(
-            workers.sweeper(endpoint), workers, metrics, settings.sweep_interval_s)),
-            asyncio.create_task(dead_letters_forever(
-                collector, operations, workers, metrics, endpoint, settings.sweep_interval_s))]
-        if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
-            background.append(asyncio.create_task(
-                workers.relay(endpoint).run(settings.inbox_poll_s)))
-        prefetch = settings.prefetch_for(consumer.batches)
-        await waiting_for(f"RabbitMQ: a consumer on {endpoint!r}",
-                           partial(source.start, prefetch), deadline, endpoint=endpoint)
+        await waiting_for(f"RabbitMQ: a consumer on {endpoint!r}", process.start, deadline,
+                          endpoint=endpoint)
         status = f"http://{settings.metrics_host}:{server.port}" if server else None
-        log.info("consumer.started", endpoint=endpoint, prefetch=prefetch,
-                 batch_size=consumer.batch_size if consumer.batches else 1,
-                 strategy=str(service.strategy(endpoint)), status_url=status)
+        log.info("consumer.started", endpoint=endpoint, prefetch=process.prefetch,
+                 batch_size=process.batch_size, strategy=str(service.strategy(endpoint)),
+                 status_url=status)
         try:
-            await consumer.serve(source.deliveries(prefetch), prefetch)
+            await process.run()
         except BrokerUnavailable as exc:
             lost = exc
             log.error("consumer.broker_unavailable", endpoint=endpoint, reason=str(exc))
-        settled = {str(s): consumer.counts[s] for s in Outcome}
-        # one vocabulary: what the source dead-lettered before processing is dead-lettered
-        settled[str(Outcome.DEAD_LETTERED)] += source.dead_lettered
-        log.info("consumer.stopped", endpoint=endpoint, **settled, restarts=source.restarts)
-        await cancelled(background)
+        settled = process.settled()
+        log.info("consumer.stopped", endpoint=endpoint, **{str(s): settled[s] for s in Outcome},
+                 restarts=source.restarts)
         if server is not None:
             await server.stop()
     finally:

@@ -13,6 +13,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from application import defaults
 from application.failpoints import needs_gates, parse
+from application.settlement import default_prefetch
 from application.strategy import Strategy
 from entrypoints.credentials import production_credentials
 from entrypoints.named_settings import ApiSettings, CalleeSettings
@@ -218,17 +219,11 @@ class Settings(BaseSettings):
 
     def prefetch_for(self, batches: bool) -> int:
         """The deliveries in flight of one consumer (RabbitMQ's `prefetch_count`):
-        `EO_PREFETCH` when set; otherwise, for a consumer that batches (`Settler.batches`),
-        `defaults.PREFETCH_IN_BATCHES` (3) times `EO_BATCH_SIZE`: two batches in process and the
-        next one's deliveries waiting (docs/batching.md); for one that does not,
-        `defaults.SINGLE_PREFETCH` (8): a consumer that processes one delivery at a time is
-        CPU-bound well below that (docs/bench.md), and what it holds unacked waits for
-        nothing but adds to a redelivery burst."""
+        `EO_PREFETCH` when set, else `application.settlement.default_prefetch` for a
+        consumer that batches (`Settler.batches`) or not."""
         if self.prefetch is not None:
             return self.prefetch
-        if batches:
-            return defaults.PREFETCH_IN_BATCHES * self.batch_size
-        return defaults.SINGLE_PREFETCH
+        return default_prefetch(batches, self.batch_size)
 
     def database(self) -> str:
         """The endpoint database DSN (the local profile defaults to the local server)."""

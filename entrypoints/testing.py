@@ -92,7 +92,7 @@ class EmbeddedService:
             self._container.blobs.override(blobs)
         self.runtime = EmbeddedRuntime(
             self.broker, faults, service.registry.consuming(),
-            lambda name: self.system.consumer(name), settings.prefetch_for)
+            lambda name, source: self.system.consumer_process(name, source))
         self._container.failpoints.override(providers.Object(Failpoints.from_spec(
             faults.failpoints, self.runtime.crash, self.runtime.drop_connection,
             on_fire=fault_logger(self._container.events()))))

@@ -1,6 +1,6 @@
 """A process's upkeep beside its work: the sweeper's rounds, the dead letters' rounds (collect,
-expire, gauges), and stopping well (background tasks cancelled for sure, a slow stop saying
-what it waits for)."""
+expire, gauges), and a slow stop saying what it waits for (the background tasks are
+cancelled for sure by `application.consumer_process.cancelled`)."""
 
 from __future__ import annotations
 
@@ -73,24 +73,6 @@ async def dead_letters_forever(collector: DeadLetterCollector | None,
 
 #: how often a consumer that was told to stop says what it still waits for (seconds)
 STOPPING_REPORT_S = 10.0
-#: how long a cancelled background task gets to end before it is cancelled again (seconds)
-CANCEL_AGAIN_S = 1.0
-
-
-async def cancelled(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel `tasks` and wait until every one has ended, cancelling again each one still
-    running after `CANCEL_AGAIN_S`: a cancellation that arrives while a library call is in
-    progress may be swallowed by it (seen: a dead-letter round finishing after its task was
-    cancelled, then sleeping on), and a task that ignored one must not hold the stop for
-    ever. Their results and errors are dropped (they are the process's upkeep)."""
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
-    for task in tasks:
-        if not task.cancelled():
-            task.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 def _suspended_at(task: asyncio.Task[object]) -> str:

@@ -93,6 +93,7 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
         self.dead_letters: dict[str, list[Envelope]] = defaultdict(list)
         self.published = 0
         self._background: set[asyncio.Task[None]] = set()
+        self._cancelled: set[str] = set()  # consumers whose `consume` ends
 
     async def dispatch(self, destination: str, envelope: Envelope) -> None:
         await asyncio.sleep(0)
@@ -173,12 +174,16 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
         self._spawn(requeue())
 
     async def consume(self, queue_name: str, consumer: str) -> AsyncIterator[MemoryDelivery]:
-        """Deliveries of `queue_name` for `consumer`, forever (cancel the task to stop)."""
+        """Deliveries of `queue_name` for `consumer`, until `cancel_consumer` (or cancel the
+        task: a killed process)."""
         queue = self._queues[queue_name]
         while True:
             async with queue.signal:
-                await queue.signal.wait_for(
-                    lambda: bool(queue.ready) and not self.blocked(queue_name))
+                await queue.signal.wait_for(lambda: consumer in self._cancelled or (
+                    bool(queue.ready) and not self.blocked(queue_name)))
+                if consumer in self._cancelled:
+                    queue.signal.notify()  # a publication's wake-up, passed on
+                    return
                 if self._shuffle is not None:  # out-of-order delivery
                     queue.ready.rotate(-self._shuffle.randrange(len(queue.ready)))
                 envelope, attempt = queue.ready.popleft()
@@ -186,6 +191,12 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
                                       next(self._tags))
             self._in_flight[delivery.tag] = delivery
             yield delivery
+
+    def cancel_consumer(self, queue_name: str, consumer: str) -> None:
+        """End `consumer`'s `consume` of `queue_name` (basic.cancel): it takes no new
+        delivery; those it holds stay settleable."""
+        self._cancelled.add(consumer)
+        self._spawn(self._notify(queue_name))
 
     def drop_consumer(self, consumer: str) -> int:
         """Requeue every unsettled delivery of `consumer` (at the front, as RabbitMQ does);

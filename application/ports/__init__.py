@@ -10,6 +10,7 @@ from application.ports.inspection import AtRest, StoreInspection
 from application.ports.messaging import (
     DeadLetterPublisher,
     Delivery,
+    DeliverySource,
     Inbox,
     InboxClaim,
     MessageDispatcher,
@@ -56,6 +57,7 @@ __all__ = [
     "DeadLetterQuery",
     "DeadLetterStore",
     "Delivery",
+    "DeliverySource",
     "DocumentRenderer",
     "EventSink",
     "HeldDeadLetter",

@@ -1,9 +1,10 @@
-"""Messages in and out: publishing to endpoint queues, one broker delivery to settle, dead
-letters published outside a delivery, and a boundary endpoint's inbox."""
+"""Messages in and out: publishing to endpoint queues, one broker delivery to settle, where a
+consumer's deliveries come from, dead letters published outside a delivery, and a boundary
+endpoint's inbox."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Protocol
@@ -100,3 +101,29 @@ class Delivery(Protocol):
         dead-letter queue is full this waits, holding the delivery, and the endpoint takes
         no new delivery; raises `TransientError` when the broker fails or the delivery is
         given back meanwhile (the broker redelivers it)."""
+
+
+class DeliverySource(Protocol):
+    """One consumer's deliveries of one endpoint's work queue: RabbitMQ's
+    (`adapters.rabbitmq.consumer.RabbitSource`) or the memory broker's
+    (`adapters.memory.source.MemorySource`). `application.consumer_process.ConsumerProcess`
+    runs a consumer on either."""
+
+    @property
+    def dead_lettered(self) -> int:
+        """Deliveries the source dead-lettered itself, before any processing (they could not
+        become envelopes); never yielded."""
+
+    async def start(self, prefetch: int) -> None:
+        """Consume now, at most `prefetch` deliveries unsettled at a time (`deliveries`
+        starts otherwise). Raises `TransientError` when the queue cannot be consumed."""
+
+    def deliveries(self, prefetch: int) -> AsyncIterator[Delivery]:
+        """The deliveries, at most `prefetch` unsettled at a time, until `stop`; deliveries
+        yielded before `stop` stay settleable. Raises `TransientError` when the queue cannot
+        be consumed at start; a source that gives up on its broker raises its own error
+        (`BrokerUnavailable`) after the end."""
+
+    async def stop(self) -> None:
+        """End `deliveries` (idempotent); what was received and not yielded goes back to
+        the queue."""

@@ -1,5 +1,6 @@
-"""The broker contract (`MessageDispatcher` + `Delivery`), each adapter a subclass (the memory
-broker, RabbitMQ): the at-least-once semantics the consumer and the protocol rely on."""
+"""The broker contract (`MessageDispatcher`, `DeliverySource` + `Delivery`), each adapter a
+subclass (the memory broker, RabbitMQ): the at-least-once semantics the consumer and the
+protocol rely on, and a consumer process that runs on either."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from types import MappingProxyType
 import pytest
 
 from adapters.memory.broker import MemoryBroker
+from adapters.memory.source import MemorySource
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher, envelope_of
@@ -26,7 +28,7 @@ from application.envelope import (
     TOKEN_HEADER,
     Envelope,
 )
-from application.ports import Delivery
+from application.ports import Delivery, DeliverySource
 from tests.support.services import discover
 
 DELAYS = (0.05, 0.2)
@@ -50,12 +52,25 @@ class Harness:
         self._received: asyncio.Queue[Delivery] = asyncio.Queue()
         self._pump: asyncio.Task[None] | None = None
 
-    def start_pump(self, deliveries: AsyncIterator[Delivery]) -> None:
+    def start_pump(self, source: DeliverySource) -> None:
+        """Take `source`'s deliveries into the received queue until it ends."""
+        self.source = source
+
         async def pump() -> None:
-            async for delivery in deliveries:
+            async for delivery in source.deliveries(8):
                 self._received.put_nowait(delivery)
 
         self._pump = asyncio.create_task(pump())
+
+    async def stop(self) -> None:
+        """Stop the source; returns once its deliveries ended."""
+        await self.source.stop()
+        assert self._pump is not None
+        await asyncio.wait_for(self._pump, 5.0)
+
+    def new_source(self, tag: str) -> DeliverySource:
+        """Another consumer's source on the endpoint's work queue."""
+        raise NotImplementedError
 
     async def receive(self, wait_s: float = 3.0) -> Delivery | None:
         try:
@@ -92,7 +107,10 @@ class MemoryHarness(Harness):
         super().__init__()
         self.endpoint = "orders"
         self.broker = MemoryBroker()
-        self.start_pump(self.broker.consume(self.endpoint, "c1"))
+        self.start_pump(self.new_source("c1"))
+
+    def new_source(self, tag: str) -> DeliverySource:
+        return MemorySource(self.broker, self.endpoint, tag)
 
     async def publish(self, env: Envelope) -> None:
         await self.broker.dispatch(self.endpoint, env)
@@ -110,7 +128,6 @@ class RabbitHarness(Harness):
         self.endpoint = f"contract-{uuid.uuid4().hex[:12]}"
         self.publisher = RabbitConnection(url, reconnect_delays_s=(0.1,))
         self.consumer = RabbitConnection(url, reconnect_delays_s=(0.1,))
-        self.source = RabbitSource(self.consumer, self.endpoint, DELAYS)
         self.dispatcher = RabbitDispatcher(self.publisher)
         self.names: QueueNames | None = None
         self._dead: list[Envelope] = []
@@ -119,7 +136,10 @@ class RabbitHarness(Harness):
         await self.publisher.start()
         self.names = await declare(self.publisher, self.endpoint, DELAYS, 5)
         await self.consumer.start()
-        self.start_pump(self.source.deliveries(prefetch=8))
+        self.start_pump(self.new_source("c1"))
+
+    def new_source(self, tag: str) -> DeliverySource:
+        return RabbitSource(self.consumer, self.endpoint, DELAYS)
 
     async def publish(self, env: Envelope) -> None:
         await self.dispatcher.dispatch(self.endpoint, env)
@@ -239,6 +259,23 @@ class BrokerContract:
         assert again.attempt == 1  # a redelivery is not a handler attempt
         await again.ack()
         assert await harness.receive(QUIET_S) is None
+
+    async def test_a_stopped_source_ends_and_leaves_the_rest_in_the_queue(
+            self, harness: Harness) -> None:
+        held, later = envelope(), envelope()
+        await harness.publish(held)
+        got = await harness.receive()
+        assert got is not None
+        await harness.stop()  # ends its deliveries (asserted by `stop`)
+        await harness.publish(later)
+        assert await harness.receive(QUIET_S) is None  # a stopped source takes nothing new
+        await got.ack()  # what it yielded before stopping stays settleable
+        harness.start_pump(harness.new_source("c2"))
+        again = await harness.receive()
+        assert again is not None
+        assert again.envelope.message_id == later.message_id
+        await again.ack()
+        assert await harness.receive(QUIET_S) is None  # the acked one is gone
 
     async def test_copies_with_one_message_id_are_all_delivered(self, harness: Harness) -> None:
         sent = envelope()

@@ -14,11 +14,12 @@ from types import MappingProxyType
 from typing import Any
 
 from adapters.memory.broker import MemoryBroker
+from adapters.memory.source import MemorySource
 from adapters.system.clock import OffsetClock
 from application.codec import encode
+from application.consumer_process import ConsumerProcess
 from application.envelope import Envelope
 from application.observability import HANDLER_INVOKED, TRANSACTION_CONFLICT
-from application.settlement import Settler
 from application.workers import Workers
 from domain.sample.payments import open_account
 from entrypoints.settings import Settings
@@ -101,13 +102,14 @@ async def run_demo(
     by the producer: the commands are added to the gateway's inbox twice (a re-run producer:
     the second add finds every natural ID there) and an in-process relay publishes them,
     through `duplicates` (which re-publishes a share, as a relay that crashed would).
-    `settings`: the consumers' prefetch and the grace periods the final sweep skips."""
+    `settings`: the grace periods the final sweep skips (the consumers' prefetch is
+    `system`'s)."""
     started = time.monotonic()
     broker = duplicates.broker
     for customer, balance in sample.customers:
         system.stores[PAYMENTS].seed_state(  # type: ignore[attr-defined]
             str(customer), open_account(customer, balance, credit_limit))
-    workers: list[Settler] = []
+    workers: list[ConsumerProcess] = []
     tasks = []
     notes: list[str] = []
     if inbox_feed is None:
@@ -128,11 +130,9 @@ async def run_demo(
         tasks.append(asyncio.create_task(system.relay(GATEWAY).run(0.05)))
     for name in system.registry.consuming():
         for i in range(consumers):
-            consumer = system.consumer(name)
-            workers.append(consumer)
-            tasks.append(asyncio.create_task(
-                consumer.serve(broker.consume(name, f"{name}-{i}"),
-                               settings.prefetch_for(consumer.batches))))
+            process = system.consumer_process(name, MemorySource(broker, name, f"{name}-{i}"))
+            workers.append(process)
+            tasks.append(asyncio.create_task(process.run()))
     idle_polls = 0
     while idle_polls < 4:
         await asyncio.sleep(0.05)
@@ -156,7 +156,7 @@ async def run_demo(
 
 
 async def _report(system: Workers, sample: TpchSample, duplicates: DuplicatingDispatcher,
-                  workers: list[Settler], seconds: float, credit_limit: Decimal
+                  workers: list[ConsumerProcess], seconds: float, credit_limit: Decimal
                   ) -> DemoReport:
     stores: Any = system.stores
     blob_keys = await system.blobs.keys() if system.blobs is not None else []
@@ -175,7 +175,7 @@ async def _report(system: Workers, sample: TpchSample, duplicates: DuplicatingDi
     }
     settlements: Counter[str] = Counter()
     for worker in workers:
-        settlements.update({str(k): v for k, v in worker.counts.items()})
+        settlements.update({str(k): v for k, v in worker.settled().items()})
     events = system.events
     return DemoReport(
         orders=len(sample.expected), settlements=settlements,

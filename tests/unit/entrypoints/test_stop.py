@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
-from entrypoints import upkeep
-from entrypoints.upkeep import cancelled
+from application import consumer_process
+from application.consumer_process import cancelled
 
 
 async def test_a_task_that_swallows_its_cancellation_is_cancelled_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(upkeep, "CANCEL_AGAIN_S", 0.05)
+    monkeypatch.setattr(consumer_process, "CANCEL_AGAIN_S", 0.05)
     swallowed = 0
 
     async def stubborn() -> None:
