@@ -67,7 +67,7 @@ def operator(profile: _PROFILE = None) -> None:
     API on EO_OPERATOR_HOST:EO_OPERATOR_PORT (port 0: a free one, printed), behind the bearer
     tokens of EO_OPERATOR_TOKENS, until SIGTERM."""
     settings, service = load(profile, services=True)
-    if not settings.operator_tokens:
+    if not settings.operator.operator_tokens:
         raise fail("invalid setting EO_OPERATOR_TOKENS: required to serve the operator page "
                    "(operator name -> bearer token, e.g. '{\"alice\": \"...\"}')", 2)
     from entrypoints.operator_servers import run_operator
@@ -231,8 +231,8 @@ def settings_command() -> None:
     """Print the effective settings (from EO_* variables; secrets hidden) and exit 2 if one
     is invalid."""
     settings, _ = load()
-    for name, value in settings.model_dump(mode="json").items():
-        typer.echo(f"EO_{name.upper()}={json.dumps(value) if isinstance(value, dict) else value}")
+    for name, value in settings.variables().items():
+        typer.echo(f"{name}={json.dumps(value) if isinstance(value, dict) else value}")
 
 
 def main() -> None:

@@ -14,18 +14,19 @@ from entrypoints.settings import Settings
 def tunables_of(settings: Settings) -> Tunables:
     """The protocol's tunables of `settings` (`EO_*` seconds and days as `timedelta`; an
     unset `EO_MAX_STATE_BYTES`, 0, as unbounded)."""
-    s = settings
+    s, p = settings, settings.protocol
     return Tunables(
-        conflict_retries=s.conflict_retries, cleanup_grace=timedelta(seconds=s.cleanup_grace_s),
-        stale_after=timedelta(seconds=s.stale_after_s),
-        retention=timedelta(days=s.retention_days), max_state_bytes=s.max_state_bytes or None,
-        max_attempts=s.max_attempts, retry_delays_s=tuple(s.retry_delays_s),
-        max_body_bytes=s.max_body_bytes, dead_letter_body_bytes=s.dead_letter_body_bytes,
-        batch_size=s.batch_size, batch_wait_s=s.batch_wait_ms / 1000, prefetch=s.prefetch,
-        inbox_batch=s.inbox_batch,
-        dead_letter_retention=timedelta(days=s.dead_letter_retention_days),
+        conflict_retries=p.conflict_retries, cleanup_grace=timedelta(seconds=p.cleanup_grace_s),
+        stale_after=timedelta(seconds=p.stale_after_s),
+        retention=timedelta(days=p.retention_days), max_state_bytes=p.max_state_bytes or None,
+        max_attempts=p.max_attempts, retry_delays_s=tuple(p.retry_delays_s),
+        max_body_bytes=p.max_body_bytes, dead_letter_body_bytes=p.dead_letter_body_bytes,
+        batch_size=p.batch_size, batch_wait_s=p.batch_wait_ms / 1000, prefetch=p.prefetch,
+        inbox_batch=p.inbox_batch,
+        dead_letter_retention=timedelta(days=s.dead_letters.dead_letter_retention_days),
         api_key_retention={name: timedelta(seconds=api.key_retention_s)
-                           for name, api in s.apis.items() if api.key_retention_s is not None})
+                           for name, api in s.http.apis.items()
+                           if api.key_retention_s is not None})
 
 
 def workers_of(service: Service, adapters: Adapters, tunables: Tunables) -> Workers:

@@ -4,13 +4,10 @@ a PostgreSQL DSN without a credential of its own, a callee's bearer token sent i
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic import SecretStr
-
-from entrypoints.named_settings import CalleeSettings
+from entrypoints.setting_groups import HttpSettings, PostgresSettings, ProductionSettings
 
 #: RabbitMQ's default account, user and password; aio-pika sends it for a user or a password
 #: the AMQP URL leaves out.
@@ -63,17 +60,11 @@ class Credentials(Protocol):
     which weak ones they allow."""
 
     @property
-    def allow_guest_broker_credentials(self) -> bool: ...
+    def production(self) -> ProductionSettings: ...
     @property
-    def allow_passwordless_dsn(self) -> bool: ...
+    def postgres(self) -> PostgresSettings: ...
     @property
-    def allow_plain_http_callees(self) -> bool: ...
-    @property
-    def database_dsn(self) -> SecretStr | None: ...
-    @property
-    def token_dsn(self) -> SecretStr | None: ...
-    @property
-    def callees(self) -> Mapping[str, CalleeSettings]: ...
+    def http(self) -> HttpSettings: ...
     def amqp(self) -> str: ...
 
 
@@ -82,15 +73,15 @@ def production_credentials(settings: Credentials) -> None:
     bearer token of the production configuration `settings` that no `allow_...` setting
     allows. The message names the setting that would allow it, never the URL (it may hold
     a password)."""
-    if not settings.allow_guest_broker_credentials:
+    if not settings.production.allow_guest_broker_credentials:
         weak = guest_credentials(settings.amqp())
         if weak:
             raise ValueError(f"amqp_url: {weak}: refused by the production profile (give "
                              "the service a RabbitMQ user of its own, deploy/rabbitmq/"
                              "setup.sh), unless EO_ALLOW_GUEST_BROKER_CREDENTIALS=true")
-    if not settings.allow_passwordless_dsn:
+    if not settings.production.allow_passwordless_dsn:
         for name in ("database_dsn", "token_dsn"):
-            dsn = getattr(settings, name)
+            dsn = getattr(settings.postgres, name)
             if dsn is not None and not authenticates(dsn.get_secret_value()):
                 raise ValueError(
                     f"{name}: no password (in the URL, a password= or passfile= "
@@ -98,9 +89,9 @@ def production_credentials(settings: Credentials) -> None:
                     "(sslcert= with sslmode=verify-full): refused by the production "
                     "profile, unless EO_ALLOW_PASSWORDLESS_DSN=true (trust or peer "
                     "authentication, a password in ~/.pgpass)")
-    for name, callee in settings.callees.items():
+    for name, callee in settings.http.callees.items():
         scheme = urlsplit(callee.url).scheme.lower() if callee.url else "https"
-        if scheme == "http" and not settings.allow_plain_http_callees:
+        if scheme == "http" and not settings.production.allow_plain_http_callees:
             raise ValueError(f"callees__{name}__url: http:// sends the callee's bearer "
                              "token in clear: use https://; refused by the production "
                              "profile unless EO_ALLOW_PLAIN_HTTP_CALLEES=true")

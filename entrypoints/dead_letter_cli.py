@@ -285,7 +285,7 @@ def serve(profile: _PROFILE = None) -> None:
     from entrypoints.commands import fail, load, run_service
 
     settings, service = load(profile, services=True)
-    if not settings.operator_tokens:
+    if not settings.operator.operator_tokens:
         raise fail("invalid setting EO_OPERATOR_TOKENS: required to serve the dead letters "
                    "(operator name -> bearer token, e.g. '{\"alice\": \"...\"}')", 2)
     from entrypoints.operator_servers import run_dead_letter_api

@@ -90,10 +90,10 @@ class EmbeddedContainer(containers.DeclarativeContainer):
     events = providers.Singleton(CountingSink)
     failpoints = providers.Singleton(failpoints_from, settings, events)
     broker = providers.Singleton(
-        MemoryBroker, dead_letter_max_bytes=settings.provided.dead_letter_max_bytes)
+        MemoryBroker, dead_letter_max_bytes=settings.provided.rabbitmq.dead_letter_max_bytes)
     dispatcher = providers.Callable(lambda broker: broker, broker)
     tokens = providers.Singleton(MemoryTokenStore)
-    blobs = providers.Singleton(LocalDirectoryBlobStore, root=settings.provided.blob_dir)
+    blobs = providers.Singleton(LocalDirectoryBlobStore, root=settings.provided.blobs.blob_dir)
     #: OpenTelemetry from the `OTEL_*` variables, or None (off)
     tracing = providers.Resource(tracing_resource, providers.Object("eo-embedded"))
     adapters = providers.Singleton(

@@ -81,13 +81,13 @@ class EmbeddedProducer:
         settings = self.settings
         self.published += 1
         try:
-            envelope = admitted(raw_id, type_, body, headers, settings.max_body_bytes,
-                                settings.kept_headers)
+            envelope = admitted(raw_id, type_, body, headers, settings.protocol.max_body_bytes,
+                                settings.protocol.kept_headers)
         except MalformedMessage as exc:  # what the AMQP source does before any processing
-            clipped, sizes = clipped_body(body, settings.dead_letter_body_bytes)
+            clipped, sizes = clipped_body(body, settings.protocol.dead_letter_body_bytes)
             self.broker.dead_letters[queue].append(Envelope(
                 uuid.uuid4(), str(type_ or ""), clipped,
-                MappingProxyType({**known_headers(headers, settings.kept_headers), **sizes,
+                MappingProxyType({**known_headers(headers, settings.protocol.kept_headers), **sizes,
                                   REASON_HEADER: capped(exc.reason),
                                   RAW_ID_HEADER: "" if raw_id is None else capped(raw_id)})))
             self.refused[queue] += 1

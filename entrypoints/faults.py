@@ -36,8 +36,8 @@ def failpoints_from(settings: Settings, events: EventSink,
     """Active failpoints of `EO_FAILPOINTS` (`crash` exits the process, `drop_conn` calls
     `drop_conn`, each firing logged first as `fault.injected`), or None (zero cost) when
     unset."""
-    return Failpoints.from_spec(settings.failpoints, crash_process, drop_conn,
-                                on_fire=fault_logger(events), gates=settings.failpoint_gates)
+    return Failpoints.from_spec(settings.faults.failpoints, crash_process, drop_conn,
+                                on_fire=fault_logger(events), gates=settings.faults.failpoint_gates)
 
 
 class DuplicatingDispatcher:
@@ -62,6 +62,6 @@ class DuplicatingDispatcher:
 def with_duplicates(dispatcher: MessageDispatcher, settings: Settings, events: EventSink
                     ) -> MessageDispatcher:
     """`dispatcher`, wrapped by duplicate injection when `EO_DUPLICATE_RATE` is set."""
-    if not settings.duplicate_rate:
+    if not settings.faults.duplicate_rate:
         return dispatcher
-    return DuplicatingDispatcher(dispatcher, settings.duplicate_rate, events)
+    return DuplicatingDispatcher(dispatcher, settings.faults.duplicate_rate, events)

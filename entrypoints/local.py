@@ -80,13 +80,13 @@ def postgres_streams(pool: Any, clock: Clock, service: Service
 
 def callee_urls(settings: Settings) -> dict[str, str]:
     """Base URLs of the callees served elsewhere (`EO_CALLEES__<NAME>__URL`)."""
-    return {name: c.url for name, c in settings.callees.items() if c.url}
+    return {name: c.url for name, c in settings.http.callees.items() if c.url}
 
 
 def http_requests(settings: Settings, client: Any) -> HttpRequests | None:
     """The HTTP client of the callees served elsewhere, each with its own bearer token; None
     when every callee runs in this process."""
-    credentials = {c.url: c.token.get_secret_value() for c in settings.callees.values()
+    credentials = {c.url: c.token.get_secret_value() for c in settings.http.callees.values()
                    if c.url and c.token is not None}
     return HttpxRequests(client, credentials) if credentials else None
 
@@ -168,12 +168,13 @@ def rabbit_source(settings: Settings, service: Service, rabbit: RabbitConnection
     if endpoint is None:
         raise ValueError("a RabbitMQ source needs the endpoint it consumes")
     gateway = service.registry[endpoint].role is Role.GATEWAY
-    return RabbitSource(rabbit, endpoint, settings.retry_delays_s, settings.max_body_bytes,
-                        events, watchdog_s=settings.consumer_watchdog_s,
-                        dead_letter_body_bytes=settings.dead_letter_body_bytes,
-                        kept_headers=settings.kept_headers, service_user=service_user,
+    protocol = settings.protocol
+    return RabbitSource(rabbit, endpoint, protocol.retry_delays_s, protocol.max_body_bytes,
+                        events, watchdog_s=settings.rabbitmq.consumer_watchdog_s,
+                        dead_letter_body_bytes=settings.protocol.dead_letter_body_bytes,
+                        kept_headers=settings.protocol.kept_headers, service_user=service_user,
                         require_producer=gateway and settings.profile == "production"
-                        and not settings.allow_anonymous_producers)
+                        and not settings.production.allow_anonymous_producers)
 
 
 def dead_letter_collector(settings: Settings, rabbit: RabbitConnection, endpoint: str | None,
@@ -183,7 +184,7 @@ def dead_letter_collector(settings: Settings, rabbit: RabbitConnection, endpoint
     `EO_DEAD_LETTER_COLLECT` is off). Raises ValueError without an endpoint."""
     if endpoint is None:
         raise ValueError("a dead-letter collector needs the endpoint whose queue it drains")
-    if not settings.dead_letter_collect:
+    if not settings.dead_letters.dead_letter_collect:
         return None
     return DeadLetterCollector(rabbit, endpoint, store, service_user, events)
 
@@ -221,7 +222,7 @@ class LocalContainer(containers.DeclarativeContainer):
         with_duplicates, providers.Singleton(RabbitDispatcher, rabbit, service_user), settings,
         events)
     blobs = providers.Resource(blob_resource, settings, registry)
-    http_client = providers.Resource(http_client_resource, settings.provided.http_timeout_s)
+    http_client = providers.Resource(http_client_resource, settings.provided.http.http_timeout_s)
     http = providers.Callable(http_requests, settings, http_client)
     #: the endpoint whose consumer this process runs (None: a callee, an operator's
     #: command): the one that calls third-party APIs

@@ -65,16 +65,16 @@ async def _serve_operators(
     tokens) on `EO_OPERATOR_HOST`:`EO_OPERATOR_PORT`, logging `<name>.serving` with its URL,
     until SIGTERM/SIGINT. Raises `SettingsError` naming `what` when no operator token is
     set, or when the port is taken; at start-up as `run_consumer`."""
-    tokens = {n: token.get_secret_value() for n, token in settings.operator_tokens.items()}
+    tokens = {n: token.get_secret_value() for n, token in settings.operator.operator_tokens.items()}
     if not tokens or not all(tokens.values()):
         raise SettingsError("invalid setting EO_OPERATOR_TOKENS: required, each token "
                             f"non-empty, to serve {what}")
     try:
-        sock = listening_socket(settings.operator_host, settings.operator_port,
+        sock = listening_socket(settings.operator.operator_host, settings.operator.operator_port,
                                 setting="EO_OPERATOR_PORT")
     except OSError as exc:
         raise SettingsError(f"invalid setting {exc}") from exc
-    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    deadline = asyncio.get_running_loop().time() + settings.rabbitmq.broker_give_up_s
     container = await started_container(settings, service, name, deadline)
     try:
         async with app(container, tokens) as served:
@@ -85,7 +85,7 @@ async def _serve_operators(
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
             log.info(f"{name.replace('-', '_')}.serving", operators=sorted(tokens),
-                     url=f"http://{settings.operator_host}:{bound_port(sock)}")
+                     url=f"http://{settings.operator.operator_host}:{bound_port(sock)}")
             await server.serve(sockets=[sock])
     finally:
         await shutdown_resources(container)

@@ -30,11 +30,12 @@ class Pools:
 
 async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
     """dependency-injector `Resource`: one pool per distinct DSN, closed on shutdown."""
-    endpoint = await create_pool(settings.database(), max_size=settings.pool_size)
+    endpoint = await create_pool(settings.database(), max_size=settings.postgres.pool_size)
     tokens = endpoint
     try:
         if settings.tokens_database() != settings.database():
-            tokens = await create_pool(settings.tokens_database(), max_size=settings.pool_size)
+            tokens = await create_pool(settings.tokens_database(),
+                                       max_size=settings.postgres.pool_size)
         yield Pools(endpoint, tokens)
     finally:
         if tokens is not endpoint:

@@ -32,12 +32,13 @@ async def blob_resource(settings: Settings, registry: Registry
         yield None
         return
     if not settings.blobs_in_s3():
-        yield LocalDirectoryBlobStore(settings.blob_dir)
+        yield LocalDirectoryBlobStore(settings.blobs.blob_dir)
         return
     moto = None
-    endpoint = settings.s3_endpoint_url
-    access = settings.s3_access_key.get_secret_value() if settings.s3_access_key else None
-    secret = settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None
+    blobs = settings.blobs
+    endpoint = blobs.s3_endpoint_url
+    access = blobs.s3_access_key.get_secret_value() if blobs.s3_access_key else None
+    secret = blobs.s3_secret_key.get_secret_value() if blobs.s3_secret_key else None
     if endpoint is None and settings.profile == "local":
         if importlib.util.find_spec("moto") is None:
             raise SettingsError(
@@ -51,8 +52,8 @@ async def blob_resource(settings: Settings, registry: Registry
         endpoint = moto.start()
         access, secret = access or "local", secret or "local"
     try:
-        bucket, owner = settings.bucket(), settings.s3_expected_bucket_owner
-        async with s3_client_resource(endpoint, settings.s3_region, access, secret) as client:
+        bucket, owner = settings.bucket(), settings.blobs.s3_expected_bucket_owner
+        async with s3_client_resource(endpoint, settings.blobs.s3_region, access, secret) as client:
             # production finds its bucket (a typo must not create a new one); local makes it
             await ensure_bucket(client, bucket, owner, create=settings.profile != "production")
             yield S3BlobStore(client, bucket, expected_owner=owner)
@@ -64,8 +65,8 @@ async def blob_resource(settings: Settings, registry: Registry
 async def rabbit_resource(settings: Settings, name: str) -> AsyncIterator[RabbitConnection]:
     """dependency-injector `Resource`: a started, supervised connection named `name` (the
     broker shows it), giving up after `EO_BROKER_GIVE_UP_S`; closed on shutdown."""
-    connection = RabbitConnection(settings.amqp(), give_up_after_s=settings.broker_give_up_s,
-                                  name=name)
+    connection = RabbitConnection(settings.amqp(),
+                                  give_up_after_s=settings.rabbitmq.broker_give_up_s, name=name)
     await connection.start()
     try:
         yield connection

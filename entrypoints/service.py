@@ -83,13 +83,13 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         raise SettingsError(f"{endpoint} is an HTTP callee: serve it with `eo serve "
                             f"--endpoint {endpoint}`")
     sock = None
-    if settings.metrics_port != 0:
+    if settings.operator.metrics_port != 0:
         try:
-            sock = listening_socket(settings.metrics_host, settings.metrics_port,
+            sock = listening_socket(settings.operator.metrics_host, settings.operator.metrics_port,
                                     FIRST_STATUS_PORT)
         except OSError as exc:
             raise SettingsError(f"invalid setting {exc}") from exc
-    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    deadline = asyncio.get_running_loop().time() + settings.rabbitmq.broker_give_up_s
     container = await started_container(settings, service, endpoint, deadline, consumer=True)
     lost: BrokerUnavailable | None = None
     # the stops' tasks, held: the event loop keeps only weak references to tasks, and one
@@ -101,8 +101,8 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         rabbit: RabbitConnection = await provided(container.rabbit)
         for name in service.registry.queues_of(endpoint):
             await waiting_for(f"RabbitMQ: the queues of {name!r}", partial(
-                topology.declare, rabbit, name, settings.retry_delays_s,
-                settings.delivery_limit, settings.dead_letter_max_bytes,
+                topology.declare, rabbit, name, settings.protocol.retry_delays_s,
+                settings.rabbitmq.delivery_limit, settings.rabbitmq.dead_letter_max_bytes,
                 inbound=service.registry[name].role is Role.GATEWAY), deadline,
                 endpoint=endpoint)
         workers: Workers = await provided(container.workers)
@@ -111,11 +111,11 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         collector = await provided(container.collector)
         operations = await provided(container.dead_letter_operations)
         upkeep = [partial(sweep_forever, workers.sweeper(endpoint), workers, metrics,
-                          settings.sweep_interval_s),
+                          settings.protocol.sweep_interval_s),
                   partial(dead_letters_forever, collector, operations, workers, metrics,
-                          endpoint, settings.sweep_interval_s)]
+                          endpoint, settings.protocol.sweep_interval_s)]
         if registration.role is Role.GATEWAY:  # batch producers' commands: inbox to queue
-            upkeep.append(partial(workers.relay(endpoint).run, settings.inbox_poll_s))
+            upkeep.append(partial(workers.relay(endpoint).run, settings.protocol.inbox_poll_s))
         process = workers.consumer_process(endpoint, source, upkeep)
         ready = readiness(source, rabbit, workers.stores[endpoint])
         server = None
@@ -132,7 +132,7 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
             loop.add_signal_handler(sig, stop)
         await waiting_for(f"RabbitMQ: a consumer on {endpoint!r}", process.start, deadline,
                           endpoint=endpoint)
-        status = f"http://{settings.metrics_host}:{server.port}" if server else None
+        status = f"http://{settings.operator.metrics_host}:{server.port}" if server else None
         log.info("consumer.started", endpoint=endpoint, prefetch=process.prefetch,
                  batch_size=process.batch_size, strategy=str(service.strategy(endpoint)),
                  status_url=status)
@@ -174,9 +174,9 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     except OSError as exc:
         raise SettingsError(f"invalid setting {exc}") from exc
     # a callee serving its own requests does not call itself over HTTP
-    settings = settings.model_copy(update={"callees": {
-        name: c for name, c in settings.callees.items() if name != endpoint}})
-    deadline = asyncio.get_running_loop().time() + settings.broker_give_up_s
+    settings = settings.replaced(**{"callees": {
+        name: c for name, c in settings.http.callees.items() if name != endpoint}})
+    deadline = asyncio.get_running_loop().time() + settings.rabbitmq.broker_give_up_s
     container = await started_container(settings, service, endpoint, deadline)
     try:
         workers: Workers = await provided(container.workers)
@@ -191,7 +191,8 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
         for sig in (signal.SIGTERM, signal.SIGINT):  # finish in-flight requests, exit 0
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         sweeper = asyncio.create_task(sweep_forever(
-            workers.sweeper(endpoint), workers, container.metrics(), settings.sweep_interval_s))
+            workers.sweeper(endpoint), workers, container.metrics(),
+            settings.protocol.sweep_interval_s))
         log.info("callee.serving", endpoint=endpoint,
                  url=f"http://{own.host}:{bound_port(sock)}")
         await server.serve(sockets=[sock])

@@ -55,7 +55,7 @@ def resolve_service(settings: Settings, registry: Registry | None = None) -> Ser
     if any(r.blobs for r in registry) and settings.blobs_in_s3():
         settings.bucket()  # production names its bucket: refused at start-up otherwise
     callees = set(registry.names(Role.CALLEE))
-    for name in settings.callees:
+    for name in settings.http.callees:
         if name not in callees:
             raise SettingsError(f"invalid setting EO_CALLEES__{name.upper()}: {name!r} is not "
                                 f"a registered callee (callees: {sorted(callees)})")
@@ -67,7 +67,7 @@ def _check_apis(settings: Settings, registry: Registry) -> None:
     """Third-party API settings name declared APIs, never lengthen a key's retention, and
     in production give every API an endpoint calls an https:// URL."""
     declared = {api.name: api for api in registry.apis}
-    for name, own in settings.apis.items():
+    for name, own in settings.http.apis.items():
         variable = f"EO_APIS__{name.upper()}"
         if name not in declared:
             raise SettingsError(f"invalid setting {variable}: {name!r} is not a declared "

@@ -3,20 +3,34 @@ entrypoints/service_spec.py)."""
 
 from __future__ import annotations
 
+import functools
 import re
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from application import defaults
-from application.failpoints import needs_gates, parse
 from application.settlement import default_prefetch
 from application.strategy import Strategy
 from entrypoints.credentials import production_credentials
 from entrypoints.named_settings import ApiSettings, CalleeSettings
+from entrypoints.setting_groups import (
+    BlobSettings,
+    DeadLetterSettings,
+    FaultSettings,
+    HttpSettings,
+    OperatorSettings,
+    PostgresSettings,
+    ProductionSettings,
+    ProtocolSettings,
+    RabbitSettings,
+)
 
 Profile = Literal["embedded", "local", "production"]
 LOCAL_DATABASE = "postgresql://postgres@127.0.0.1:5432/eo"
@@ -37,8 +51,13 @@ class SettingsError(Exception):
 
 
 class Settings(BaseSettings):
-    """Every setting of the framework; the environment variable is `EO_<NAME>` (upper case),
-    nested ones `EO_<NAME>__<KEY>__<FIELD>` (e.g. `EO_CALLEES__PAYMENTS__URL`).
+    """Every setting of the framework, by job: the service's (`profile`, `service`,
+    `strategies`, `log_level`) and one nested model per job (entrypoints/setting_groups.py:
+    `protocol`, `postgres`, `rabbitmq`, `blobs`, `http`, `dead_letters`, `operator`, `faults`,
+    `production`). The environment variable of a setting is `EO_<FIELD>` (upper case)
+    whatever its group (`settings.rabbitmq.amqp_url` is `EO_AMQP_URL`); settings kept by name
+    are `EO_<FIELD>__<NAME>__<KEY>` (e.g. `EO_CALLEES__PAYMENTS__URL`). Keyword overrides
+    (`load_settings(amqp_url=...)`) and `replaced` take the same flat names.
 
     Strategies are per endpoint (`EO_STRATEGIES='{"ledger": "outbox"}'`) over the registry's
     defaults, checked against the registry at start-up (`resolve_service`).
@@ -52,166 +71,58 @@ class Settings(BaseSettings):
     profile: Profile = "embedded"
     service: str = Field(DEFAULT_SERVICE, pattern=r"^[\w.]+:\w+$",
                          description="the service's registry, as module:attribute")
-    failpoints: str = Field("", description="protocol 10 rules, e.g. after_commit=crash@3")
-    failpoint_gates: Path | None = Field(
-        None, description="the directory where wait:<gate> failpoints look for their gate "
-        "files")
     strategies: dict[str, Strategy] = Field(
         default_factory=dict, description="per endpoint, over the registry's defaults")
-    conflict_retries: int = Field(defaults.CONFLICT_RETRIES, ge=0,
-                                  description="immediate retries after a conflict")
-    max_attempts: int = Field(defaults.MAX_ATTEMPTS, ge=1,
-                              description="deliveries before dead-lettering")
-    retry_delays_s: tuple[float, ...] = defaults.RETRY_DELAYS_S
-    prefetch: int | None = Field(
-        None, ge=1, description="deliveries in flight per consumer; unset: three times "
-        "EO_BATCH_SIZE for an endpoint that batches, 8 for one that does not "
-        "(`prefetch_for`)")
-    # EO_BATCH_SIZE unset beside a given EO_PREFETCH: a third of it, at most 50
-    batch_size: int = Field(
-        50, ge=1, description="deliveries processed as one unit (token path with co-located "
-                             "tokens; docs/batching.md); 1 turns batching off")
-    batch_wait_ms: float = Field(
-        0.0, ge=0, le=10_000,
-        description="how long a batch waits for more deliveries after its first")
-    cleanup_grace_s: float = Field(defaults.CLEANUP_GRACE.total_seconds(), gt=0,
-                                   description="longer than any attempt lives")
-    stale_after_s: float = Field(defaults.STALE_AFTER.total_seconds(), gt=0,
-                                 description="finish committed TRs older than this")
-    retention_days: float = Field(defaults.RETENTION.days, gt=0,
-                                  description="processed-message rows and HTTP tombstones")
-    sweep_interval_s: float = Field(10.0, gt=0)
-    blob_dir: Path = Path("var/blobs")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    database_dsn: SecretStr | None = Field(None, description="the endpoint's PostgreSQL")
-    token_dsn: SecretStr | None = Field(None, description="token store; default: database")
-    amqp_url: SecretStr | None = Field(None, description="RabbitMQ")
-    pool_size: int = Field(defaults.POOL_SIZE, ge=1, description="PostgreSQL connections per "
-                           "pool; each attempt in flight holds one")
-    migrate_on_start: bool = False
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535,
-        description="status port; unset: the first free one from 9464; 0 turns it off")
-    delivery_limit: int = Field(20, ge=1, description="x-delivery-limit of work queues")
-    broker_give_up_s: float = Field(
-        120.0, gt=0, description="exit with status 69 when the broker cannot be reached, or "
-        "the work queue not consumed, for this long (the orchestrator restarts the process)")
-    consumer_watchdog_s: float = Field(
-        30.0, gt=0, description="re-create the consumer when its queue has ready messages, "
-        "the consumer free slots, and no delivery came for this long")
-    max_body_bytes: int = Field(defaults.MAX_BODY_BYTES, ge=1,
-                                description="larger bodies are dead-lettered")
-    max_state_bytes: int = Field(
-        1_048_576, ge=0, description="the most a partition's state may take as JSON: a "
-        "message whose handler would make it larger is dead-lettered; 0: unbounded")
-    dead_letter_body_bytes: int = Field(
-        defaults.DEAD_LETTER_BODY_BYTES, ge=0,
-        description="the most of a malformed or oversize body a dead letter keeps "
-        "(with the body's size and SHA-256)")
-    dead_letter_max_bytes: int = Field(
-        268_435_456, ge=0, description="byte bound of a new dead-letter queue (reject-publish: "
-        "a refused dead letter waits in a retry queue); 0: unbounded")
-    kept_headers: tuple[str, ...] = Field(
-        (), description="producers' headers a delivery keeps (and its retry and dead-letter "
-        "copies), e.g. [\"traceparent\"]; every other non-protocol header is dropped")
-    blob_store: Literal["directory", "s3"] | None = Field(
-        None, description="default: directory for embedded, s3 otherwise")
-    s3_endpoint_url: str | None = Field(
-        None, description="S3 API; unset: a moto server (local) or AWS (production)")
-    s3_bucket: str | None = Field(
-        None, min_length=3, max_length=63,
-        description="the blobs' bucket; local: eo-invoices; production: required")
-    s3_expected_bucket_owner: str | None = Field(
-        None, pattern=r"^\d{12}$", description="the AWS account that must own the bucket "
-        "(S3's ExpectedBucketOwner on every request)")
-    s3_region: str = "us-east-1"
-    s3_access_key: SecretStr | None = None
-    s3_secret_key: SecretStr | None = None
-    callees: dict[str, CalleeSettings] = Field(
-        default_factory=dict, description="HTTP callees by endpoint name")
-    apis: dict[str, ApiSettings] = Field(
-        default_factory=dict, description="third-party APIs by registry name (protocol 12)")
-    http_timeout_s: float = Field(10.0, gt=0, description="caller's HTTP timeouts")
-    inbox_poll_s: float = Field(1.0, gt=0,
-                                description="gateways: how often the inbox relay looks for rows")
-    inbox_batch: int = Field(200, ge=1, description="gateways: inbox rows relayed per round")
-    duplicate_rate: float = Field(0.0, ge=0, le=1,
-                                  description="fault injection: share of dispatches re-published")
-    dead_letter_collect: bool = Field(
-        True, description="consumers move their endpoint's dead-letter queue into the "
-        "dead-letter store every EO_SWEEP_INTERVAL_S, where `eo dead-letters` acts on them; "
-        "false: dead letters stay in the queue")
-    dead_letter_retention_days: float = Field(
-        14.0, gt=0, description="dead letters nobody replayed or discarded are discarded "
-        "(their tokens deleted, logged with by=retention) this long after they were last "
-        "dead-lettered; replayed and discarded ones are forgotten as late")
-    operator_tokens: dict[str, SecretStr] = Field(
-        default_factory=dict, description="the operators of the dead-letter API and the "
-        "operator page: name -> bearer token (`eo dead-letters serve`, `eo operator`; the name "
-        "is logged with each action)")
-    operator_host: str = Field("127.0.0.1", description="where `eo dead-letters serve` and "
-                               "`eo operator` listen")
-    operator_metrics_urls: tuple[str, ...] = Field(
-        (), description="the consumers' status URLs whose /metrics `eo operator` sums for its "
-        "event rates, e.g. [\"http://orders-0:9464\"]")
-    operator_port: int = Field(0, ge=0, le=65535, description="its port (0: a free one, "
-                               "printed at start-up)")
-    allow_anonymous_producers: bool = Field(
-        False, description="production: accept gateway messages without an AMQP user_id "
-        "(unauthenticated producers share one deduplication scope)")
-    allow_guest_broker_credentials: bool = Field(
-        False, description="production: accept an EO_AMQP_URL that logs in with RabbitMQ's "
-        "guest account or password (also what a URL without a user or password sends)")
-    allow_passwordless_dsn: bool = Field(
-        False, description="production: accept a PostgreSQL DSN with neither a password nor "
-        "a client certificate (trust or peer authentication, ~/.pgpass)")
-    allow_plain_http_callees: bool = Field(
-        False, description="production: accept http:// callee URLs (the bearer token then "
-        "travels in clear)")
+    protocol: ProtocolSettings = Field(default_factory=ProtocolSettings.model_construct)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings.model_construct)
+    rabbitmq: RabbitSettings = Field(default_factory=RabbitSettings.model_construct)
+    blobs: BlobSettings = Field(default_factory=BlobSettings.model_construct)
+    http: HttpSettings = Field(default_factory=HttpSettings.model_construct)
+    dead_letters: DeadLetterSettings = Field(default_factory=DeadLetterSettings.model_construct)
+    operator: OperatorSettings = Field(default_factory=OperatorSettings.model_construct)
+    faults: FaultSettings = Field(default_factory=FaultSettings.model_construct)
+    production: ProductionSettings = Field(default_factory=ProductionSettings.model_construct)
 
-    @field_validator("failpoints")
     @classmethod
-    def _valid_failpoints(cls, value: str) -> str:
-        parse(value)
-        return value
+    def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment read by flat names (`_flat_mirror`), nested by `_nested`."""
+        return (init_settings, EnvSettingsSource(_flat_mirror(settings_cls)), dotenv_settings,
+                file_secret_settings)
 
-    @model_validator(mode="after")
-    def _gates_for_waits(self) -> Settings:
-        if self.failpoint_gates is None and needs_gates(parse(self.failpoints)):
-            raise ValueError("failpoint_gates: a wait:<gate> failpoint needs the directory of "
-                             "its gate files")
-        return self
-
-    @field_validator("retry_delays_s")
+    @model_validator(mode="before")
     @classmethod
-    def _some_delay(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if not value or any(d < 0 for d in value):
-            raise ValueError("needs at least one non-negative delay")
-        return value
-
-    @model_validator(mode="after")
-    def _batch_fits_in_flight(self) -> Settings:
-        if self.prefetch is None:  # chosen per endpoint (`prefetch_for`)
-            return self
-        if "batch_size" not in self.model_fields_set:  # a prefetch of its own: 3 batches fit
-            self.batch_size = max(1, min(self.batch_size,
-                                         self.prefetch // defaults.PREFETCH_IN_BATCHES))
-        if self.batch_size > self.prefetch:
-            raise ValueError(f"batch_size: {self.batch_size} exceeds prefetch "
-                             f"{self.prefetch}, the deliveries in flight a batch is made of")
-        return self
+    def _nested(cls, data: Any) -> Any:
+        """Flat names (from the environment or keyword overrides) into their groups; a
+        group given as a whole (a dict or a model) wins over its flat names."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for group, model in groups_of(cls).items():
+            flat = {leaf: data.pop(leaf) for leaf in model.model_fields if leaf in data}
+            if flat:
+                given = data.get(group) or {}
+                if isinstance(given, BaseModel):
+                    given = given.model_dump(exclude_unset=True)
+                data[group] = {**flat, **given}
+        return data
 
     @model_validator(mode="after")
     def _production_needs_services(self) -> Settings:
         if self.profile == "production":
-            for name in ("database_dsn", "amqp_url"):
-                if getattr(self, name) is None:
+            for name, value in (("database_dsn", self.postgres.database_dsn),
+                                ("amqp_url", self.rabbitmq.amqp_url)):
+                if value is None:
                     raise ValueError(f"{name}: required by the production profile")
-            if self.failpoints.strip():
+            if self.faults.failpoints.strip():
                 raise ValueError("failpoints: fault injection is refused by the production "
                                  "profile")
-            if self.duplicate_rate:
+            if self.faults.duplicate_rate:
                 raise ValueError("duplicate_rate: fault injection is refused by the "
                                  "production profile")
             production_credentials(self)
@@ -221,29 +132,31 @@ class Settings(BaseSettings):
         """The deliveries in flight of one consumer (RabbitMQ's `prefetch_count`):
         `EO_PREFETCH` when set, else `application.settlement.default_prefetch` for a
         consumer that batches (`Settler.batches`) or not."""
-        if self.prefetch is not None:
-            return self.prefetch
-        return default_prefetch(batches, self.batch_size)
+        if self.protocol.prefetch is not None:
+            return self.protocol.prefetch
+        return default_prefetch(batches, self.protocol.batch_size)
 
     def database(self) -> str:
         """The endpoint database DSN (the local profile defaults to the local server)."""
-        if self.database_dsn is not None:
-            return self.database_dsn.get_secret_value()
+        if self.postgres.database_dsn is not None:
+            return self.postgres.database_dsn.get_secret_value()
         return LOCAL_DATABASE
 
     def tokens_database(self) -> str:
         """The token store's DSN: `EO_TOKEN_DSN`, else the endpoint database."""
-        return self.token_dsn.get_secret_value() if self.token_dsn else self.database()
+        token_dsn = self.postgres.token_dsn
+        return token_dsn.get_secret_value() if token_dsn else self.database()
 
     def amqp(self) -> str:
         """The RabbitMQ URL (the local profile defaults to guest on localhost)."""
-        return self.amqp_url.get_secret_value() if self.amqp_url else LOCAL_AMQP
+        url = self.rabbitmq.amqp_url
+        return url.get_secret_value() if url else LOCAL_AMQP
 
     def bucket(self) -> str:
         """The blobs' bucket: `EO_S3_BUCKET`, else (embedded and local profiles only) the
         local default. Raises `SettingsError` in production without one."""
-        if self.s3_bucket is not None:
-            return self.s3_bucket
+        if self.blobs.s3_bucket is not None:
+            return self.blobs.s3_bucket
         if self.profile == "production":
             raise SettingsError("invalid setting EO_S3_BUCKET: required by the production "
                                 "profile (there is no default bucket)")
@@ -251,17 +164,79 @@ class Settings(BaseSettings):
 
     def blobs_in_s3(self) -> bool:
         """Whether blobs go to an S3 API (else to `blob_dir`)."""
-        if self.blob_store is not None:
-            return self.blob_store == "s3"
+        if self.blobs.blob_store is not None:
+            return self.blobs.blob_store == "s3"
         return self.profile != "embedded"
 
     def callee(self, name: str) -> CalleeSettings:
         """The settings of callee `name` (its defaults when none are set)."""
-        return self.callees.get(name) or CalleeSettings.model_validate({})
+        return self.http.callees.get(name) or CalleeSettings.model_validate({})
 
     def api(self, name: str) -> ApiSettings:
         """The settings of third-party API `name` (its defaults when none are set)."""
-        return self.apis.get(name) or ApiSettings.model_validate({})
+        return self.http.apis.get(name) or ApiSettings.model_validate({})
+
+    def replaced(self: S, **changes: Any) -> S:
+        """A copy with `changes` by flat name (`replaced(amqp_url=SecretStr(url))`), each
+        put in its group; not validated, as `model_copy`. Raises `TypeError` naming an
+        unknown setting."""
+        groups = groups_of(type(self))
+        by_group: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        for name, value in changes.items():
+            group = next((g for g, model in groups.items() if name in model.model_fields), None)
+            if group is not None:
+                by_group.setdefault(group, {})[name] = value
+            elif name in type(self).model_fields and name not in groups:
+                top[name] = value
+            else:
+                raise TypeError(f"no setting named {name!r}")
+        for group, update in by_group.items():
+            top[group] = getattr(self, group).model_copy(update=update)
+        return self.model_copy(update=top)
+
+    def variables(self) -> dict[str, Any]:
+        """Every setting by its environment variable (`EO_<FIELD>`), as JSON values
+        (secrets hidden)."""
+        groups = groups_of(type(self))
+        flat: dict[str, Any] = {}
+        for name, value in self.model_dump(mode="json").items():
+            if name in groups:
+                flat.update(value)
+            else:
+                flat[name] = value
+        return {f"EO_{name.upper()}": value for name, value in flat.items()}
+
+
+def groups_of(cls: type[BaseSettings]) -> dict[str, type[BaseModel]]:
+    """The nested models of settings class `cls`, by field name."""
+    return {name: info.annotation for name, info in cls.model_fields.items()
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+
+
+def setting_names(cls: type[BaseSettings]) -> list[str]:
+    """Every setting's flat name (`EO_<NAME>` upper-cased), the groups' fields included."""
+    groups = groups_of(cls)
+    names: list[str] = []
+    for name in cls.model_fields:
+        names.extend(groups[name].model_fields if name in groups else [name])
+    return names
+
+
+@functools.cache
+def _flat_mirror(cls: type[BaseSettings]) -> type[BaseSettings]:
+    """A settings class with every setting of `cls` at the top (the groups' fields in place
+    of the groups), read by pydantic-settings' own environment source: its JSON values and
+    `__` nesting for the settings kept by name. Never instantiated."""
+    groups = groups_of(cls)
+    fields = {leaf: info for name, top in cls.model_fields.items()
+              for leaf, info in (groups[name].model_fields.items() if name in groups
+                                 else [(name, top)])}
+    namespace: dict[str, Any] = {
+        "__annotations__": {name: info.annotation for name, info in fields.items()},
+        "model_config": SettingsConfigDict(**cls.model_config),
+        **fields}
+    return type(f"Flat{cls.__name__}", (BaseSettings,), namespace)
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -278,6 +253,8 @@ def load_settings_as(cls: type[S], **overrides: Any) -> S:
         first = exc.errors()[0]
         message = str(first["msg"]).removeprefix("Value error, ")
         loc = [str(part) for part in first["loc"]]
+        if loc and loc[0] in groups_of(cls):  # a group's field: its variable is flat
+            loc = loc[1:]
         if not loc:  # a model validator: its message starts with "<field>: "
             field, _, message = message.partition(": ")
             loc = [field]

@@ -138,7 +138,8 @@ async def preflight(settings: Settings, broker: bool = True, deadline: float | N
         deadline = asyncio.get_running_loop().time()
     for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
         await waiting_for(f"PostgreSQL database {database_name(dsn)!r}",
-                           partial(_database_ready, dsn, settings.migrate_on_start), deadline)
+                           partial(_database_ready, dsn, settings.postgres.migrate_on_start),
+                           deadline)
     if broker:
         await waiting_for("RabbitMQ", partial(_broker_answers, settings.amqp()), deadline)
 

@@ -83,7 +83,7 @@ class EmbeddedService:
         self.settings, self.service, self.faults = settings, service, faults
         self.broker = MemoryBroker(
             shuffle=random.Random(faults.seed + 1) if faults.out_of_order else None,
-            dead_letter_max_bytes=settings.dead_letter_max_bytes)
+            dead_letter_max_bytes=settings.rabbitmq.dead_letter_max_bytes)
         self._container = EmbeddedContainer(settings=settings, service=service)
         self._recording = Recording(self.broker)
         self._container.broker.override(self.broker)
@@ -205,7 +205,7 @@ class EmbeddedService:
         runtime = self.runtime
         await runtime.until_quiet(quiet_polls)
         later = OffsetClock(self.system.clock, self.system.grace
-                            + timedelta(seconds=self.settings.stale_after_s + 1))
+                            + timedelta(seconds=self.settings.protocol.stale_after_s + 1))
         for name in self.system.registry.names():
             await runtime.surviving(partial(self._sweep, name, later))
         for name in self.system.registry.names(Role.GATEWAY):
@@ -308,7 +308,7 @@ async def run_lines(settings: Settings, service: Service, lines: Iterable[str],
     the report. `blobs` None keeps the profile's (a directory: `EO_BLOB_DIR`)."""
     async with EmbeddedService.start(
             service.registry, settings=settings,
-            blobs=blobs or LocalDirectoryBlobStore(settings.blob_dir)) as running:
+            blobs=blobs or LocalDirectoryBlobStore(settings.blobs.blob_dir)) as running:
         for line in lines:
             await running.send_line(line)
         return await running.run_until_quiet()

@@ -17,7 +17,13 @@ from application.failpoints import Failpoints, Rule, parse
 from application.registry import Registration, Registry
 from application.strategy import Strategy
 from entrypoints.service_spec import resolve_service
-from entrypoints.settings import DEFAULT_SERVICE, Settings, SettingsError, load_settings
+from entrypoints.settings import (
+    DEFAULT_SERVICE,
+    Settings,
+    SettingsError,
+    load_settings,
+    setting_names,
+)
 from tests.support.counters.endpoints import AUDIT
 from tests.support.counters.registry import REGISTRY, SPEC
 from tests.support.set_algebra import SET_ALGEBRA
@@ -207,7 +213,7 @@ def test_a_wait_without_a_gates_directory_is_refused_naming_the_setting() -> Non
     with pytest.raises(SettingsError, match="EO_FAILPOINT_GATES"):
         load_settings(failpoints="after_commit=wait:b-done")
     assert load_settings(failpoints="after_commit=wait:b-done",
-                         failpoint_gates=Path("/tmp")).failpoint_gates == Path("/tmp")
+                         failpoint_gates=Path("/tmp")).faults.failpoint_gates == Path("/tmp")
 
 
 async def test_sleep_lets_other_tasks_run() -> None:
@@ -273,20 +279,21 @@ def test_defaults() -> None:
     settings = load_settings()
     assert settings.profile == "embedded"
     assert settings.service == DEFAULT_SERVICE
-    assert settings.failpoints == ""
+    assert settings.faults.failpoints == ""
     assert settings.strategies == {}  # no override: the registry's defaults
-    assert settings.callees == {}
-    assert settings.metrics_port is None  # the first free status port from 9464
-    assert settings.conflict_retries == 3
-    assert settings.max_attempts == 5
-    assert settings.retry_delays_s == (0.05, 0.2, 1.0, 5.0)
-    assert (settings.batch_size, settings.batch_wait_ms, settings.prefetch) == (50, 0.0, None)
+    assert settings.http.callees == {}
+    assert settings.operator.metrics_port is None  # the first free status port from 9464
+    assert settings.protocol.conflict_retries == 3
+    assert settings.protocol.max_attempts == 5
+    assert settings.protocol.retry_delays_s == (0.05, 0.2, 1.0, 5.0)
+    protocol = settings.protocol
+    assert (protocol.batch_size, protocol.batch_wait_ms, protocol.prefetch) == (50, 0.0, None)
     # the prefetch is the endpoint's: two batches in process and one waiting, or 8
     assert (settings.prefetch_for(batches=True), settings.prefetch_for(batches=False)) == (
         150, 8)
-    assert settings.retention_days == 7.0
-    assert settings.cleanup_grace_s == 1800.0
-    assert settings.blob_dir == Path("var/blobs")
+    assert settings.protocol.retention_days == 7.0
+    assert settings.protocol.cleanup_grace_s == 1800.0
+    assert settings.blobs.blob_dir == Path("var/blobs")
     assert resolve_service(settings, REGISTRY).strategies == {
         "front": Strategy.OUTBOX,  # a gateway
         "counter": Strategy.TOKEN,
@@ -306,15 +313,15 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert service.strategy("audit") is Strategy.OUTBOX
     assert service.strategy("front") is Strategy.OUTBOX
     assert service.strategy("counter") is Strategy.TOKEN
-    assert settings.max_attempts == 2
-    assert settings.retry_delays_s == (0.5, 1.5)
-    assert settings.failpoints == "after_commit=crash@3"
-    assert settings.metrics_port == 0
+    assert settings.protocol.max_attempts == 2
+    assert settings.protocol.retry_delays_s == (0.5, 1.5)
+    assert settings.faults.failpoints == "after_commit=crash@3"
+    assert settings.operator.metrics_port == 0
 
 
 def test_keyword_overrides_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EO_MAX_ATTEMPTS", "2")
-    assert load_settings(max_attempts=9).max_attempts == 9
+    assert load_settings(max_attempts=9).protocol.max_attempts == 9
 
 
 def test_overriding_one_endpoints_strategy_keeps_the_others_defaults(
@@ -358,11 +365,11 @@ def test_the_prefetch_follows_the_batch_size_unless_it_is_set(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EO_PREFETCH", "9")  # a prefetch alone: batches of a third of it
-    assert (load_settings().batch_size, load_settings().prefetch) == (3, 9)
+    assert (load_settings().protocol.batch_size, load_settings().protocol.prefetch) == (3, 9)
     # ... and every endpoint has it, batching or not
     assert {load_settings().prefetch_for(batches) for batches in (True, False)} == {9}
     monkeypatch.setenv("EO_PREFETCH", "1")
-    assert load_settings().batch_size == 1  # batching off
+    assert load_settings().protocol.batch_size == 1  # batching off
     monkeypatch.delenv("EO_PREFETCH")
     monkeypatch.setenv("EO_BATCH_SIZE", "32")
     # two batches in process, the next one filling; one delivery at a time: 8
@@ -446,7 +453,7 @@ def test_callee_settings_come_from_nested_variables(monkeypatch: pytest.MonkeyPa
     assert bank.token.get_secret_value() == "s3cret"
     assert (bank.host, bank.port, bank.max_body_bytes) == ("0.0.0.0", 8081, 1024)
     assert "s3cret" not in repr(settings)  # a secret
-    assert set(settings.callees) == {"bank"}
+    assert set(settings.http.callees) == {"bank"}
     assert resolve_service(settings, REGISTRY).registry is REGISTRY
     unset = settings.callee("audit")  # an endpoint without settings: the defaults
     assert (unset.url, unset.token, unset.port, unset.max_body_bytes) == (None, None, 0, 65536)
@@ -538,9 +545,43 @@ def test_settings_is_the_type_load_settings_returns() -> None:
 
 def test_every_setting_is_documented_in_the_configuration_page() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    missing = [f"EO_{name.upper()}" for name in Settings.model_fields
+    missing = [f"EO_{name.upper()}" for name in setting_names(Settings)
                if f"`EO_{name.upper()}" not in page]
     assert missing == []
+
+
+def test_the_settings_are_grouped_by_job_and_keep_their_flat_variables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EO_AMQP_URL", "amqp://svc:pw@mq/eo")
+    monkeypatch.setenv("EO_MAX_ATTEMPTS", "7")
+    monkeypatch.setenv("EO_KEPT_HEADERS", '["traceparent"]')
+    monkeypatch.setenv("EO_CALLEES__PAYMENTS__URL", "https://payments")
+    monkeypatch.setenv("EO_CALLEES__PAYMENTS__TOKEN", "t")
+    monkeypatch.setenv("EO_RABBITMQ", '{"amqp_url": "amqp://other"}')  # a group is no variable
+    settings = load_settings(pool_size=3)  # a keyword override takes the flat name too
+    assert settings.rabbitmq.amqp_url is not None
+    assert settings.rabbitmq.amqp_url.get_secret_value() == "amqp://svc:pw@mq/eo"
+    assert (settings.protocol.max_attempts, settings.protocol.kept_headers) == (
+        7, ("traceparent",))
+    assert settings.http.callees["payments"].url == "https://payments"
+    assert settings.postgres.pool_size == 3
+    variables = settings.variables()  # what `eo settings` prints: flat names, secrets hidden
+    assert (variables["EO_MAX_ATTEMPTS"], variables["EO_AMQP_URL"]) == (7, "**********")
+    assert set(variables) == {f"EO_{name.upper()}" for name in setting_names(Settings)}
+    # every field name is unique across the groups: one variable, one setting
+    assert len(setting_names(Settings)) == len(set(setting_names(Settings)))
+
+
+def test_replaced_puts_each_flat_name_in_its_group_and_refuses_an_unknown_one() -> None:
+    settings = load_settings()
+    copy = settings.replaced(max_attempts=2, profile="local", duplicate_rate=0.5)
+    assert (copy.protocol.max_attempts, copy.profile, copy.faults.duplicate_rate) == (
+        2, "local", 0.5)
+    assert settings.protocol.max_attempts == 5  # the original is untouched
+    with pytest.raises(TypeError, match="no setting named 'max_attempt'"):
+        settings.replaced(max_attempt=2)
+    with pytest.raises(TypeError, match="no setting named 'protocol'"):
+        settings.replaced(protocol=None)
 
 
 # credentials of their own: production refuses guest and passwordless DSNs

@@ -74,7 +74,7 @@ def engine_settings(base: Settings, blob_dir: Path) -> Settings:
     """`base` with enough attempts that a bounded number of faults never dead-letters, a
     sweeper that finishes an interrupted transaction within seconds, and a consumer
     watchdog shorter than a run's quiet period."""
-    return base.model_copy(update={
+    return base.replaced(**{
         "profile": "local", "token_dsn": None, "blob_dir": blob_dir, "max_attempts": 12,
         "retry_delays_s": (0.1, 0.5, 1.0, 2.0, 5.0), "stale_after_s": 2.0,
         "consumer_watchdog_s": 5.0, "blob_store": "s3"})
@@ -104,9 +104,9 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
     report = EngineReport(seed=seed, service=service.registry.service,
                           order_independent=bool(getattr(workload, "order_independent", False)))
     async with own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
-                         len(settings.retry_delays_s), "eo chaos") as broker, \
+                         len(settings.protocol.retry_delays_s), "eo chaos") as broker, \
             own_database(settings.database(), database) as dsn:
-        settings = settings.model_copy(update={"amqp_url": SecretStr(broker.url),
+        settings = settings.replaced(**{"amqp_url": SecretStr(broker.url),
                                                "database_dsn": SecretStr(dsn)})
         temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
         root = log_root or temp
@@ -116,10 +116,10 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
         with contextlib.ExitStack() as stack:
             providers = {api: stack.enter_context(fake_provider(root / f"{api}.log"))
                          for api in layout.apis}
-            settings = settings.model_copy(update={
+            settings = settings.replaced(**{
                 "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
                 "s3_secret_key": SecretStr("local"),
-                "apis": {**settings.apis, **{
+                "apis": {**settings.http.apis, **{
                     api: ApiSettings.model_validate({"url": p.url})
                     for api, p in providers.items()}}})
             zygote = stack.enter_context(contextlib.closing(Zygote()))

@@ -44,8 +44,9 @@ def _secret(value: SecretStr | None) -> str:
 
 def bucket_client(settings: Settings) -> AbstractAsyncContextManager[Any]:
     """An S3 client of the run's endpoint and credentials (settings'), for its bucket."""
-    return s3_client_resource(settings.s3_endpoint_url, settings.s3_region,
-                              _secret(settings.s3_access_key), _secret(settings.s3_secret_key))
+    blobs = settings.blobs
+    return s3_client_resource(blobs.s3_endpoint_url, blobs.s3_region,
+                              _secret(blobs.s3_access_key), _secret(blobs.s3_secret_key))
 
 
 async def empty_bucket(settings: Settings) -> None:
@@ -95,20 +96,20 @@ class Fleet:
         self.token = secrets.token_urlsafe(24)
         self.env = {**os.environ, "EO_PROFILE": "local",
                     "EO_DATABASE_DSN": settings.database(), "EO_AMQP_URL": settings.amqp(),
-                    "EO_BLOB_DIR": str(settings.blob_dir), "EO_METRICS_PORT": "0",
+                    "EO_BLOB_DIR": str(settings.blobs.blob_dir), "EO_METRICS_PORT": "0",
                     "EO_LOG_LEVEL": "INFO", "EO_SWEEP_INTERVAL_S": "1",
                     "EO_DUPLICATE_RATE": str(duplicate_rate), "EO_FAILPOINTS": "",
-                    "EO_S3_ENDPOINT_URL": settings.s3_endpoint_url or "",
+                    "EO_S3_ENDPOINT_URL": settings.blobs.s3_endpoint_url or "",
                     "EO_S3_BUCKET": settings.bucket(),
-                    "EO_S3_ACCESS_KEY": _secret(settings.s3_access_key),
-                    "EO_S3_SECRET_KEY": _secret(settings.s3_secret_key),
+                    "EO_S3_ACCESS_KEY": _secret(settings.blobs.s3_access_key),
+                    "EO_S3_SECRET_KEY": _secret(settings.blobs.s3_secret_key),
                     "EO_STRATEGIES": json.dumps({k: str(v)
                                                  for k, v in settings.strategies.items()}),
                     **{f"EO_CALLEES__{name.upper()}__TOKEN": self.token
                        for name in self.callees},
                     "EO_SERVICE": settings.service,
                     "EO_POOL_SIZE": "3"}
-        for name, api in settings.apis.items():  # third-party APIs at a shared provider
+        for name, api in settings.http.apis.items():  # third-party APIs at a shared provider
             if api.url is not None:
                 self.env[f"EO_APIS__{name.upper()}__URL"] = api.url
         self.env.pop("EO_TOKEN_DSN", None)  # the co-located path unless extra_env says
@@ -154,10 +155,10 @@ class Fleet:
 
     def caller_settings(self, settings: S) -> S:
         """`settings` calling the fleet's callee processes over HTTP (the final sweep's)."""
-        callees = dict(settings.callees)
+        callees = dict(settings.http.callees)
         for name, url in self.callee_urls.items():
             callees[name] = CalleeSettings.model_validate({"url": url, "token": self.token})
-        return settings.model_copy(update={"callees": callees})
+        return settings.replaced(**{"callees": callees})
 
     async def wait_for_callee(self, name: str, timeout_s: float = 60.0) -> None:
         """Until callee process `name` has logged its URL (`callee.serving`) and answers
@@ -231,16 +232,16 @@ async def final_sweep(settings: Settings, service: Service) -> None:
     consumers do every sweep interval): the store then holds every dead letter, one entry
     per message, as an operator finds them."""
     configure_logging("WARNING")  # the report is the output; the processes' logs are on disk
-    container = LocalContainer(settings=settings.model_copy(update={"duplicate_rate": 0.0}),
+    container = LocalContainer(settings=settings.replaced(**{"duplicate_rate": 0.0}),
                                service=service)
     await container.init_resources()  # type: ignore[misc]
     try:
         system = await provided(container.workers)
-        later = OffsetClock(system.clock, timedelta(seconds=settings.cleanup_grace_s
-                                                    + settings.stale_after_s + 1))
+        later = OffsetClock(system.clock, timedelta(seconds=settings.protocol.cleanup_grace_s
+                                                    + settings.protocol.stale_after_s + 1))
         for name in service.registry.names():
             await system.sweeper(name, later).sweep()
-        if settings.dead_letter_collect:
+        if settings.dead_letters.dead_letter_collect:
             rabbit = await provided(container.rabbit)
             kept = await provided(container.dead_letter_store)
             for name in service.registry.consuming():

@@ -44,10 +44,10 @@ def _fleet(campaign: Campaign, log_dir: Path) -> Fleet:
     settings = campaign.settings
     return Fleet(settings, log_dir, 0.0, callees=campaign.layout.callees,
                  zygote=campaign.zygote, extra_env={
-        "EO_MAX_ATTEMPTS": str(settings.max_attempts),
-        "EO_RETRY_DELAYS_S": json.dumps(list(settings.retry_delays_s)),
-        "EO_STALE_AFTER_S": str(settings.stale_after_s),
-        "EO_CONSUMER_WATCHDOG_S": str(settings.consumer_watchdog_s),
+        "EO_MAX_ATTEMPTS": str(settings.protocol.max_attempts),
+        "EO_RETRY_DELAYS_S": json.dumps(list(settings.protocol.retry_delays_s)),
+        "EO_STALE_AFTER_S": str(settings.protocol.stale_after_s),
+        "EO_CONSUMER_WATCHDOG_S": str(settings.rabbitmq.consumer_watchdog_s),
         "EO_BLOB_STORE": "s3"})
 
 
@@ -57,8 +57,8 @@ async def _declare(settings: Settings, layout: Topology) -> RabbitConnection:
     rabbit = RabbitConnection(settings.amqp())
     await rabbit.start()
     for endpoint in layout.queues:
-        await amqp_topology.declare(rabbit, endpoint, settings.retry_delays_s,
-                                    settings.delivery_limit)
+        await amqp_topology.declare(rabbit, endpoint, settings.protocol.retry_delays_s,
+                                    settings.rabbitmq.delivery_limit)
     return rabbit
 
 
@@ -90,7 +90,7 @@ async def _conclude(campaign: Campaign, stage: Stage, log_dir: Path, result: Eng
                            campaign.providers, campaign.workload, stage.messages,
                            stage.expected), log_dir, result)
     await amqp_topology.delete_queues(settings.amqp(), list(campaign.layout.queues),
-                                      len(settings.retry_delays_s))
+                                      len(settings.protocol.retry_delays_s))
     for record in read_logs(log_dir):
         if record.get("event") == FAULT_INJECTED:
             result.faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1

@@ -60,7 +60,7 @@ def demo_settings(base: S, blob_dir: Path) -> S:
     """`base` pointed at the demo's own bucket (emptied by each run), whatever `EO_S3_BUCKET`
     says. Its database and virtual host are made by each run (`run_local_demo`) on the server
     and broker `base` names, never the ones it names."""
-    return base.model_copy(update={"profile": "local", "token_dsn": None,
+    return base.replaced(**{"profile": "local", "token_dsn": None,
                                    "s3_bucket": DEMO_BUCKET, "blob_dir": blob_dir})
 
 
@@ -95,17 +95,18 @@ async def run_local_demo(
     host holds them (the run would delete them)."""
     started = time.monotonic()
     endpoints = service.registry.consuming()
-    async with own_vhost(settings.amqp(), DEMO_VHOST, endpoints, len(settings.retry_delays_s),
+    async with own_vhost(settings.amqp(), DEMO_VHOST, endpoints,
+                         len(settings.protocol.retry_delays_s),
                          "eo demo") as broker, \
             own_database(settings.database(), DEMO_DATABASE, keep_database) as dsn:
-        settings = settings.model_copy(update={"amqp_url": SecretStr(broker.url),
+        settings = settings.replaced(**{"amqp_url": SecretStr(broker.url),
                                                "database_dsn": SecretStr(dsn)})
         moto = None
-        if settings.s3_endpoint_url is None:  # one S3 API for every process (each would
+        if settings.blobs.s3_endpoint_url is None:  # one S3 API for every process (each would
             moto = MotoServer()                # otherwise start its own), gone after the run
-            settings = settings.model_copy(update={"s3_endpoint_url": moto.start()})
-        if settings.s3_access_key is None or settings.s3_secret_key is None:
-            settings = settings.model_copy(update={"s3_access_key": SecretStr("local"),
+            settings = settings.replaced(**{"s3_endpoint_url": moto.start()})
+        if settings.blobs.s3_access_key is None or settings.blobs.s3_secret_key is None:
+            settings = settings.replaced(**{"s3_access_key": SecretStr("local"),
                                                    "s3_secret_key": SecretStr("local")})
         try:
             report = await _run(settings, service, sample, orders_consumers, duplicates, seed,
@@ -131,8 +132,8 @@ async def _run(settings: ToolSettings, service: Service, sample: TpchSample,
     rabbit = RabbitConnection(settings.amqp())
     await rabbit.start()
     for endpoint in service.registry.consuming():
-        await topology.declare(rabbit, endpoint, settings.retry_delays_s,
-                               settings.delivery_limit)
+        await topology.declare(rabbit, endpoint, settings.protocol.retry_delays_s,
+                               settings.rabbitmq.delivery_limit)
     fleet = Fleet(settings, log_dir, duplicates)
     fleet.start(PAYMENTS, PAYMENTS)
     await fleet.wait_for_callee(PAYMENTS)
@@ -161,7 +162,7 @@ async def _run(settings: ToolSettings, service: Service, sample: TpchSample,
                 fleet.start("orders-0", "orders")
                 killed = True
             busy = await queue_depth(settings.amqp(), service.registry.consuming(),
-                                     len(settings.retry_delays_s))
+                                     len(settings.protocol.retry_delays_s))
             busy += int(await pool.fetchval(  # inbox rows the gateway has yet to relay
                 "SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL"))
             idle = idle + 1 if busy == 0 and done == last else 0

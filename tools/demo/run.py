@@ -145,8 +145,8 @@ async def run_demo(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    later = OffsetClock(system.clock, timedelta(seconds=settings.cleanup_grace_s
-                                                + settings.stale_after_s + 1))
+    later = OffsetClock(system.clock, timedelta(seconds=settings.protocol.cleanup_grace_s
+                                                + settings.protocol.stale_after_s + 1))
     for name in system.registry.names():
         await system.sweeper(name, later).sweep()
     report = await _report(system, sample, duplicates, workers, time.monotonic() - started,

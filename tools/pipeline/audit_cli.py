@@ -167,7 +167,7 @@ def audit_command(
     console = Console()
     check = _domain(domain, input_dir)
     jar = driver_jar(settings, jdbc_jar)
-    if inventory is None and settings.s3_endpoint_url is None and settings.profile == "local":
+    if inventory is None and settings.blobs.s3_endpoint_url is None and settings.profile == "local":
         raise fail("EO_S3_ENDPOINT_URL is not set: in the local profile each service process "
                     "starts a moto server of its own, which the audit cannot see; set it, or "
                     "pass --inventory", 2)
@@ -178,7 +178,7 @@ def audit_command(
     if dead_letters:
         try:
             counts = asyncio.run(dead_letter_counts(settings.amqp(),
-                                                    len(settings.retry_delays_s),
+                                                    len(settings.protocol.retry_delays_s),
                                                     service.registry.consuming()))
         except Exception as exc:
             raise fail(f"RabbitMQ unreachable ({type(exc).__name__}: {exc}): check "
@@ -188,9 +188,9 @@ def audit_command(
         datetime.now(UTC),
         settings.audit_older_than_s if older_than is None else older_than, partitions)
     location = S3Location(
-        settings.bucket(), settings.s3_endpoint_url, settings.s3_region,
-        settings.s3_access_key.get_secret_value() if settings.s3_access_key else None,
-        settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None)
+        settings.bucket(), settings.blobs.s3_endpoint_url, settings.blobs.s3_region,
+        settings.blobs.s3_access_key.get_secret_value() if settings.blobs.s3_access_key else None,
+        settings.blobs.s3_secret_key.get_secret_value() if settings.blobs.s3_secret_key else None)
     with spark_session(settings, master, jar, "eo-pipeline-audit", console) as spark:
         try:
             listing = (read_inventory(spark, inventory) if inventory is not None

@@ -52,12 +52,13 @@ def sweep_command(
     prefixes = config.prefixes
     if prefixes is None:  # undeclared: those the audit derived from what the states name
         prefixes = tuple(summary.get("prefixes") or ())
+    blobs = settings.blobs
     try:
         result = asyncio.run(sweep(
-            audit_dir, settings.database(), settings.bucket(), settings.s3_endpoint_url,
-            settings.s3_region,
-            settings.s3_access_key.get_secret_value() if settings.s3_access_key else None,
-            settings.s3_secret_key.get_secret_value() if settings.s3_secret_key else None,
+            audit_dir, settings.database(), settings.bucket(), blobs.s3_endpoint_url,
+            blobs.s3_region,
+            blobs.s3_access_key.get_secret_value() if blobs.s3_access_key else None,
+            blobs.s3_secret_key.get_secret_value() if blobs.s3_secret_key else None,
             config.states, prefixes, apply=apply,
             on_key=lambda action, key: console.print(f"{action}: {key}", highlight=False)))
     except SweepError as exc:

@@ -233,7 +233,7 @@ class Cluster:
 
     def __init__(self, base: ToolSettings, log_dir: Path, general_path: bool,
                  zygote: Zygote, carrier: contextlib.ExitStack | None = None) -> None:
-        """`carrier`: holds the fake carrier process (`base.apis`' URL), closed by
+        """`carrier`: holds the fake carrier process (`base.http.apis`' URL), closed by
         `destroy`."""
         self.log_dir = log_dir
         self.carrier = carrier
@@ -444,7 +444,7 @@ class Run:
         await self.rabbit.start()
         for endpoint in ENDPOINTS:
             await topology.declare(self.rabbit, endpoint, RETRY_DELAYS,
-                                   self.settings.delivery_limit)
+                                   self.settings.rabbitmq.delivery_limit)
         await self._purge()
         await self._truncate()
         await self._empty_bucket()
@@ -484,7 +484,8 @@ class Run:
 
     async def _empty_bucket(self) -> None:
         s = self.settings
-        async with s3_client_resource(s.s3_endpoint_url, s.s3_region, "local", "local") as c:
+        async with s3_client_resource(s.blobs.s3_endpoint_url, s.blobs.s3_region, "local",
+                                      "local") as c:
             await ensure_bucket(c, s.bucket())
             store = S3BlobStore(c, s.bucket())
             for key in await store.keys():
@@ -492,7 +493,8 @@ class Run:
 
     async def blob_keys(self) -> list[str]:
         s = self.settings
-        async with s3_client_resource(s.s3_endpoint_url, s.s3_region, "local", "local") as c:
+        async with s3_client_resource(s.blobs.s3_endpoint_url, s.blobs.s3_region, "local",
+                                      "local") as c:
             return await S3BlobStore(c, s.bucket()).keys()
 
     # processes ---------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_embedded_removes_its_temporary_blobs_and_keeps_those_of_blob_dir(
 def test_embedded_removes_its_temporary_blobs_when_the_run_fails(
         tmp_path: Path, temporary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def broken(settings: Settings, *_args: object) -> None:
-        (settings.blob_dir / "half-written").write_bytes(b"x")
+        (settings.blobs.blob_dir / "half-written").write_bytes(b"x")
         raise RuntimeError("the run failed")
 
     monkeypatch.setattr(run_embedded, "run_embedded", broken)

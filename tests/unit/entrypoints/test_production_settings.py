@@ -42,9 +42,9 @@ def test_a_production_configuration_with_passwords_and_https_loads() -> None:
     settings = load_settings(**PRODUCTION, callees={
         "payments": {"url": "https://payments.internal:8443", "token": "tok-4711"}})
     assert settings.amqp() == AMQP
-    assert not settings.allow_guest_broker_credentials
-    assert not settings.allow_passwordless_dsn
-    assert not settings.allow_plain_http_callees
+    assert not settings.production.allow_guest_broker_credentials
+    assert not settings.production.allow_passwordless_dsn
+    assert not settings.production.allow_plain_http_callees
 
 
 # --- the broker: RabbitMQ's guest account ----------------------------------------------------
