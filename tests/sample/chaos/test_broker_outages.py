@@ -145,7 +145,8 @@ async def test_work_queue_deleted_and_redeclared_under_its_consumers(chaos: Run)
     channel = chaos.rabbit.channel
     await channel.queue_delete("orders")
     await asyncio.sleep(0.5)
-    await topology.declare(chaos.rabbit, "orders", RETRY_DELAYS, chaos.settings.delivery_limit)
+    await topology.declare(chaos.rabbit, "orders", RETRY_DELAYS,
+                           chaos.settings.rabbitmq.delivery_limit)
     await consuming_again(chaos, {**ALL, "orders": 2})
     await chaos.publish(ORDERS.commands)
     await chaos.verify()
