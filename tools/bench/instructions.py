@@ -33,6 +33,9 @@ from tools.bench.run import run_bench
 
 #: the consumer starts 20-50 times slower under callgrind
 START_TIMEOUT_S = 600.0
+#: the drain's time bound grows by this (`Params.slowdown`): 2,000 messages drained in about
+#: a minute on one machine and not in the plain run's 160 s on a slower one
+CALLGRIND_SLOWDOWN = 10.0
 
 
 def callgrind_total(path: Path) -> int:
@@ -84,7 +87,7 @@ def main() -> None:
     options = parser.parse_args()
     params = Params(messages=options.messages, partitions=options.partitions,
                     batch_size=options.batch_size, database_dsn=options.database_dsn,
-                    latency_messages=50,
+                    latency_messages=50, slowdown=CALLGRIND_SLOWDOWN,
                     runs=tuple((path, 1) for path in options.runs.split(",")))
     counts = asyncio.run(measure(params, options.out))
     print(f"instructions per message, consumer process ({options.messages} messages, "

@@ -49,6 +49,10 @@ class Params:
     batch_wait_ms: float = 0.0
     #: where the traced paths export their spans (`run_bench` starts a sink when one runs)
     otlp_endpoint: str = ""
+    #: how many times slower than plain Python the consumers run (the instructions bench's
+    #: run under callgrind, 20-50 times): the drain's and the latency phase's time bounds
+    #: (60 s plus 50 ms a message, and twice the expected time) grow by it
+    slowdown: float = 1.0
 
 
 @dataclass

@@ -151,7 +151,7 @@ async def _measured(params: Params, path: str, processes: int, round_no: int, ad
     try:
         for _ in range(processes):  # inside: a failed start stops those already started
             procs.append(await spawn(config))
-        await _wait(receiver, procs, 60 + n * 0.05, label)
+        await _wait(receiver, procs, (60 + n * 0.05) * params.slowdown, label)
         first, last = receiver.first_ns, receiver.last_ns
         seconds = (last - first) / 1e9
         throughput = (n - 1) / seconds
@@ -160,7 +160,7 @@ async def _measured(params: Params, path: str, processes: int, round_no: int, ad
         count = max(50, min(params.latency_messages, int(offered * 5)))
         receiver.expect(count)
         incoming += await producer.paced(count, offered)
-        await _wait(receiver, procs, 60 + count / offered * 2, label)
+        await _wait(receiver, procs, (60 + count / offered * 2) * params.slowdown, label)
         latencies = receiver.latencies_ns
     finally:
         for proc in procs:
