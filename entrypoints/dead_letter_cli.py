@@ -100,9 +100,10 @@ async def _container(settings: Settings, service: Service) -> AsyncIterator[Loca
 
 
 def _run(profile: str | None, work: Callable[[LocalContainer], Awaitable[T]]) -> T:
-    """`work` on the composition root of the configured service; exits 3 naming the server
-    when PostgreSQL or RabbitMQ does not answer."""
-    from application.errors import TransientError
+    """`work` on the composition root of the configured service; exits 3 with the reason
+    when PostgreSQL or RabbitMQ does not answer or refuses (no such database, refused
+    credentials)."""
+    from application.errors import PermanentError, TransientError
     from entrypoints.commands import fail, load
 
     settings, service = load(profile, services=True)
@@ -113,16 +114,17 @@ def _run(profile: str | None, work: Callable[[LocalContainer], Awaitable[T]]) ->
 
     try:
         return asyncio.run(main())
-    except TransientError as exc:
+    except (TransientError, PermanentError) as exc:
         raise fail(f"dead letters: {exc}", 3) from exc
 
 
 def _read(profile: str | None, query: DeadLetterQuery) -> list[DeadLetter]:
     """The dead letters `query` selects, read with one connection to the endpoint database
-    and nothing else (no composition root: no broker, no blob store); exits 3 naming the
-    server when PostgreSQL does not answer."""
+    and nothing else (no composition root: no broker, no blob store); exits 3 with the
+    reason when PostgreSQL does not answer, has no such database or refuses the
+    credentials."""
     from adapters.system.clock import SystemClock
-    from application.errors import TransientError
+    from application.errors import PermanentError, TransientError
     from entrypoints.commands import fail, load
     from entrypoints.pools import dead_letter_store_of, endpoint_pool
 
@@ -134,7 +136,7 @@ def _read(profile: str | None, query: DeadLetterQuery) -> list[DeadLetter]:
 
     try:
         return asyncio.run(main())
-    except TransientError as exc:
+    except (TransientError, PermanentError) as exc:
         raise fail(f"dead letters: {exc}", 3) from exc
 
 

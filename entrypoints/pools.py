@@ -9,6 +9,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
+from adapters.postgres.admin import database_refusal
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.postgres.pool import create_pool
 from application.ports import Clock
@@ -28,14 +31,25 @@ class Pools:
         return self.endpoint is self.tokens
 
 
+async def opened(dsn: str, **options: Any) -> Any:
+    """`create_pool(dsn, **options)`. Raises `TransientError` when the server does not
+    answer, `PermanentError` when it refuses (no such database, refused credentials:
+    `adapters.postgres.admin.database_refusal`)."""
+    try:
+        return await create_pool(dsn, **options)
+    except asyncpg.PostgresError as exc:
+        raise database_refusal(exc, dsn) from exc
+
+
 async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
-    """dependency-injector `Resource`: one pool per distinct DSN, closed on shutdown."""
-    endpoint = await create_pool(settings.database(), max_size=settings.postgres.pool_size)
+    """dependency-injector `Resource`: one pool per distinct DSN, closed on shutdown; raises
+    as `opened`."""
+    endpoint = await opened(settings.database(), max_size=settings.postgres.pool_size)
     tokens = endpoint
     try:
         if settings.tokens_database() != settings.database():
-            tokens = await create_pool(settings.tokens_database(),
-                                       max_size=settings.postgres.pool_size)
+            tokens = await opened(settings.tokens_database(),
+                                  max_size=settings.postgres.pool_size)
         yield Pools(endpoint, tokens)
     finally:
         if tokens is not endpoint:
@@ -45,9 +59,9 @@ async def pools_resource(settings: Settings) -> AsyncIterator[Pools]:
 
 @asynccontextmanager
 async def endpoint_pool(settings: Settings) -> AsyncIterator[Any]:
-    """A pool of one connection on the endpoint database, closed on exit. Raises what
-    `create_pool` raises (a server away, refused credentials)."""
-    pool = await create_pool(settings.database(), min_size=1, max_size=1)
+    """A pool of one connection on the endpoint database, closed on exit; raises as
+    `opened`."""
+    pool = await opened(settings.database(), min_size=1, max_size=1)
     try:
         yield pool
     finally:

@@ -17,7 +17,7 @@ import asyncpg
 import structlog
 from alembic.script import ScriptDirectory
 
-from adapters.postgres.admin import database_name
+from adapters.postgres.admin import database_name, database_refusal
 from adapters.postgres.migrate import MIGRATIONS, head_revision, upgrade_async
 from adapters.postgres.pool import translated as postgres_translated
 from adapters.rabbitmq.backoff import reconnecting
@@ -90,11 +90,8 @@ async def _database_ready(dsn: str, migrate: bool) -> None:
     try:
         async with postgres_translated():
             conn = await asyncpg.connect(dsn, timeout=OPEN_TIMEOUT_S)
-    except asyncpg.InvalidCatalogNameError as exc:
-        raise PermanentError(f"database {name!r} does not exist: run `eo migrate`") from exc
-    except asyncpg.PostgresError as exc:  # refused credentials, no pg_hba.conf entry, ...
-        raise PermanentError(f"PostgreSQL database {name!r}: {type(exc).__name__}: "
-                             f"{exc}") from exc
+    except asyncpg.PostgresError as exc:  # no database, refused credentials, ...
+        raise database_refusal(exc, dsn) from exc
     try:
         if migrate:
             await upgrade_async(dsn)

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from application.errors import PermanentError
 from domain.context import ARTIFACT_KEY_IN_TEXT
 
 #: libpq connection parameters that hold secrets, also in a DSN's query string
@@ -30,6 +31,17 @@ def redacted_dsn(dsn: str) -> str:
 def database_name(dsn: str) -> str:
     """The database a DSN names."""
     return urlsplit(dsn).path.lstrip("/")
+
+
+def database_refusal(exc: asyncpg.PostgresError, dsn: str) -> PermanentError:
+    """What PostgreSQL's refusal to open the database of `dsn` tells an operator, as the
+    `PermanentError` a command or start-up raises (no wait fixes it): a missing database
+    ("run `eo migrate`"), refused credentials, no pg_hba.conf entry. Names the database,
+    never the DSN (it may hold a password)."""
+    name = database_name(dsn)
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return PermanentError(f"database {name!r} does not exist: run `eo migrate`")
+    return PermanentError(f"PostgreSQL database {name!r}: {type(exc).__name__}: {exc}")
 
 
 def quoted(identifier: str) -> str:

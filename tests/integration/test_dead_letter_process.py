@@ -30,6 +30,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from adapters.postgres.admin import with_database
 from adapters.postgres.token_store import PostgresTokenStore
 from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
@@ -321,3 +322,21 @@ async def test_listing_the_dead_letters_needs_the_database_alone(where: Where) -
     done = await eo_in_thread(env, "dead-letters", "list", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert isinstance(json.loads(done.stdout), list)
+
+
+@pytest.mark.parametrize("command", [("list",), ("show", "1")])
+async def test_a_missing_database_is_named_with_what_to_do_not_a_traceback(
+        where: Where, command: tuple[str, ...]) -> None:
+    """A dead-letter command against a database that does not exist (a fresh machine, a
+    typo in EO_DATABASE_DSN) exits 3 saying so and what to do, as start-up does; it printed
+    asyncpg's traceback before."""
+    missing = f"eo_missing_{uuid.uuid4().hex[:12]}"  # never created: nothing to remove
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EO_")},
+           "EO_PROFILE": "local", "EO_SERVICE": SPEC,
+           "EO_DATABASE_DSN": with_database(where.dsn, missing), "EO_AMQP_URL": where.amqp_url,
+           "EO_BROKER_GIVE_UP_S": "5"}
+    done = await eo_in_thread(env, "dead-letters", *command)
+    said = " ".join(done.stderr.split())  # the console wraps it to its width
+    assert done.returncode == 3, done.stderr
+    assert f"database '{missing}' does not exist: run `eo migrate`" in said
+    assert "Traceback" not in said
