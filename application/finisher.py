@@ -159,7 +159,7 @@ class Finisher:
                        ) -> None:
         fp, published = self._fp, 0
         for rec in winners:
-            if rec.kind not in PUBLISHED_KINDS:  # nothing to publish: no span
+            if rec.kind not in PUBLISHED_KINDS or self._tracer is NULL_TRACER:  # no span
                 done = await self.effects.publish(rec.kind, rec.key, rec.payload)
             else:
                 with self._tracer.span(f"publish {rec.kind}", _span_kind(rec),

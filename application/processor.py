@@ -75,6 +75,10 @@ class Processor:
         context (messaging semantic conventions' attributes, and `eo.outcome`); with
         `received`, `message.received` is emitted in it first."""
         m = envelope.id_text
+        if self.tracer is NULL_TRACER:  # tracing off: no span's attributes to build
+            if received:
+                self._received(envelope)
+            return await self._attempts(envelope, m)
         with self.tracer.span(f"process {self.endpoint}", SpanKind.CONSUMER,
                          message_attributes(self.endpoint, m),
                          parent=envelope.headers) as span:
