@@ -1,5 +1,7 @@
 """The tracer of a process whose tracing is off (`NULL_TRACER`): its spans record nothing, so
-the protocol's steps trace unconditionally and need no "is tracing on" branch."""
+the protocol's steps trace unconditionally and need no "is tracing on" branch, except the two
+per-message spans whose names and attributes cost measurable work to build (a message's
+process span, an output's publish span: `is NULL_TRACER` skips them; docs/bench.md)."""
 
 from __future__ import annotations
 
