@@ -132,6 +132,8 @@ class Finisher:
         losers, consume, clear. `batched` (co-located tokens only): the publications run
         together and one `clear_many` consumes and clears them all; else there is one
         plan."""
+        if self._tracer is NULL_TRACER:
+            return await self._steps(plans, batched)
         with self._tracer.span("finish", attributes={"eo.transactions": len(plans)}):
             return await self._steps(plans, batched)
 
@@ -159,7 +161,7 @@ class Finisher:
                        ) -> None:
         fp, published = self._fp, 0
         for rec in winners:
-            if rec.kind not in PUBLISHED_KINDS or self._tracer is NULL_TRACER:  # no span
+            if self._tracer is NULL_TRACER or rec.kind not in PUBLISHED_KINDS:  # no span
                 done = await self.effects.publish(rec.kind, rec.key, rec.payload)
             else:
                 with self._tracer.span(f"publish {rec.kind}", _span_kind(rec),

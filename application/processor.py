@@ -68,6 +68,8 @@ class Processor:
 
     async def process(self, envelope: Envelope) -> Outcome:
         """Process one delivery; see the class docstring for the errors raised."""
+        if self.tracer is NULL_TRACER:  # tracing off: no span, and no frame for one
+            return await self._attempts(envelope, self._received(envelope))
         return await self._traced(envelope, received=True)
 
     async def _traced(self, envelope: Envelope, received: bool = False) -> Outcome:
@@ -75,10 +77,6 @@ class Processor:
         context (messaging semantic conventions' attributes, and `eo.outcome`); with
         `received`, `message.received` is emitted in it first."""
         m = envelope.id_text
-        if self.tracer is NULL_TRACER:  # tracing off: no span's attributes to build
-            if received:
-                self._received(envelope)
-            return await self._attempts(envelope, m)
         with self.tracer.span(f"process {self.endpoint}", SpanKind.CONSUMER,
                          message_attributes(self.endpoint, m),
                          parent=envelope.headers) as span:
@@ -109,7 +107,8 @@ class Processor:
             if self.batch is not None:
                 results = await self.batch.run(envelopes)
         singles = [i for i in range(len(envelopes)) if i not in results]
-        alone = await asyncio.gather(*(self._traced(envelopes[i]) for i in singles),
+        attempts = self._attempts if tracer is NULL_TRACER else self._traced
+        alone = await asyncio.gather(*(attempts(envelopes[i]) for i in singles),
                                      return_exceptions=True)
         for i, outcome in zip(singles, alone, strict=True):
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):

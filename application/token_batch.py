@@ -48,6 +48,7 @@ from application.observability import (
 )
 from application.outcome import Outcome
 from application.ports import CommitRequest, Loaded, Span, SpanKind
+from application.ports.null_tracer import NULL_TRACER
 from application.transactional_path import Attempt, Steps
 
 #: What a batch settled: an outcome or an error per index of its deliveries; the deliveries
@@ -62,8 +63,8 @@ def is_follow_up(envelope: Envelope) -> bool:
     there. The batch asks it of the delivery when it forms its rounds and of the token's
     message once it has read it (the token's message decides, whatever the delivery
     says)."""
-    return (envelope.header(REQUEST_URL_HEADER) is not None
-            or envelope.header(API_CALL_HEADER) is not None)
+    headers = envelope.headers  # asked twice a message: no `header` calls
+    return REQUEST_URL_HEADER in headers or API_CALL_HEADER in headers
 
 
 @dataclass(frozen=True)
@@ -135,10 +136,12 @@ class TokenBatch:
 
     @staticmethod
     def _ended(spans: dict[int, Span], index: int, outcome: str) -> None:
-        """End the span of item `index` with `eo.outcome` = `outcome`."""
-        span = spans.pop(index)
-        span.set("eo.outcome", outcome)
-        span.end()
+        """End the span of item `index` with `eo.outcome` = `outcome` (none when tracing is
+        off)."""
+        span = spans.pop(index, None)
+        if span is not None:
+            span.set("eo.outcome", outcome)
+            span.end()
 
     def _abandoned(self, a: Attempt, reason: str) -> None:
         self.steps.events.emit(ATTEMPT_ABANDONED, **a.fields, reason=f"{reason}: processed alone")
@@ -171,14 +174,16 @@ class TokenBatch:
         requests: list[tuple[_Item, Attempt, CommitRequest]] = []
         for item, stored, load in ready:
             a = steps.begin(stored, item.message, item.partition, load)
-            # the message's own span, in its trace: its outputs carry it
-            span = spans[item.index] = tracer.start(
-                f"process {steps.endpoint}", SpanKind.CONSUMER,
-                {**message_attributes(steps.endpoint, a.fields["message_id"]),
-                 "eo.attempt_id": a.fields["attempt_id"], "eo.partition": a.partition},
-                parent=stored.headers)
-            with span.current():
+            if tracer is NULL_TRACER:  # tracing off: `spans` stays empty
                 request, reason = await self._decide(a)
+            else:  # the message's own span, in its trace: its outputs carry it
+                span = spans[item.index] = tracer.start(
+                    f"process {steps.endpoint}", SpanKind.CONSUMER,
+                    {**message_attributes(steps.endpoint, a.fields["message_id"]),
+                     "eo.attempt_id": a.fields["attempt_id"], "eo.partition": a.partition},
+                    parent=stored.headers)
+                with span.current():
+                    request, reason = await self._decide(a)
             if request is None:
                 self._abandoned(a, reason)
                 self._ended(spans, item.index, "processed alone")
@@ -203,7 +208,10 @@ class TokenBatch:
                 self._ended(spans, item.index, "conflict")
                 singly.add(item.partition)
                 continue
-            with spans[item.index].current():  # the message's event, in the message's trace
+            if spans:  # the message's event, in the message's trace
+                with spans[item.index].current():
+                    steps.events.emit(TRANSACTION_COMMITTED, **a.fields)
+            else:
                 steps.events.emit(TRANSACTION_COMMITTED, **a.fields)
             done.append((item, a, result))
         await steps.hit("after_commit")
@@ -214,7 +222,8 @@ class TokenBatch:
                                           [a.fields for _, a, _ in done])
         for item, _, _ in done:
             settled[item.index] = Outcome.PROCESSED
-            self._ended(spans, item.index, str(Outcome.PROCESSED))
+            if spans:
+                self._ended(spans, item.index, str(Outcome.PROCESSED))
 
     async def _decide(self, a: Attempt) -> tuple[CommitRequest | None, str]:
         """Attempt `a`'s decision as a commit request, or None and why the message needs

@@ -147,6 +147,8 @@ class Steps:
         when another attempt moved the partition first, `PermanentError` or
         `TransientError`."""
         a = self.begin(stored, message, partition, loaded)
+        if self.tracer is NULL_TRACER:  # tracing off: no span to start, make current, end
+            return await self._run(a, processed_row)
         span = self.tracer.start("attempt", attributes={
             "eo.attempt_id": a.fields["attempt_id"], "eo.partition": partition})
         try:
@@ -169,8 +171,11 @@ class Steps:
         await self.hit("after_handler")
         request = await self.prepare(a, decision, processed_row)
         await self.hit("before_commit")
-        with self.tracer.span("commit", attributes={"eo.partition": a.partition}):
+        if self.tracer is NULL_TRACER:
             committed = await self.store.commit(request)
+        else:
+            with self.tracer.span("commit", attributes={"eo.partition": a.partition}):
+                committed = await self.store.commit(request)
         self.events.emit(TRANSACTION_COMMITTED, **a.fields)
         await self.hit("after_commit")
         # the commit returned what finish would read: nothing can add records while the TR

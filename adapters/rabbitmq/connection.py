@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -96,6 +96,11 @@ class RabbitConnection:
         self._supervisor: asyncio.Task[None] | None = None
         #: publishes on the publishing channel of the moment
         self.publisher = ConfirmedPublisher(lambda: self.channel, self._up, publish_timeout_s)
+        #: publish a message to a queue and wait for its confirm, waiting for a reconnection
+        #: first if need be, within `publish_timeout_s` (`ConfirmedPublisher.publish`: its
+        #: errors); the publisher's own method, so a publish awaits through no extra frame
+        self.publish: Callable[[str, aio_pika.Message], Awaitable[None]] = \
+            self.publisher.publish
 
     def __repr__(self) -> str:
         return f"RabbitConnection({redacted(self._url)!r})"
@@ -213,12 +218,6 @@ class RabbitConnection:
         if self._channel is None:
             raise RuntimeError("RabbitConnection.start() was not awaited")
         return self._channel
-
-    async def publish(self, queue: str, message: aio_pika.Message) -> None:
-        """Publish `message` to `queue` and wait for its confirm, waiting for a reconnection
-        first if need be, within `publish_timeout_s` (`ConfirmedPublisher.publish`: its
-        errors)."""
-        await self.publisher.publish(queue, message)
 
     async def open_channel(self, prefetch: int | None = None) -> AbstractChannel:
         """A new plain channel on the current connection (no publisher confirms), with at most

@@ -212,6 +212,7 @@ class RabbitSource:
         self._received.put_nowait(None)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self.subscription.delivered()
         if not self._stopped:
             self._received.put_nowait(message)
         else:  # sent before the broker processed our cancel

@@ -5,8 +5,7 @@ application's errors (`ConfirmedPublisher`, which `RabbitConnection.publish` use
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
@@ -37,9 +36,13 @@ class ConfirmedPublisher:
         queue), a timeout or a lost channel (the message may then have arrived or not)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
+        message_id = message.message_id  # None: aiormq gives the message a random ID
         try:
-            # message ID None: aiormq gives the message a random ID
-            async with self._turn(message.message_id, deadline):
+            if message_id is not None:  # the publish's turn
+                if message_id in self.waiting:
+                    await self._wait_turn(message_id, deadline)
+                self.waiting[message_id] = []
+            try:
                 if not self._up.is_set():
                     async with asyncio.timeout_at(deadline):
                         await self._up.wait()
@@ -47,6 +50,9 @@ class ConfirmedPublisher:
                 await self._channel().default_exchange.publish(
                     message, routing_key=queue, mandatory=True,
                     timeout=max(deadline - loop.time(), 0.001))
+            finally:
+                if message_id is not None:
+                    self._end_turn(message_id)
         except PublishError as exc:
             raise TransientError(f"publish to {queue!r}: unroutable (no such queue)") from exc
         except DeliveryError as exc:
@@ -54,24 +60,22 @@ class ConfirmedPublisher:
         except DRIVER_ERRORS as exc:
             raise TransientError(f"publish to {queue!r}: {type(exc).__name__}: {exc}") from exc
 
-    @asynccontextmanager
-    async def _turn(self, message_id: str | None, deadline: float) -> AsyncIterator[None]:
-        """The block runs once no other publish of `message_id` is in flight (waiting until
+    # a turn is taken and ended inline rather than by an async context manager, which would
+    # build an async generator and its finalizer's bookkeeping for every output published
+    # (tools.bench.instructions)
+
+    async def _wait_turn(self, message_id: str, deadline: float) -> None:
+        """Return once no other publish of `message_id` is in flight (waiting until
         `deadline`, the event loop's clock, at most)."""
-        if message_id is None:
-            yield
-            return
-        if message_id in self.waiting:
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout_at(deadline):
-                while (waiting := self.waiting.get(message_id)) is not None:
-                    turn = loop.create_future()
-                    waiting.append(turn)
-                    await turn  # woken when that publish ends; the first one awake goes next
-        self.waiting[message_id] = []
-        try:
-            yield
-        finally:
-            for turn in self.waiting.pop(message_id, ()):
-                if not turn.done():
-                    turn.set_result(None)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(deadline):
+            while (waiting := self.waiting.get(message_id)) is not None:
+                turn = loop.create_future()
+                waiting.append(turn)
+                await turn  # woken when that publish ends; the first one awake goes next
+
+    def _end_turn(self, message_id: str) -> None:
+        """End the turn of `message_id`: wake those waiting for it."""
+        for turn in self.waiting.pop(message_id, ()):
+            if not turn.done():
+                turn.set_result(None)

@@ -38,7 +38,7 @@ class LostBecause(enum.StrEnum):
 
 class Subscription:
     """The consumer of work queue `endpoint` on a channel of its own, at most `prefetch`
-    unacked deliveries, each passed to `on_message`:
+    unacked deliveries, each passed to `on_message` (which calls `delivered()`):
 
     - when the channel closes or the broker cancels the consumer, it opens a new channel and
       consumes again with the connection's back-off (`reconnect_delays_s`), counting
@@ -97,7 +97,7 @@ class Subscription:
                 self.acks = ChannelAcks(underlay, self.connection.publish_timeout_s)
                 channel.close_callbacks.add(self._on_channel_close)
                 self.channel, self._queue = channel, queue
-                self.tag = await queue.consume(self._deliver, no_ack=False)
+                self.tag = await queue.consume(self._on_message, no_ack=False)
         except TransientError:
             self.channel = self._queue = self.tag = None
             with contextlib.suppress(*DRIVER_ERRORS):
@@ -106,9 +106,11 @@ class Subscription:
             raise
         self._last_delivery = time.monotonic()
 
-    async def _deliver(self, message: AbstractIncomingMessage) -> None:
+    def delivered(self) -> None:
+        """Note a delivery now (the watchdog's idle time starts again): `on_message` calls
+        it, registered itself with the broker so that a delivery awaits through no extra
+        frame."""
         self._last_delivery = time.monotonic()
-        await self._on_message(message)
 
     def _on_channel_close(self, sender: Any, exc: BaseException | None = None) -> None:
         if sender is self.channel:
