@@ -65,7 +65,7 @@ async def blob_resource(settings: Settings, registry: Registry
 async def rabbit_resource(settings: Settings, name: str) -> AsyncIterator[RabbitConnection]:
     """dependency-injector `Resource`: a started, supervised connection named `name` (the
     broker shows it), giving up after `EO_BROKER_GIVE_UP_S`; closed on shutdown."""
-    connection = RabbitConnection(settings.amqp(),
+    connection = RabbitConnection(settings.amqp_urls(),
                                   give_up_after_s=settings.rabbitmq.broker_give_up_s, name=name)
     await connection.start()
     try:

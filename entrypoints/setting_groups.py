@@ -98,6 +98,9 @@ class RabbitSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     amqp_url: SecretStr | None = Field(None, description="RabbitMQ")
+    amqp_addresses: tuple[str, ...] = Field(
+        (), description="the cluster's other nodes, host:port, e.g. [\"rabbit-1:5672\"]: "
+        "a connection tries the URL's node, then these in turn (the URL's user, vhost, TLS)")
     delivery_limit: int = Field(20, ge=1, description="x-delivery-limit of work queues")
     broker_give_up_s: float = Field(
         120.0, gt=0, description="exit with status 69 when the broker cannot be reached, or "
@@ -108,6 +111,16 @@ class RabbitSettings(BaseModel):
     dead_letter_max_bytes: int = Field(
         268_435_456, ge=0, description="byte bound of a new dead-letter queue (reject-publish: "
         "a refused dead letter waits in a retry queue); 0: unbounded")
+
+
+    @field_validator("amqp_addresses")
+    @classmethod
+    def _host_and_port(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for address in value:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{address!r} is not host:port")
+        return value
 
 
 class BlobSettings(BaseModel):

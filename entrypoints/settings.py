@@ -16,6 +16,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from adapters.rabbitmq.urls import broker_urls
 from application.settlement import default_prefetch
 from application.strategy import Strategy
 from entrypoints.credentials import production_credentials
@@ -151,6 +152,11 @@ class Settings(BaseSettings):
         """The RabbitMQ URL (the local profile defaults to guest on localhost)."""
         url = self.rabbitmq.amqp_url
         return url.get_secret_value() if url else LOCAL_AMQP
+
+    def amqp_urls(self) -> list[str]:
+        """The URLs a service connection tries in turn: `amqp()`, then the same with each
+        of `EO_AMQP_ADDRESSES`' host and port (the cluster's other nodes)."""
+        return broker_urls(self.amqp(), self.rabbitmq.amqp_addresses)
 
     def bucket(self) -> str:
         """The blobs' bucket: `EO_S3_BUCKET`, else (embedded and local profiles only) the

@@ -21,9 +21,10 @@ from adapters.postgres.admin import database_name, database_refusal
 from adapters.postgres.migrate import MIGRATIONS, head_revision, upgrade_async
 from adapters.postgres.pool import translated as postgres_translated
 from adapters.rabbitmq.backoff import reconnecting
-from adapters.rabbitmq.connection import OPEN_TIMEOUT_S, redacted
+from adapters.rabbitmq.connection import OPEN_TIMEOUT_S
 from adapters.rabbitmq.errors import refusal
 from adapters.rabbitmq.errors import translated as broker_translated
+from adapters.rabbitmq.urls import redacted
 from application.errors import PermanentError, TransientError
 from entrypoints.local import LocalContainer
 from entrypoints.logs import configure_logging
@@ -115,11 +116,21 @@ async def _database_ready(dsn: str, migrate: bool) -> None:
     log.warning("startup.schema_newer", database=name, revision=revision, head=head)
 
 
-async def _broker_answers(url: str) -> None:
-    """One connection to RabbitMQ at `url`, closed at once. Raises `TransientError`."""
-    with broker_translated(f"connecting to {redacted(url)}"):
-        connection = await aio_pika.connect(url, timeout=OPEN_TIMEOUT_S)
-        await connection.close()
+async def _broker_answers(urls: list[str]) -> None:
+    """One connection to RabbitMQ, at the first of `urls` (a cluster's nodes) that answers,
+    closed at once. Raises the last node's `TransientError` when none answers,
+    `PermanentError` at once for refused credentials."""
+    failure: TransientError | None = None
+    for url in urls:
+        try:
+            with broker_translated(f"connecting to {redacted(url)}"):
+                connection = await aio_pika.connect(url, timeout=OPEN_TIMEOUT_S)
+                await connection.close()
+            return
+        except TransientError as exc:
+            failure = exc
+    assert failure is not None
+    raise failure
 
 
 async def preflight(settings: Settings, broker: bool = True, deadline: float | None = None
@@ -138,7 +149,8 @@ async def preflight(settings: Settings, broker: bool = True, deadline: float | N
                            partial(_database_ready, dsn, settings.postgres.migrate_on_start),
                            deadline)
     if broker:
-        await waiting_for("RabbitMQ", partial(_broker_answers, settings.amqp()), deadline)
+        await waiting_for("RabbitMQ", partial(_broker_answers, settings.amqp_urls()),
+                          deadline)
 
 
 async def _init_resources(container: LocalContainer) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from yarl import URL
 
 from adapters.rabbitmq.backoff import RECONNECT_DELAYS_S, reconnecting
 from adapters.rabbitmq.errors import (
@@ -32,6 +31,7 @@ from adapters.rabbitmq.errors import (
     translated,
 )
 from adapters.rabbitmq.publishing import ConfirmedPublisher
+from adapters.rabbitmq.urls import redacted
 from application.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,6 @@ log = logging.getLogger(__name__)
 #: Bound on opening a connection or a channel (seconds): an open on a connection that is
 #: closing under our feet must not wait forever.
 OPEN_TIMEOUT_S = 10.0
-
-
-def redacted(url: str) -> str:
-    """`url` with its password replaced by `******`, safe to log."""
-    parsed = URL(url)
-    return str(parsed.with_password("******")) if parsed.password else url
 
 
 async def _open_channel(connection: AbstractConnection, **options: Any) -> AbstractChannel:
@@ -67,18 +61,24 @@ class RabbitConnection:
     - `publish_timeout_s`: bound on one publish including its confirm, also while
       reconnecting (the publish waits for the connection that long);
     - `name`: the connection name the broker shows (`rabbitmqctl list_connections
-      client_properties`), e.g. "eo orders pid 4242".
+      client_properties`), e.g. "eo orders pid 4242";
+    - `url`: one broker URL, or the URLs of a cluster's nodes (`broker_urls`): the first
+      connection tries them in order, a reconnection starts from the node after the one
+      lost, and `url` is the node connected to last.
 
     Methods raise `TransientError` when the broker is unreachable or the channel fails.
     """
 
-    def __init__(self, url: str, publish_timeout_s: float = 10.0,
+    def __init__(self, url: str | Sequence[str], publish_timeout_s: float = 10.0,
                  give_up_after_s: float = 120.0,
                  reconnect_delays_s: Sequence[float] = RECONNECT_DELAYS_S,
                  name: str | None = None) -> None:
         if give_up_after_s <= 0 or not reconnect_delays_s:
             raise ValueError("give_up_after_s must be > 0 and reconnect_delays_s non-empty")
-        self._url = url
+        self._urls = [url] if isinstance(url, str) else list(url)
+        if not self._urls:
+            raise ValueError("no broker URL")
+        self._url = self._urls[0]
         self.publish_timeout_s = publish_timeout_s
         self.give_up_after_s = give_up_after_s
         self.reconnect_delays_s = tuple(reconnect_delays_s)
@@ -114,14 +114,34 @@ class RabbitConnection:
         """Connect, open the publishing channel (publisher confirms; an unroutable mandatory
         message raises instead of being returned silently) and start supervising. Raises
         `TransientError` when the first connection fails."""
-        with translated(f"connecting to {redacted(self._url)}"):
+        with translated(f"connecting to {', '.join(redacted(u) for u in self._urls)}"):
             await self._connect()
         self._supervisor = asyncio.create_task(self._supervise(), name=f"{self.name} supervisor")
         log.info("connected to %s", redacted(self._url))
 
-    async def _connect(self) -> None:
+    async def _connect(self, after_loss: bool = False) -> None:
+        """Connect to the first node that answers, from the current one (`after_loss`: from
+        the next one, as the current one was just lost); raises the last node's error."""
+        at = self._urls.index(self._url) + (1 if after_loss else 0)
+        failure: BaseException | None = None
+        for k in range(len(self._urls)):
+            url = self._urls[(at + k) % len(self._urls)]
+            try:
+                await self._connect_to(url)
+            except DRIVER_ERRORS as exc:
+                failure = exc
+                if len(self._urls) > 1:
+                    log.warning("cannot connect to %s: %s: %s", redacted(url),
+                                type(exc).__name__, exc)
+                continue
+            self._url = url
+            return
+        assert failure is not None
+        raise failure
+
+    async def _connect_to(self, url: str) -> None:
         connection = await aio_pika.connect(
-            self._url, timeout=OPEN_TIMEOUT_S, client_properties={"connection_name": self.name})
+            url, timeout=OPEN_TIMEOUT_S, client_properties={"connection_name": self.name})
         try:
             channel = await _open_channel(connection, publisher_confirms=True,
                                           on_return_raises=True)
@@ -180,7 +200,7 @@ class RabbitConnection:
     async def _reopen(self) -> None:
         connection = self._connection
         if not alive(connection):
-            await self._connect()
+            await self._connect(after_loss=True)
             return
         # only the publishing channel went (a channel-level error): reopen it, the consuming
         # channels on this connection are unaffected

@@ -350,6 +350,9 @@ def test_overriding_one_endpoints_strategy_keeps_the_others_defaults(
         ("EO_CLEANUP_GRACE_S", "0"),
         ("EO_METRICS_PORT", "65536"),
         ("EO_SERVICE", "no-colon"),
+        ("EO_AMQP_ADDRESSES", '["rabbit-1"]'),
+        ("EO_AMQP_ADDRESSES", '["rabbit-1:port"]'),
+        ("EO_AMQP_ADDRESSES", '["rabbit-1:70000"]'),
     ],
 )
 def test_an_invalid_setting_raises_settings_error_naming_the_variable(
@@ -637,3 +640,15 @@ def test_the_embedded_env_file_shows_the_defaults(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv(name, value)
         assert load_settings() == defaults, f"{name}={value} is not the default"
         monkeypatch.delenv(name)
+
+
+def test_the_cluster_addresses_are_the_urls_node_by_node(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setenv("EO_AMQP_URL", "amqps://svc:pw@rabbit-0:5671/eo?heartbeat=30")
+    monkeypatch.setenv("EO_AMQP_ADDRESSES", '["rabbit-1:5671", "[fd00::2]:5672"]')
+    assert load_settings().amqp_urls() == [
+        "amqps://svc:pw@rabbit-0:5671/eo?heartbeat=30",
+        "amqps://svc:pw@rabbit-1:5671/eo?heartbeat=30",  # the URL's user, vhost, options
+        "amqps://svc:pw@[fd00::2]:5672/eo?heartbeat=30"]
+    monkeypatch.delenv("EO_AMQP_ADDRESSES")
+    assert load_settings().amqp_urls() == ["amqps://svc:pw@rabbit-0:5671/eo?heartbeat=30"]

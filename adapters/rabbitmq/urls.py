@@ -1,0 +1,27 @@
+"""Broker URLs: safe to log (`redacted`), and a cluster's nodes as URLs (`broker_urls`).
+Imports no driver: settings and start-up use it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from yarl import URL
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced by `******`, safe to log."""
+    parsed = URL(url)
+    return str(parsed.with_password("******")) if parsed.password else url
+
+
+def broker_urls(url: str, addresses: Sequence[str] = ()) -> list[str]:
+    """`url`, then `url` with the host and port of each of `addresses` (`host:port`,
+    `[v6]:port`): a cluster's nodes, with the URL's user, password, vhost and options.
+    Raises ValueError for an address that is not host:port."""
+    urls = [url]
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"{address!r} is not host:port")
+        urls.append(str(URL(url).with_host(host.strip("[]")).with_port(int(port))))
+    return urls
