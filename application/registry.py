@@ -15,7 +15,7 @@ from typing import Any
 from application.strategy import DEDUPLICATE_BY_ID, Strategy
 from domain.decisions import Endpoint
 
-#: Endpoint names are queue names (`<name>`, `<name>.retry.<i>`, `<name>.dlq`), table keys
+#: Endpoint names are queue names (`<name>`, `<name>.retry.<ms>ms`, `<name>.dlq`), table keys
 #: and environment-variable parts (`EO_CALLEES__<NAME>__URL`): lower case, digits, `-`, `_`.
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 #: A blob prefix `Context.artifact_key` takes: parts of word characters, dots and dashes

@@ -60,7 +60,7 @@ async def inspect(settings: Settings, service: Service) -> Inspection:
     try:
         workers: Workers = await provided(container.workers)
         found = Inspection(await workers.inspection.at_rest(), await dead_letter_depths(
-            settings.amqp(), service.registry.consuming(), len(settings.protocol.retry_delays_s)))
+            settings.amqp(), service.registry.consuming()))
         gauges = await (await provided(container.dead_letter_operations)).gauges()
         found.dead_letter_tokens, found.kept = gauges.tokens, gauges.counts
         effects = SideEffects(workers.tokens, workers.dispatcher, workers.blobs, workers.http)

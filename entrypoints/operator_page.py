@@ -107,7 +107,7 @@ class Status:
         consuming = registry.consuming()
         rest, depths, gauges, (events, scraped) = await asyncio.gather(
             self.inspection.at_rest(),
-            queue_depths(settings.amqp(), consuming, len(settings.protocol.retry_delays_s)),
+            queue_depths(settings.amqp(), consuming, settings.protocol.retry_delays_s),
             self.dead_letters.gauges(),
             event_counts(self.client, settings.operator.operator_metrics_urls))
         endpoints = {}

@@ -56,16 +56,17 @@ def vhost_of(url: str) -> str:
     return unquote(urlsplit(url).path.lstrip("/")) or "/"
 
 
-async def present(url: str, endpoints: Sequence[str], n_delays: int) -> list[str]:
-    """Those of `endpoints`' queues (work, `n_delays` retry queues, dead-letter queue) and
-    inbound exchanges (`<endpoint>.in`) that exist on the virtual host of `url`, by passive
-    declares (a missing one closes only its own channel). Raises aio_pika's connection
-    errors."""
+async def present(url: str, endpoints: Sequence[str], retry_delays_s: Sequence[float]
+                  ) -> list[str]:
+    """Those of `endpoints`' queues (work, the retry queues of `retry_delays_s`, dead-letter
+    queue) and inbound exchanges (`<endpoint>.in`) that exist on the virtual host of `url`,
+    by passive declares (a missing one closes only its own channel). Raises aio_pika's
+    connection errors."""
     found: list[str] = []
     connection = await aio_pika.connect(url)
     try:
         for endpoint in endpoints:
-            names = topology.queue_names(endpoint, n_delays)
+            names = topology.queue_names(endpoint, retry_delays_s)
             for name, kind in [*((q, "queue") for q in (names.work, *names.retries,
                                                         names.dead_letter)),
                                (names.inbound, "exchange")]:
@@ -151,10 +152,10 @@ async def _made_vhost(url: str, prefix: str) -> RunBroker | None:
 
 
 @asynccontextmanager
-async def own_vhost(url: str, prefix: str, endpoints: Sequence[str], n_delays: int,
-                    command: str) -> AsyncIterator[RunBroker]:
-    """Where `command`'s run declares the queues of `endpoints` (work, `n_delays` retry
-    queues, dead-letter queue; a gateway's inbound exchange), for the block:
+async def own_vhost(url: str, prefix: str, endpoints: Sequence[str],
+                    retry_delays_s: Sequence[float], command: str) -> AsyncIterator[RunBroker]:
+    """Where `command`'s run declares the queues of `endpoints` (work, the retry queues of
+    `retry_delays_s`, dead-letter queue; a gateway's inbound exchange), for the block:
 
     - where this host administers the broker (`controllable`: local, with rabbitmqctl), a
       virtual host of a fresh name (`fresh_name(prefix, "-")`) with every right for the URL's
@@ -168,7 +169,7 @@ async def own_vhost(url: str, prefix: str, endpoints: Sequence[str], n_delays: i
     when the broker does not answer."""
     made = await _made_vhost(url, prefix)
     if made is None:
-        found = await present(url, endpoints, n_delays)
+        found = await present(url, endpoints, retry_delays_s)
         if found:
             raise SettingsError(
                 f"invalid setting EO_AMQP_URL: `{command}` cannot make a virtual host of its "
@@ -180,17 +181,17 @@ async def own_vhost(url: str, prefix: str, endpoints: Sequence[str], n_delays: i
         yield made or RunBroker(url, None)
     except BaseException:
         with contextlib.suppress(OSError, AMQPError):  # the block's error is the news
-            await _remove(made, url, endpoints, n_delays)
+            await _remove(made, url, endpoints, retry_delays_s)
         raise
-    await _remove(made, url, endpoints, n_delays)
+    await _remove(made, url, endpoints, retry_delays_s)
 
 
 async def _remove(made: RunBroker | None, url: str, endpoints: Sequence[str],
-                  n_delays: int) -> None:
+                  retry_delays_s: Sequence[float]) -> None:
     """Delete what `own_vhost` gave its block: the virtual host it made, else the
     endpoints' queues the run declared on the URL's own."""
     if made is not None and made.vhost is not None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             await asyncio.to_thread(rabbitmqctl, "delete_vhost", made.vhost)
     elif endpoints:
-        await topology.delete_queues(url, endpoints, n_delays)
+        await topology.delete_queues(url, endpoints, retry_delays_s)

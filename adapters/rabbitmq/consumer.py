@@ -64,7 +64,7 @@ class RabbitSource:
         self.connection = connection
         self.endpoint = endpoint
         self.retry_delays_s = tuple(retry_delays_s)
-        self.names = queue_names(endpoint, len(self.retry_delays_s))
+        self.names = queue_names(endpoint, self.retry_delays_s)
         self.service_user = service_user
         self.events = events
         #: the dead-letter queue, and what waits while it is full

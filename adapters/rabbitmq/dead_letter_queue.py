@@ -162,7 +162,7 @@ class DeadLetterCollector:
             raise ValueError("batch must be at least 1")
         self.connection, self.endpoint, self.store = connection, endpoint, store
         self.service_user, self.events, self.batch = service_user, events, batch
-        self.queue = queue_names(endpoint, 0).dead_letter
+        self.queue = queue_names(endpoint).dead_letter
 
     async def collect(self) -> int:
         """One round; returns how many dead letters it moved. Raises `TransientError` when

@@ -141,5 +141,5 @@ class RabbitDeadLetters(DeadLetterPublisher):
     async def dead_letter(self, endpoint: str, envelope: Envelope) -> None:
         """Publish and wait for the confirm; raises `TransientError` (a `PublishRefused`
         when the queue is full)."""
-        await self._connection.publish(queue_names(endpoint, 0).dead_letter,
+        await self._connection.publish(queue_names(endpoint).dead_letter,
                                        envelope_message(envelope, user_id=self.service_user))

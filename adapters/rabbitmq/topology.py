@@ -40,10 +40,19 @@ class Declaring(Protocol):
         """Whether `queue` exists."""
 
 
-def queue_names(endpoint: str, n_delays: int) -> QueueNames:
-    """`<endpoint>`, `<endpoint>.retry.<i>` for i in 0..n_delays-1, `<endpoint>.dlq`."""
-    return QueueNames(endpoint, tuple(f"{endpoint}.retry.{i}" for i in range(n_delays)),
-                      f"{endpoint}.dlq")
+def queue_names(endpoint: str, retry_delays_s: Sequence[float] = ()) -> QueueNames:
+    """`<endpoint>`, `<endpoint>.retry.<ms>ms` for each retry delay (its milliseconds: the
+    queue's `x-message-ttl`), `<endpoint>.dlq`."""
+    return QueueNames(endpoint, tuple(f"{endpoint}.retry.{delay_ms(d)}ms"
+                                      for d in retry_delays_s), f"{endpoint}.dlq")
+
+
+def legacy_retry_names(endpoint: str, n_delays: int) -> tuple[str, ...]:
+    """`<endpoint>.retry.<i>` for i in 0..n_delays-1: the classic retry queues of releases
+    before the quorum ones. Nothing publishes to them any more; what they hold still
+    expires into the work queue, and an operator deletes them once empty
+    (docs/operations.md). Cleaning up and counting what is at rest include them."""
+    return tuple(f"{endpoint}.retry.{i}" for i in range(n_delays))
 
 
 def delay_ms(delay_s: float) -> int:
@@ -73,9 +82,12 @@ async def declare(rabbit: Declaring, endpoint: str, retry_delays_s: Sequence[flo
     - work queue `<endpoint>`: durable quorum queue; after `delivery_limit` redeliveries (a
       message whose processing keeps killing consumers) the broker dead-letters it to the
       dead-letter queue instead of redelivering it forever;
-    - `<endpoint>.retry.<i>`: durable classic queues holding a message for
-      `retry_delays_s[i]` seconds (`x-message-ttl`), then dead-lettering it back to the work
-      queue: delayed redelivery without a plugin;
+    - `<endpoint>.retry.<ms>ms`: durable quorum queues holding a message for one of
+      `retry_delays_s` (`x-message-ttl`, milliseconds), then dead-lettering it back to the
+      work queue at least once (`x-dead-letter-strategy`, which needs `x-overflow:
+      reject-publish`): delayed redelivery without a plugin that survives the loss of a
+      cluster node (a classic queue's messages wait for its one node to come back, and
+      publishing to it is refused meanwhile; quorum queues' TTL needs RabbitMQ 3.10);
     - `<endpoint>.dlq`: durable quorum queue; when it does not exist yet and
       `dead_letter_max_bytes` is set, bounded to that many bytes of bodies
       (`x-max-length-bytes`) and refusing more (`x-overflow: reject-publish`: nothing is
@@ -93,7 +105,7 @@ async def declare(rabbit: Declaring, endpoint: str, retry_delays_s: Sequence[flo
         raise ValueError(f"delivery_limit must be >= 1, got {delivery_limit}")
     if any(d < 0 for d in retry_delays_s):
         raise ValueError(f"retry delays must be >= 0 s, got {list(retry_delays_s)}")
-    names = queue_names(endpoint, len(retry_delays_s))
+    names = queue_names(endpoint, retry_delays_s)
     channel = rabbit.channel
     with translated(f"declaring the queues of {endpoint!r}"):
         if await rabbit.queue_exists(names.dead_letter):
@@ -113,10 +125,12 @@ async def declare(rabbit: Declaring, endpoint: str, retry_delays_s: Sequence[flo
             await work.bind(exchange)
         for name, delay_s in zip(names.retries, retry_delays_s, strict=True):
             await channel.declare_queue(name, durable=True, arguments={
-                "x-queue-type": "classic",
+                "x-queue-type": "quorum",
                 "x-message-ttl": delay_ms(delay_s),
                 "x-dead-letter-exchange": "",
                 "x-dead-letter-routing-key": names.work,
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
             })
     return names
 
@@ -130,9 +144,11 @@ def dead_letter_arguments(max_bytes: int | None) -> dict[str, Any]:
     return arguments
 
 
-async def delete_queues(amqp_url: str, endpoints: Sequence[str], n_delays: int) -> None:
-    """Delete every queue of `endpoints` (work, `n_delays` retry queues, dead-letter queue)
-    and a gateway's inbound exchange on the broker at `amqp_url`, messages included: a demo,
+async def delete_queues(amqp_url: str, endpoints: Sequence[str],
+                        retry_delays_s: Sequence[float]) -> None:
+    """Delete every queue of `endpoints` (work, retry queues of `retry_delays_s` and the
+    legacy ones, dead-letter queue) and a gateway's inbound exchange on the broker at
+    `amqp_url`, messages included: a demo,
     campaign or test run starts from nothing. A queue or exchange that does not exist is no
     error. Raises aio_pika's connection errors."""
     import aio_pika
@@ -140,8 +156,9 @@ async def delete_queues(amqp_url: str, endpoints: Sequence[str], n_delays: int) 
     connection = await aio_pika.connect(amqp_url)
     try:
         for endpoint in endpoints:
-            names = queue_names(endpoint, n_delays)
-            for name in (names.work, *names.retries, names.dead_letter):
+            names = queue_names(endpoint, retry_delays_s)
+            for name in (names.work, *names.retries,
+                         *legacy_retry_names(endpoint, len(retry_delays_s)), names.dead_letter):
                 channel = await connection.channel()
                 await channel.queue_delete(name)
                 await channel.close()
@@ -178,8 +195,8 @@ async def _depth(connection: Any, name: str) -> int | None:
             await channel.close()
 
 
-async def queue_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
-                       ) -> dict[str, QueueDepths | None]:
+async def queue_depths(amqp_url: str, endpoints: Sequence[str],
+                       retry_delays_s: Sequence[float]) -> dict[str, QueueDepths | None]:
     """Each endpoint's `QueueDepths` (None: its queues are not declared yet), read with
     passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
     import aio_pika
@@ -188,20 +205,22 @@ async def queue_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
     connection = await aio_pika.connect(amqp_url)
     try:
         for endpoint in endpoints:
-            names = queue_names(endpoint, n_delays)
+            names = queue_names(endpoint, retry_delays_s)
             work, dead = await _depth(connection, names.work), await _depth(
                 connection, names.dead_letter)
             retries = [await _depth(connection, q) for q in names.retries]
+            legacy = [await _depth(connection, q)
+                      for q in legacy_retry_names(endpoint, len(retry_delays_s))]
             if work is None or dead is None or None in retries:
                 depths[endpoint] = None
                 continue
-            depths[endpoint] = QueueDepths(work, sum(r or 0 for r in retries), dead)
+            depths[endpoint] = QueueDepths(work, sum(r or 0 for r in retries + legacy), dead)
     finally:
         await connection.close()
     return depths
 
 
-async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str], n_delays: int
+async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str]
                              ) -> dict[str, int | None]:
     """Messages in each endpoint's dead-letter queue (None: the queue does not exist), read
     with passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
@@ -209,7 +228,7 @@ async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str], n_delays: 
 
     connection = await aio_pika.connect(amqp_url)
     try:
-        return {endpoint: await _depth(connection, queue_names(endpoint, n_delays).dead_letter)
+        return {endpoint: await _depth(connection, queue_names(endpoint).dead_letter)
                 for endpoint in endpoints}
     finally:
         await connection.close()

@@ -44,6 +44,6 @@ $ctl set_permissions -p "$vhost" "$producer" '^$' "^($exchanges)\$" '^$'
 $ctl set_policy -p "$vhost" --priority 1 --apply-to queues eo-dead-letters '\.dlq$' \
   "{\"max-length-bytes\": $max_bytes, \"overflow\": \"reject-publish\"}"
 $ctl set_policy -p "$vhost" --priority 1 --apply-to queues eo-work-queues \
-  '^(?!.*\.(dlq|retry\.[0-9]+)$)' \
+  '^(?!.*\.(dlq|retry\.[0-9]+(ms)?)$)' \
   '{"dead-letter-strategy": "at-least-once", "overflow": "reject-publish"}'
 echo "rabbitmq: vhost $vhost, users $service (all on $vhost), $producer (publish to $exchanges)"

@@ -177,7 +177,7 @@ async def test_bad_input_is_dead_lettered_with_its_reason_and_the_consumer_goes_
     blobs = LocalDirectoryBlobStore(fleet.blob_dir)
     assert await blobs.keys() == list(tally.receipts)  # its receipt, and no other blob
     assert await rabbit.depths("counter") == {
-        "counter": 0, "counter.retry.0": 0, "counter.retry.1": 0, "counter.dlq": 0}
+        "counter": 0, "counter.retry.50ms": 0, "counter.retry.100ms": 0, "counter.dlq": 0}
 
     assert counter.alive(), counter.tail()
     status, body = await asyncio.to_thread(counter.get, "/ready")
@@ -292,7 +292,7 @@ async def test_sigterm_stops_gracefully_and_loses_nothing(
     applied = [m for t in tallies.values() for m in t.applied]
     assert sorted(applied) == sorted(str(e.message_id) for e in done.values())
     assert await rabbit.depths("counter") == {
-        "counter": len(left), "counter.retry.0": 0, "counter.retry.1": 0, "counter.dlq": 0}
+        "counter": len(left), "counter.retry.50ms": 0, "counter.retry.100ms": 0, "counter.dlq": 0}
     assert await unfinished(pool) == 0
     [stopped] = counter.events("consumer.stopped")
     assert stopped.get("processed") == len(done), stopped

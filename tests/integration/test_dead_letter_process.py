@@ -237,7 +237,7 @@ async def test_a_full_dead_letter_queue_pauses_the_consumer_and_loses_nothing(
 
     await until(on_again, 30, "every dead letter in and the valid message processed", fleet,
                 rabbit)
-    assert [await rabbit.depth(q) for q in ("counter.retry.0", "counter.retry.1")] == [0, 0]
+    assert [await rabbit.depth(q) for q in ("counter.retry.50ms", "counter.retry.100ms")] == [0, 0]
     status, _ = await asyncio.to_thread(counter.get, "/ready")
     assert status == 200
     assert counter.events("dead_letter_queue.room")

@@ -379,7 +379,7 @@ def _with_user(dsn: str, user: str) -> str:
 
 
 async def _declare_counter_with_another_delivery_limit(where: Where) -> None:
-    await topology.delete_queues(where.amqp_url, ["counter"], len(DELAYS))
+    await topology.delete_queues(where.amqp_url, ["counter"], DELAYS)
     async with publisher(where) as rabbit:
         await topology.declare(rabbit, "counter", DELAYS, DELIVERY_LIMIT + 1)
 
@@ -407,7 +407,7 @@ def test_what_waiting_cannot_fix_exits_3_at_once(
         elif case == "queue_arguments":  # the settings' delivery limit is not the queue's
             asyncio.run(_declare_counter_with_another_delivery_limit(where))
             cleanup.callback(lambda: asyncio.run(topology.delete_queues(
-                where.amqp_url, ["counter"], len(DELAYS))))
+                where.amqp_url, ["counter"], DELAYS)))
             expected = "PRECONDITION_FAILED"
         else:
             env["EO_DATABASE_DSN"] = _with_user(where.dsn, "eo_it_no_such_role")

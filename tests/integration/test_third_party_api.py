@@ -24,7 +24,6 @@ from application.codec import encode
 from application.envelope import REASON_HEADER, TOKEN_HEADER, Envelope
 from entrypoints.faults import CRASH_EXIT
 from tests.support.processes import (
-    DELAYS,
     Fleet,
     Proc,
     Rabbit,
@@ -161,7 +160,7 @@ async def test_past_the_window_nothing_is_sent_and_the_follow_up_is_dead_lettere
     assert await fleet.exit_code(first, 60) == CRASH_EXIT
     await asyncio.sleep(1.2)
     await fleet.ready(_consumer(fleet, provider))
-    dlq = topology.queue_names("shipping", len(DELAYS)).dead_letter
+    dlq = topology.queue_names("shipping").dead_letter
     dead: list[AbstractIncomingMessage] = []
 
     async def dead_lettered() -> bool:

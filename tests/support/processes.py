@@ -494,7 +494,7 @@ class Rabbit:
 
     async def depths(self, endpoint: str) -> dict[str, int]:
         """Depth of the work, retry and dead-letter queues of `endpoint`, by queue name."""
-        names = topology.queue_names(endpoint, len(self.delays))
+        names = topology.queue_names(endpoint, self.delays)
         return {name: await self.depth(name)
                 for name in (names.work, *names.retries, names.dead_letter)}
 
@@ -525,7 +525,7 @@ class Rabbit:
 async def reset(where: Where, delays: tuple[float, ...] = DELAYS,
                 endpoints: Iterable[str] = CONSUMING) -> None:
     """Delete the endpoints' queues and empty the protocol tables."""
-    await topology.delete_queues(where.amqp_url, list(endpoints), len(delays))
+    await topology.delete_queues(where.amqp_url, list(endpoints), delays)
     conn = await asyncpg.connect(where.dsn)
     try:
         await conn.execute(f"TRUNCATE {', '.join(TABLES)}")
@@ -545,7 +545,7 @@ async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: st
             dead = ""
             if rabbit is not None:
                 for endpoint in endpoints:
-                    dlq = topology.queue_names(endpoint, len(rabbit.delays)).dead_letter
+                    dlq = topology.queue_names(endpoint).dead_letter
                     reasons = Counter(str((m.headers or {}).get(REASON_HEADER))
                                       for m in await rabbit.take(dlq, 1000))
                     dead += f"{dlq}: {dict(reasons)}\n" if reasons else ""

@@ -72,7 +72,7 @@ async def test_own_database_is_new_and_dropped_and_the_named_one_untouched(
 async def test_own_vhost_is_made_for_the_run_and_deleted(services: Services) -> None:
     async with users_vhost(services.amqp_url, this_run("eo-scratch-user", "-"),
                            "orders") as url:
-        async with own_vhost(url, "eo-scratch", ["orders"], len(DELAYS), "eo test") as broker:
+        async with own_vhost(url, "eo-scratch", ["orders"], DELAYS, "eo test") as broker:
             assert broker.vhost is not None
             assert broker.vhost.startswith(f"eo-scratch-{os.getpid()}-")
             assert broker.vhost in vhosts()
@@ -90,7 +90,7 @@ async def test_without_rabbitmqctl_a_virtual_host_holding_the_runs_queues_is_ref
     async with users_vhost(services.amqp_url, this_run("eo-scratch-user", "-"),
                            "orders") as url:
         with pytest.raises(SettingsError) as caught:
-            async with own_vhost(url, "eo-scratch", ["gateway", "orders"], len(DELAYS),
+            async with own_vhost(url, "eo-scratch", ["gateway", "orders"], DELAYS,
                                  "eo test"):
                 pytest.fail("the block ran")
         message = str(caught.value)
@@ -106,7 +106,7 @@ async def test_without_rabbitmqctl_the_runs_queues_go_on_the_urls_virtual_host_a
     monkeypatch.setattr(scratch, "controllable", lambda _url: False)
     async with users_vhost(services.amqp_url, this_run("eo-scratch-user", "-"),
                            "users-queue") as url:
-        async with own_vhost(url, "eo-scratch", ["orders"], len(DELAYS), "eo test") as broker:
+        async with own_vhost(url, "eo-scratch", ["orders"], DELAYS, "eo test") as broker:
             assert (broker.url, broker.vhost) == (url, None)
             rabbit = RabbitConnection(url)
             await rabbit.start()

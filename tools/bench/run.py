@@ -52,7 +52,7 @@ async def run_bench(params: Params, on_run: Any = None, spawn: Any = None) -> Be
     role that may not create databases)."""
     prefix = database_name(params.database_dsn) or BENCH_DATABASE
     async with own_database(params.database_dsn, prefix) as dsn, \
-            own_vhost(params.amqp_url, BENCH_VHOST, (), len(RETRY_DELAYS_S), "eo bench") as broker:
+            own_vhost(params.amqp_url, BENCH_VHOST, (), RETRY_DELAYS_S, "eo bench") as broker:
         own = replace(params, database_dsn=dsn, amqp_url=broker.url,
                       prefix=fresh_name(params.prefix, "-"))
         with contextlib.ExitStack() as stack:
@@ -105,7 +105,7 @@ async def _declare(driver: RabbitConnection, work: str, sink: str) -> None:
 
 async def _delete(driver: RabbitConnection, work: str, sink: str) -> None:
     """Delete the queues `_declare` declared, messages included."""
-    names = topology.queue_names(work, len(RETRY_DELAYS_S))
+    names = topology.queue_names(work, RETRY_DELAYS_S)
     for name in (names.work, *names.retries, names.dead_letter, sink, f"{sink}.dlq"):
         await driver.channel.queue_delete(name)
 

@@ -97,7 +97,7 @@ async def dead_letters(amqp_url: str, endpoints: Sequence[str],
     connection = await aio_pika.connect(amqp_url)
     try:
         for endpoint in endpoints:
-            name = topology.queue_names(endpoint, 1).dead_letter
+            name = topology.queue_names(endpoint).dead_letter
             channel = await connection.channel()
             try:
                 queue = await channel.declare_queue(name, passive=True)
@@ -134,14 +134,15 @@ async def dead_letters(amqp_url: str, endpoints: Sequence[str],
     return DeadLetters(counts, reasons)
 
 
-async def queue_depth(amqp_url: str, endpoints: Sequence[str], retry_queues: int) -> int:
+async def queue_depth(amqp_url: str, endpoints: Sequence[str],
+                      retry_delays_s: Sequence[float]) -> int:
     """Messages waiting in the work and retry queues of `endpoints` (dead-letter queues
     excluded): 0 is one condition of quiescence. A missing queue counts 0."""
     total = 0
     connection = await aio_pika.connect(amqp_url)
     try:
         for endpoint in endpoints:
-            names = topology.queue_names(endpoint, retry_queues)
+            names = topology.queue_names(endpoint, retry_delays_s)
             for name in (names.work, *names.retries):
                 channel = await connection.channel()
                 try:

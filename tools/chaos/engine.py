@@ -104,7 +104,7 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
     report = EngineReport(seed=seed, service=service.registry.service,
                           order_independent=bool(getattr(workload, "order_independent", False)))
     async with own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
-                         len(settings.protocol.retry_delays_s), "eo chaos") as broker, \
+                         settings.protocol.retry_delays_s, "eo chaos") as broker, \
             own_database(settings.database(), database) as dsn:
         settings = settings.replaced(**{"amqp_url": SecretStr(broker.url),
                                                "database_dsn": SecretStr(dsn)})

@@ -90,7 +90,7 @@ async def _conclude(campaign: Campaign, stage: Stage, log_dir: Path, result: Eng
                            campaign.providers, campaign.workload, stage.messages,
                            stage.expected), log_dir, result)
     await amqp_topology.delete_queues(settings.amqp(), list(campaign.layout.queues),
-                                      len(settings.protocol.retry_delays_s))
+                                      settings.protocol.retry_delays_s)
     for record in read_logs(log_dir):
         if record.get("event") == FAULT_INJECTED:
             result.faults[f"failpoint {str(record.get('action', '')).split(':')[0]}"] += 1

@@ -24,7 +24,7 @@ async def busy(campaign: Campaign) -> int:
     transactions not finished, inbox rows not relayed (0: one condition of quiet)."""
     settings = campaign.settings
     waiting = await queue_depth(settings.amqp(), list(campaign.layout.queues),
-                                len(settings.protocol.retry_delays_s))
+                                settings.protocol.retry_delays_s)
     return waiting + int(await campaign.pool.fetchval(
         "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
         " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))

@@ -96,7 +96,7 @@ async def run_local_demo(
     started = time.monotonic()
     endpoints = service.registry.consuming()
     async with own_vhost(settings.amqp(), DEMO_VHOST, endpoints,
-                         len(settings.protocol.retry_delays_s),
+                         settings.protocol.retry_delays_s,
                          "eo demo") as broker, \
             own_database(settings.database(), DEMO_DATABASE, keep_database) as dsn:
         settings = settings.replaced(**{"amqp_url": SecretStr(broker.url),
@@ -162,7 +162,7 @@ async def _run(settings: ToolSettings, service: Service, sample: TpchSample,
                 fleet.start("orders-0", "orders")
                 killed = True
             busy = await queue_depth(settings.amqp(), service.registry.consuming(),
-                                     len(settings.protocol.retry_delays_s))
+                                     settings.protocol.retry_delays_s)
             busy += int(await pool.fetchval(  # inbox rows the gateway has yet to relay
                 "SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL"))
             idle = idle + 1 if busy == 0 and done == last else 0

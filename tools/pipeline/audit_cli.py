@@ -56,7 +56,7 @@ async def _check_database(dsn: str, variable: str) -> None:
                     "or run `eo migrate`", 2)
 
 
-async def dead_letter_counts(amqp_url: str, retry_delays: int, endpoints: Sequence[str]
+async def dead_letter_counts(amqp_url: str, endpoints: Sequence[str]
                              ) -> dict[str, int | None]:
     """Messages in the dead-letter queue of each of `endpoints` (those with a work queue;
     None: the queue does not exist). Raises aio_pika's errors or OSError when the broker
@@ -70,7 +70,7 @@ async def dead_letter_counts(amqp_url: str, retry_delays: int, endpoints: Sequen
     try:
         for endpoint in endpoints:
             channel = await connection.channel()
-            name = queue_names(endpoint, retry_delays).dead_letter
+            name = queue_names(endpoint).dead_letter
             try:
                 queue = await channel.declare_queue(name, passive=True)
                 counts[endpoint] = queue.declaration_result.message_count or 0
@@ -178,7 +178,6 @@ def audit_command(
     if dead_letters:
         try:
             counts = asyncio.run(dead_letter_counts(settings.amqp(),
-                                                    len(settings.protocol.retry_delays_s),
                                                     service.registry.consuming()))
         except Exception as exc:
             raise fail(f"RabbitMQ unreachable ({type(exc).__name__}: {exc}): check "

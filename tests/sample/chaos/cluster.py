@@ -117,7 +117,7 @@ def _delete_vhost(amqp_url: str) -> None:
 
 
 async def _delete_queues(amqp_url: str) -> None:
-    await topology.delete_queues(amqp_url, list(ENDPOINTS), len(RETRY_DELAYS))
+    await topology.delete_queues(amqp_url, list(ENDPOINTS), RETRY_DELAYS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,7 +469,7 @@ class Run:
     async def _purge(self) -> None:
         assert self.rabbit is not None
         for endpoint in ENDPOINTS:
-            names = topology.queue_names(endpoint, len(RETRY_DELAYS))
+            names = topology.queue_names(endpoint, RETRY_DELAYS)
             for name in (names.work, *names.retries, names.dead_letter):
                 queue = await self.rabbit.channel.declare_queue(name, passive=True)
                 await queue.purge()
@@ -609,7 +609,7 @@ class Run:
         assert self.rabbit is not None
         total = 0
         for endpoint in ENDPOINTS:
-            names = topology.queue_names(endpoint, len(RETRY_DELAYS))
+            names = topology.queue_names(endpoint, RETRY_DELAYS)
             for name in (names.work, *names.retries):
                 for _ in range(100):
                     try:
