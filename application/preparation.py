@@ -148,7 +148,8 @@ class Preparation:
         extra: list[SideEffectRecord] = []
         tokens: list[tuple[str, Envelope]] = []
         chain = lineage(incoming)
-        chain.update(self._tracer.headers())  # committed with the message: every copy has it
+        if self._tracer is not NULL_TRACER:  # committed with the message: every copy has it
+            chain.update(self._tracer.headers())
         for index, out in enumerate(outgoing):
             destination = out.destination
             tokened = self._token_receivers is None or destination in self._token_receivers

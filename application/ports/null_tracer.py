@@ -1,7 +1,10 @@
 """The tracer of a process whose tracing is off (`NULL_TRACER`): its spans record nothing, so
-the protocol's steps trace unconditionally and need no "is tracing on" branch, except the two
-per-message spans whose names and attributes cost measurable work to build (a message's
-process span, an output's publish span: `is NULL_TRACER` skips them; docs/bench.md)."""
+the protocol's steps trace unconditionally and need no "is tracing on" branch, except on
+every message's hot path, where starting, entering and ending a span that records nothing,
+and building its name and attributes, cost measurable work (docs/bench.md): `is
+NULL_TRACER` skips a message's process span (`Processor`, `TokenBatch`), its attempt and
+commit spans (`TransactionalPath`), the finish span and an output's publish span
+(`Finisher`), and the trace context an output would carry (`Preparation`)."""
 
 from __future__ import annotations
 
