@@ -13,10 +13,17 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def sqlalchemy_url(dsn: str) -> str:
-    """`postgresql://...` as SQLAlchemy's asyncpg URL; raises ValueError for other schemes."""
+    """`postgresql://...` as SQLAlchemy's asyncpg URL; a multi-host DSN (`user@h1:p1,h2:p2/db`,
+    a primary and its standbys) becomes SQLAlchemy's form of it, `host=h1:p1&host=h2:p2`
+    query parameters. Raises ValueError for other schemes."""
     parts = urlsplit(dsn)
     if parts.scheme not in ("postgresql", "postgres", "postgresql+asyncpg"):
         raise ValueError("expected a postgresql:// DSN")
+    user, at, hosts = parts.netloc.rpartition("@")
+    if "," in hosts:
+        query = "&".join([*(f"host={host}" for host in hosts.split(",")),
+                          *([parts.query] if parts.query else [])])
+        parts = parts._replace(netloc=f"{user}{at}", query=query)
     return urlunsplit(parts._replace(scheme="postgresql+asyncpg"))
 
 

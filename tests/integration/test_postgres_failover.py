@@ -1,0 +1,120 @@
+"""A PostgreSQL primary and standby of their own (tools/faults/pg_pair.py; never the
+machine's server) failing over: the service's migrations and pool through a multi-host DSN
+(`target_session_attrs=read-write`) find the new primary; with synchronous replication no
+acknowledged commit is lost, with asynchronous replication the commits the standby had not
+received are (docs/operations.md says which the template requires). Skipped where servers
+cannot be started (no root, no Debian PostgreSQL 15 binaries)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from adapters.postgres.migrate import upgrade_async
+from adapters.postgres.pool import create_pool
+from application.errors import TransientError
+from tools.faults.pg_pair import PostgresPair, available
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+
+ROWS = 20
+
+
+@pytest.fixture
+async def synchronous() -> AsyncIterator[PostgresPair]:
+    async with PostgresPair(synchronous=True) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def asynchronous() -> AsyncIterator[PostgresPair]:
+    async with PostgresPair(synchronous=False) as pair:
+        yield pair
+
+
+async def commits(pair: PostgresPair) -> None:
+    """A table of the pair's primary and `ROWS` rows, each its own acknowledged commit."""
+    conn = await asyncpg.connect(pair.dsn())
+    try:
+        await conn.execute("CREATE TABLE acknowledged (n int PRIMARY KEY)")
+        for n in range(ROWS):
+            await conn.execute("INSERT INTO acknowledged VALUES ($1)", n)
+    finally:
+        await conn.close()
+
+
+async def surviving(pair: PostgresPair) -> int:
+    conn = await asyncpg.connect(pair.dsn())
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM acknowledged"))
+    finally:
+        await conn.close()
+
+
+async def test_the_schema_and_the_pool_follow_the_primary_through_a_failover(
+        synchronous: PostgresPair) -> None:
+    pair = synchronous
+    admin = await asyncpg.connect(pair.dsn())
+    await admin.execute("CREATE DATABASE eo")
+    await admin.close()
+    await upgrade_async(pair.dsn("eo"))  # `eo migrate` takes the multi-host DSN
+    pool = await create_pool(pair.dsn("eo"), min_size=2, max_size=2)
+    try:
+        await pool.execute("CREATE TABLE t (n int)")
+        await pool.execute("INSERT INTO t VALUES (1)")
+        old = pair.primary
+        await pair.failover()
+        failures = 0
+        for _ in range(100):  # the pool's connections to the dead primary fail, then none
+            try:
+                await pool.execute("INSERT INTO t VALUES (2)")
+                break
+            except (TransientError, OSError, asyncpg.PostgresError,
+                    asyncpg.InterfaceError):
+                failures += 1
+                await asyncio.sleep(0.1)
+        assert await pool.fetchval("SELECT array_agg(n ORDER BY n) FROM t") == [1, 2]
+        assert await pool.fetchval("SELECT NOT pg_is_in_recovery()")
+        assert failures <= 2  # at most the pool's two connections to the old primary
+        await pair.rejoin()
+        assert pair.standby is old
+        for _ in range(100):
+            state = await pair.sql(pair.primary, "SELECT state || '|' || sync_state "
+                                                 "FROM pg_stat_replication")
+            if state == "streaming|sync":
+                break
+            await asyncio.sleep(0.1)
+        assert state == "streaming|sync"
+    finally:
+        await pool.close()
+
+
+async def test_synchronous_replication_loses_no_acknowledged_commit(
+        synchronous: PostgresPair) -> None:
+    await commits(synchronous)
+    await synchronous.failover()  # at once: no time for the standby to catch up
+    assert await surviving(synchronous) == ROWS
+
+
+async def test_asynchronous_replication_loses_the_commits_the_standby_had_not(
+        asynchronous: PostgresPair) -> None:
+    conn = await asyncpg.connect(asynchronous.dsn())
+    await conn.execute("CREATE TABLE acknowledged (n int PRIMARY KEY)")
+    await conn.execute("INSERT INTO acknowledged VALUES (-1)")
+    await conn.close()
+    for _ in range(100):  # the table and its first row have reached the standby
+        if await asynchronous.sql(asynchronous.standby,
+                                  "SELECT count(*) FROM pg_class WHERE relname = "
+                                  "'acknowledged'") == "1":
+            break
+        await asyncio.sleep(0.1)
+    await asynchronous.stop_standby()  # lagging: a network cut, a slow disk
+    conn = await asyncpg.connect(asynchronous.dsn())
+    for n in range(ROWS):  # each acknowledged, by the primary alone
+        await conn.execute("INSERT INTO acknowledged VALUES ($1)", n)
+    await conn.close()
+    await asynchronous.failover()
+    assert await surviving(asynchronous) <= 1  # every acknowledged row of the lag is gone
