@@ -254,7 +254,7 @@ class RabbitCluster:
             out = await self.ctl(node, "list_queues", "-p", vhost, "name", "leader", "pid",
                                  "--no-table-headers")
             for line in out.splitlines():
-                name, leader, pid = (line.split("\t") + ["", ""])[:3]
+                name, leader, pid = [*line.split("\t"), "", ""][:3]
                 if name == queue and (leader.strip() or pid.strip()):
                     # a classic queue has no leader: its process's pid names its node
                     return leader.strip() or pid.strip().strip("<>").rsplit(".", 3)[0]
