@@ -24,7 +24,7 @@ from adapters.rabbitmq.backoff import reconnecting
 from adapters.rabbitmq.connection import OPEN_TIMEOUT_S
 from adapters.rabbitmq.errors import refusal
 from adapters.rabbitmq.errors import translated as broker_translated
-from adapters.rabbitmq.urls import redacted
+from adapters.rabbitmq.urls import first_answering, redacted
 from application.errors import PermanentError, TransientError
 from entrypoints.local import LocalContainer
 from entrypoints.logs import configure_logging
@@ -120,17 +120,13 @@ async def _broker_answers(urls: list[str]) -> None:
     """One connection to RabbitMQ, at the first of `urls` (a cluster's nodes) that answers,
     closed at once. Raises the last node's `TransientError` when none answers,
     `PermanentError` at once for refused credentials."""
-    failure: TransientError | None = None
-    for url in urls:
-        try:
-            with broker_translated(f"connecting to {redacted(url)}"):
-                connection = await aio_pika.connect(url, timeout=OPEN_TIMEOUT_S)
-                await connection.close()
-            return
-        except TransientError as exc:
-            failure = exc
-    assert failure is not None
-    raise failure
+    await first_answering(urls, _broker_answers_at, (TransientError,))
+
+
+async def _broker_answers_at(url: str) -> None:
+    with broker_translated(f"connecting to {redacted(url)}"):
+        connection = await aio_pika.connect(url, timeout=OPEN_TIMEOUT_S)
+        await connection.close()
 
 
 async def preflight(settings: Settings, broker: bool = True, deadline: float | None = None

@@ -16,8 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aio_pika
@@ -30,8 +29,9 @@ from adapters.rabbitmq.errors import (
     closed_while_opening,
     translated,
 )
+from adapters.rabbitmq.passive import PassiveDeclares
 from adapters.rabbitmq.publishing import ConfirmedPublisher
-from adapters.rabbitmq.urls import redacted
+from adapters.rabbitmq.urls import first_answering, redacted
 from application.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ async def _open_channel(connection: AbstractConnection, **options: Any) -> Abstr
             return await connection.channel(**options)
 
 
-class RabbitConnection:
+class RabbitConnection(PassiveDeclares):
     """One AMQP connection with one publisher-confirm channel, supervised: when the broker or
     the network closes the connection (or the publishing channel), a background task
     reconnects with backoff (`reconnect_delays_s`) and reopens the channel. If that does not
@@ -123,21 +123,13 @@ class RabbitConnection:
         """Connect to the first node that answers, from the current one (`after_loss`: from
         the next one, as the current one was just lost); raises the last node's error."""
         at = self._urls.index(self._url) + (1 if after_loss else 0)
-        failure: BaseException | None = None
-        for k in range(len(self._urls)):
-            url = self._urls[(at + k) % len(self._urls)]
-            try:
-                await self._connect_to(url)
-            except DRIVER_ERRORS as exc:
-                failure = exc
-                if len(self._urls) > 1:
-                    log.warning("cannot connect to %s: %s: %s", redacted(url),
-                                type(exc).__name__, exc)
-                continue
-            self._url = url
-            return
-        assert failure is not None
-        raise failure
+        at %= len(self._urls)
+        self._url = await first_answering(self._urls[at:] + self._urls[:at], self._connect_to,
+                                          DRIVER_ERRORS, self._unanswered)
+
+    def _unanswered(self, url: str, exc: BaseException) -> None:
+        if len(self._urls) > 1:
+            log.warning("cannot connect to %s: %s: %s", redacted(url), type(exc).__name__, exc)
 
     async def _connect_to(self, url: str) -> None:
         connection = await aio_pika.connect(
@@ -253,37 +245,6 @@ class RabbitConnection:
                 async with asyncio.timeout(OPEN_TIMEOUT_S):
                     await channel.set_qos(prefetch_count=prefetch)
         return channel
-
-    @asynccontextmanager
-    async def _own_channel(self) -> AsyncIterator[AbstractChannel]:
-        channel = await self.open_channel()
-        try:
-            yield channel
-        finally:
-            with contextlib.suppress(*DRIVER_ERRORS):
-                if not channel.is_closed:
-                    await channel.close()
-
-    async def queue_counts(self, queue: str) -> tuple[int, int]:
-        """(ready messages, consumers) of `queue` as the broker counts them now, through a
-        passive declare on a channel of its own (a missing queue closes that channel only).
-        Raises `TransientError` when disconnected or the queue does not exist."""
-        async with self._own_channel() as channel:
-            with translated(f"inspecting {queue!r}"):
-                declared = await channel.declare_queue(queue, passive=True)
-            result = declared.declaration_result
-            return result.message_count or 0, result.consumer_count or 0
-
-    async def queue_exists(self, queue: str) -> bool:
-        """Whether `queue` exists, through a passive declare on a channel of its own. Raises
-        `TransientError` when disconnected or the broker fails otherwise."""
-        async with self._own_channel() as channel:
-            with translated(f"looking for {queue!r}"):
-                try:
-                    await channel.declare_queue(queue, passive=True)
-                except aio_pika.exceptions.ChannelNotFoundEntity:
-                    return False
-            return True
 
     async def close(self) -> None:
         """Stop supervising and close the connection and its channels; unacked deliveries

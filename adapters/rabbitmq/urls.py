@@ -3,7 +3,7 @@ Imports no driver: settings and start-up use it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from yarl import URL
 
@@ -25,3 +25,24 @@ def broker_urls(url: str, addresses: Sequence[str] = ()) -> list[str]:
             raise ValueError(f"{address!r} is not host:port")
         urls.append(str(URL(url).with_host(host.strip("[]")).with_port(int(port))))
     return urls
+
+
+async def first_answering(urls: Sequence[str], connect: Callable[[str], Awaitable[None]],
+                          errors: tuple[type[BaseException], ...],
+                          failed: Callable[[str, BaseException], None] | None = None) -> str:
+    """`await connect(url)` for each of `urls` in order until one returns; that URL. A failure
+    of `errors` is told to `failed(url, error)` and the next URL tried; when every one
+    failed, the last failure is raised (another error at once)."""
+    failure: BaseException | None = None
+    for url in urls:
+        try:
+            await connect(url)
+        except errors as exc:
+            failure = exc
+            if failed is not None:
+                failed(url, exc)
+            continue
+        return url
+    if failure is None:
+        raise ValueError("no URL to connect to")
+    raise failure

@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.faults.rabbit_cluster import free_port
+from tools.faults import free_port
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 USER = "postgres"

@@ -22,18 +22,16 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tools.faults import free_port
 
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 QUEUES = Path("/usr/lib/rabbitmq/bin/rabbitmq-queues")
-#: the CLI tools' own distribution ports (RabbitMQ's default range): never a node's
-CLI_PORTS = range(35672, 35683)
 #: how long a node may take to boot (seconds): about 30 s under load here
 START_TIMEOUT_S = 180.0
 #: the Erlang distribution's tick (seconds): a paused node is declared down after about
@@ -50,17 +48,6 @@ def available() -> str | None:
     if shutil.which("runuser") is None:
         return "runuser (util-linux) is missing"
     return None
-
-
-def free_port(taken: set[int]) -> int:
-    """A free TCP port of 127.0.0.1 that is neither in `taken` nor a CLI tools' port."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in taken and port not in CLI_PORTS:
-            taken.add(port)
-            return port
 
 
 @dataclass
@@ -303,7 +290,3 @@ class RabbitCluster:
             await self.kill(node)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
 
-
-def addresses(nodes: Sequence[RabbitNode]) -> str:
-    """`EO_AMQP_ADDRESSES` for `nodes`: their `host:port`, comma-separated."""
-    return ",".join(node.address for node in nodes)
