@@ -89,6 +89,10 @@ class PostgresSettings(BaseModel):
     pool_size: int = Field(defaults.POOL_SIZE, ge=1, description="PostgreSQL connections per "
                            "pool; each attempt in flight holds one")
     migrate_on_start: bool = False
+    replication_check: Literal["warn", "require", "off"] = Field(
+        "warn", description="start-up asks each database whether its commits are replicated "
+        "synchronously (a failover loses none): production warns, `require` refuses to start "
+        "in any profile, `off` does not ask")
 
 
 class RabbitSettings(BaseModel):

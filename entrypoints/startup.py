@@ -75,12 +75,39 @@ async def waiting_for(what: str, step: Callable[[], Awaitable[T]], deadline: flo
                             f"(EO_BROKER_GIVE_UP_S): {exc}") from exc
 
 
+#: `synchronous_commit` values whose commit waits for a synchronous standby
+SYNCHRONOUS_COMMITS = frozenset({"on", "remote_write", "remote_apply"})
+
+
+async def _replication_checked(conn: asyncpg.Connection, name: str, require: bool) -> None:
+    """Whether the server's commits wait for a synchronous standby (`synchronous_standby_names`
+    set, `synchronous_commit` one of `SYNCHRONOUS_COMMITS`): if not, a failover can lose
+    acknowledged commits (docs/operations.md). Logs `startup.replication_asynchronous`, or,
+    with `require`, raises `PermanentError` naming what is missing."""
+    standbys, commit, streaming = await conn.fetchrow(
+        "SELECT current_setting('synchronous_standby_names'), "
+        "current_setting('synchronous_commit'), "
+        "(SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming')")
+    if standbys and commit in SYNCHRONOUS_COMMITS:
+        return
+    why = (f"synchronous_standby_names is {standbys!r}" if not standbys
+           else f"synchronous_commit is {commit!r}")
+    if require:
+        raise PermanentError(
+            f"database {name!r}: commits are not replicated synchronously ({why}, "
+            f"{streaming} standbys streaming): a failover could lose acknowledged commits "
+            "and their messages; set synchronous replication, or EO_REPLICATION_CHECK=warn")
+    log.warning("startup.replication_asynchronous", database=name, reason=why,
+                standbys_streaming=int(streaming),
+                consequence="a failover can lose acknowledged commits and their messages")
+
+
 def _known_revisions() -> set[str]:
     """The schema revisions of this code's migrations (alembic's script directory)."""
     return {script.revision for script in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}
 
 
-async def _database_ready(dsn: str, migrate: bool) -> None:
+async def _database_ready(dsn: str, migrate: bool, replication: str = "off") -> None:
     """One look at the database of `dsn`: it answers (migrated first when `migrate`) and
     carries this code's schema revision, or a newer one (a rolling upgrade migrates before
     it replaces the processes: logged as `startup.schema_newer`). Raises `TransientError`
@@ -101,6 +128,8 @@ async def _database_ready(dsn: str, migrate: bool) -> None:
                 revision = await conn.fetchval("SELECT version_num FROM eo_schema_version")
             except asyncpg.UndefinedTableError:
                 revision = None
+            if replication != "off":
+                await _replication_checked(conn, database_name(dsn), replication == "require")
     finally:
         # a connection the server dropped closes with an error: the look is over either way
         with contextlib.suppress(OSError, asyncpg.InterfaceError, asyncpg.PostgresError):
@@ -140,10 +169,13 @@ async def preflight(settings: Settings, broker: bool = True, deadline: float | N
     server is still away at `deadline`."""
     if deadline is None:
         deadline = asyncio.get_running_loop().time()
+    check = settings.postgres.replication_check
+    if check == "warn" and settings.profile != "production":
+        check = "off"  # a laptop's or a test's server has no standby to ask about
     for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
         await waiting_for(f"PostgreSQL database {database_name(dsn)!r}",
-                           partial(_database_ready, dsn, settings.postgres.migrate_on_start),
-                           deadline)
+                           partial(_database_ready, dsn, settings.postgres.migrate_on_start,
+                                   check), deadline)
     if broker:
         await waiting_for("RabbitMQ", partial(_broker_answers, settings.amqp_urls()),
                           deadline)

@@ -15,7 +15,9 @@ import pytest
 
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
-from application.errors import TransientError
+from application.errors import PermanentError, TransientError
+from entrypoints.settings import load_settings
+from entrypoints.startup import preflight
 from tools.faults.pg_pair import PostgresPair, available
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -118,3 +120,27 @@ async def test_asynchronous_replication_loses_the_commits_the_standby_had_not(
     await conn.close()
     await asynchronous.failover()
     assert await surviving(asynchronous) <= 1  # every acknowledged row of the lag is gone
+
+
+async def migrated(pair: PostgresPair) -> str:
+    """The pair's database `eo`, migrated; its multi-host DSN."""
+    admin = await asyncpg.connect(pair.dsn())
+    await admin.execute("CREATE DATABASE eo")
+    await admin.close()
+    await upgrade_async(pair.dsn("eo"))
+    return pair.dsn("eo")
+
+
+async def test_start_up_requiring_synchronous_replication_accepts_a_synchronous_pair(
+        synchronous: PostgresPair) -> None:
+    settings = load_settings(profile="local", database_dsn=await migrated(synchronous),
+                             replication_check="require")
+    await preflight(settings, broker=False)
+
+
+async def test_start_up_requiring_synchronous_replication_refuses_an_asynchronous_one(
+        asynchronous: PostgresPair) -> None:
+    settings = load_settings(profile="local", database_dsn=await migrated(asynchronous),
+                             replication_check="require")
+    with pytest.raises(PermanentError, match=r"synchronous_standby_names is ''.*1 standbys"):
+        await preflight(settings, broker=False)
