@@ -290,9 +290,13 @@ def delivery_specs(draw: st.DrawFn) -> Spec:
                     type=type_, message=draw(VALID[endpoint]), expect=DEAD,
                     reason="^no message_id$")
     if kind == "garbage-message-id":
+        garbage = draw(garbage_ids)
         return Spec(**common, type=type_, message=draw(VALID[endpoint]),
-                    id_form="garbage:" + draw(garbage_ids), expect=DEAD,
-                    reason=r"^message_id .* is not a UUID$")
+                    id_form="garbage:" + garbage, expect=DEAD,
+                    # an ID a store cannot keep as text (U+0000) is refused as such first
+                    reason=r"^message_id .* is not a UUID$" if clean(garbage) else
+                    r"^message_id '.*' holds U\+0000 or bytes that are not UTF-8: not text a "
+                    r"store can keep$")
     if kind == "no-type":
         return Spec(**common, type=draw(st.sampled_from([None, ""])),
                     message=draw(VALID[endpoint]), expect=DEAD, reason="^no type$")
