@@ -174,8 +174,8 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
     except OSError as exc:
         raise SettingsError(f"invalid setting {exc}") from exc
     # a callee serving its own requests does not call itself over HTTP
-    settings = settings.replaced(**{"callees": {
-        name: c for name, c in settings.http.callees.items() if name != endpoint}})
+    settings = settings.replaced(callees={
+        name: c for name, c in settings.http.callees.items() if name != endpoint})
     deadline = asyncio.get_running_loop().time() + settings.rabbitmq.broker_give_up_s
     container = await started_container(settings, service, endpoint, deadline)
     try:

@@ -74,10 +74,10 @@ def engine_settings(base: Settings, blob_dir: Path) -> Settings:
     """`base` with enough attempts that a bounded number of faults never dead-letters, a
     sweeper that finishes an interrupted transaction within seconds, and a consumer
     watchdog shorter than a run's quiet period."""
-    return base.replaced(**{
-        "profile": "local", "token_dsn": None, "blob_dir": blob_dir, "max_attempts": 12,
-        "retry_delays_s": (0.1, 0.5, 1.0, 2.0, 5.0), "stale_after_s": 2.0,
-        "consumer_watchdog_s": 5.0, "blob_store": "s3"})
+    return base.replaced(
+        profile="local", token_dsn=None, blob_dir=blob_dir, max_attempts=12,
+        retry_delays_s=(0.1, 0.5, 1.0, 2.0, 5.0), stale_after_s=2.0,
+        consumer_watchdog_s=5.0, blob_store="s3")
 
 
 async def run_engine(settings: Settings, service: Service, workload: Workload, seed: int,
@@ -106,8 +106,8 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
     async with own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
                          settings.protocol.retry_delays_s, "eo chaos") as broker, \
             own_database(settings.database(), database) as dsn:
-        settings = settings.replaced(**{"amqp_url": SecretStr(broker.url),
-                                               "database_dsn": SecretStr(dsn)})
+        settings = settings.replaced(amqp_url=SecretStr(broker.url),
+                                     database_dsn=SecretStr(dsn))
         temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
         root = log_root or temp
         assert root is not None
@@ -116,12 +116,12 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
         with contextlib.ExitStack() as stack:
             providers = {api: stack.enter_context(fake_provider(root / f"{api}.log"))
                          for api in layout.apis}
-            settings = settings.replaced(**{
-                "s3_endpoint_url": moto.start(), "s3_access_key": SecretStr("local"),
-                "s3_secret_key": SecretStr("local"),
-                "apis": {**settings.http.apis, **{
+            settings = settings.replaced(
+                s3_endpoint_url=moto.start(), s3_access_key=SecretStr("local"),
+                s3_secret_key=SecretStr("local"),
+                apis={**settings.http.apis, **{
                     api: ApiSettings.model_validate({"url": p.url})
-                    for api, p in providers.items()}}})
+                    for api, p in providers.items()}})
             zygote = stack.enter_context(contextlib.closing(Zygote()))
             try:
                 await migrate_all(settings)

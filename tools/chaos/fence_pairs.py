@@ -242,8 +242,7 @@ def _why_none(received: Mapping[str, int], by_partition: Mapping[str, list[int]]
 def embedded_settings(settings: Settings) -> Settings:
     """`settings` for a fault-free embedded run: the embedded profile, no third-party API,
     no callee, no failpoint."""
-    return settings.replaced(**{"profile": "embedded", "apis": {}, "callees": {},
-                                       "failpoints": ""})
+    return settings.replaced(profile="embedded", apis={}, callees={}, failpoints="")
 
 
 async def _confirmed(embedded: Settings, service: Service, pair: FencePair,

@@ -158,7 +158,7 @@ class Fleet:
         callees = dict(settings.http.callees)
         for name, url in self.callee_urls.items():
             callees[name] = CalleeSettings.model_validate({"url": url, "token": self.token})
-        return settings.replaced(**{"callees": callees})
+        return settings.replaced(callees=callees)
 
     async def wait_for_callee(self, name: str, timeout_s: float = 60.0) -> None:
         """Until callee process `name` has logged its URL (`callee.serving`) and answers
@@ -232,7 +232,7 @@ async def final_sweep(settings: Settings, service: Service) -> None:
     consumers do every sweep interval): the store then holds every dead letter, one entry
     per message, as an operator finds them."""
     configure_logging("WARNING")  # the report is the output; the processes' logs are on disk
-    container = LocalContainer(settings=settings.replaced(**{"duplicate_rate": 0.0}),
+    container = LocalContainer(settings=settings.replaced(duplicate_rate=0.0),
                                service=service)
     await container.init_resources()  # type: ignore[misc]
     try:

@@ -118,8 +118,7 @@ async def reference_run(settings: Settings, service: Service, messages: Sequence
                         seeds: Mapping[str, Mapping[str, Any]]) -> Reference:
     """`messages`, in this order, through the fault-free embedded service (the test API)
     with `seeds` written first."""
-    embedded = settings.replaced(**{"profile": "embedded", "apis": {},
-                                           "callees": {}, "failpoints": ""})
+    embedded = settings.replaced(profile="embedded", apis={}, callees={}, failpoints="")
     async with EmbeddedService.start(service.registry, settings=embedded) as reference:
         for endpoint, states in seeds.items():
             reference.seed_states(endpoint, states)

@@ -180,7 +180,7 @@ def _local_demo(settings: ToolSettings, service: Service, sample: TpchSample, co
                 ingest_dir: Path | None = None, keep_database: bool = False) -> DemoReport:
     local_base, _ = _load(profile="local")
     local = demo_settings(local_base, settings.blobs.blob_dir)
-    local = local.replaced(**{"strategies": settings.strategies})
+    local = local.replaced(strategies=settings.strategies)
     try:
         return asyncio.run(run_local_demo(local, service, sample, max(consumers, 2),
                                           duplicates, seed, log_dir, advance,

@@ -60,8 +60,8 @@ def demo_settings(base: S, blob_dir: Path) -> S:
     """`base` pointed at the demo's own bucket (emptied by each run), whatever `EO_S3_BUCKET`
     says. Its database and virtual host are made by each run (`run_local_demo`) on the server
     and broker `base` names, never the ones it names."""
-    return base.replaced(**{"profile": "local", "token_dsn": None,
-                                   "s3_bucket": DEMO_BUCKET, "blob_dir": blob_dir})
+    return base.replaced(profile="local", token_dsn=None, s3_bucket=DEMO_BUCKET,
+                         blob_dir=blob_dir)
 
 
 async def run_local_demo(
@@ -99,15 +99,15 @@ async def run_local_demo(
                          settings.protocol.retry_delays_s,
                          "eo demo") as broker, \
             own_database(settings.database(), DEMO_DATABASE, keep_database) as dsn:
-        settings = settings.replaced(**{"amqp_url": SecretStr(broker.url),
-                                               "database_dsn": SecretStr(dsn)})
+        settings = settings.replaced(amqp_url=SecretStr(broker.url),
+                                     database_dsn=SecretStr(dsn))
         moto = None
         if settings.blobs.s3_endpoint_url is None:  # one S3 API for every process (each would
             moto = MotoServer()                # otherwise start its own), gone after the run
-            settings = settings.replaced(**{"s3_endpoint_url": moto.start()})
+            settings = settings.replaced(s3_endpoint_url=moto.start())
         if settings.blobs.s3_access_key is None or settings.blobs.s3_secret_key is None:
-            settings = settings.replaced(**{"s3_access_key": SecretStr("local"),
-                                                   "s3_secret_key": SecretStr("local")})
+            settings = settings.replaced(s3_access_key=SecretStr("local"),
+                                         s3_secret_key=SecretStr("local"))
         try:
             report = await _run(settings, service, sample, orders_consumers, duplicates, seed,
                                 log_dir, on_progress, timeout_s, started, ingest_dir)
