@@ -10,6 +10,7 @@ from aio_pika import ExchangeType
 from aio_pika.abc import AbstractChannel
 
 from adapters.rabbitmq.errors import translated
+from adapters.rabbitmq.urls import connect_first
 
 
 @dataclass(frozen=True)
@@ -144,16 +145,15 @@ def dead_letter_arguments(max_bytes: int | None) -> dict[str, Any]:
     return arguments
 
 
-async def delete_queues(amqp_url: str, endpoints: Sequence[str],
+async def delete_queues(amqp_url: str | Sequence[str], endpoints: Sequence[str],
                         retry_delays_s: Sequence[float]) -> None:
     """Delete every queue of `endpoints` (work, retry queues of `retry_delays_s` and the
     legacy ones, dead-letter queue) and a gateway's inbound exchange on the broker at
     `amqp_url`, messages included: a demo,
     campaign or test run starts from nothing. A queue or exchange that does not exist is no
     error. Raises aio_pika's connection errors."""
-    import aio_pika
 
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect_first(amqp_url)
     try:
         for endpoint in endpoints:
             names = queue_names(endpoint, retry_delays_s)
@@ -195,14 +195,13 @@ async def _depth(connection: Any, name: str) -> int | None:
             await channel.close()
 
 
-async def queue_depths(amqp_url: str, endpoints: Sequence[str],
+async def queue_depths(amqp_url: str | Sequence[str], endpoints: Sequence[str],
                        retry_delays_s: Sequence[float]) -> dict[str, QueueDepths | None]:
     """Each endpoint's `QueueDepths` (None: its queues are not declared yet), read with
     passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
-    import aio_pika
 
     depths: dict[str, QueueDepths | None] = {}
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect_first(amqp_url)
     try:
         for endpoint in endpoints:
             names = queue_names(endpoint, retry_delays_s)
@@ -220,13 +219,12 @@ async def queue_depths(amqp_url: str, endpoints: Sequence[str],
     return depths
 
 
-async def dead_letter_depths(amqp_url: str, endpoints: Sequence[str]
+async def dead_letter_depths(amqp_url: str | Sequence[str], endpoints: Sequence[str]
                              ) -> dict[str, int | None]:
     """Messages in each endpoint's dead-letter queue (None: the queue does not exist), read
     with passive declares on the broker at `amqp_url`. Raises aio_pika's connection errors."""
-    import aio_pika
 
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect_first(amqp_url)
     try:
         return {endpoint: await _depth(connection, queue_names(endpoint).dead_letter)
                 for endpoint in endpoints}

@@ -4,6 +4,7 @@ Imports no driver: settings and start-up use it."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from yarl import URL
 
@@ -46,3 +47,20 @@ async def first_answering(urls: Sequence[str], connect: Callable[[str], Awaitabl
     if failure is None:
         raise ValueError("no URL to connect to")
     raise failure
+
+
+async def connect_first(urls: str | Sequence[str], **options: Any) -> Any:
+    """An aio-pika connection (`aio_pika.connect(url, **options)`) to the first of `urls` (one
+    URL, or a cluster's nodes) that answers: tools and commands that open a connection of
+    their own reach the cluster while a node is down. Raises the last node's error when
+    none answers."""
+    import aio_pika  # settings import this module: the driver only where a command connects
+
+    connected: list[Any] = []
+
+    async def connect(url: str) -> None:
+        connected.append(await aio_pika.connect(url, **options))
+
+    await first_answering([urls] if isinstance(urls, str) else urls, connect,
+                          (OSError, TimeoutError, aio_pika.exceptions.AMQPError))
+    return connected[0]

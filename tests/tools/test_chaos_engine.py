@@ -30,6 +30,7 @@ from tests.support.users_stores import (
 )
 from tools.chaos.engine import ENGINE_DATABASE
 from tools.chaos.plan import plan_run, topology_of
+from tools.chaos.production import KINDS, unavailable
 from tools.chaos.workload import WorkloadError, load_workload, read_messages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,43 @@ async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users
     assert result["faults"]["duplicate (published twice)"] > 0
     assert sum(n for kind, n in result["faults"].items()
                if kind.startswith(("failpoint", "kill", "broker"))) > 0
+
+
+@pytest.mark.slow  # a campaign of real processes, on a cluster and a pair of its own
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+async def test_a_run_with_production_faults_finds_no_violation_on_servers_of_its_own(
+        tmp_path: Path) -> None:
+    services = discover()
+    messages = tmp_path / "messages.jsonl"
+    _workload(messages)
+    try:
+        async with users_database(services.postgres_dsn, this_run("eo_chaos_user")) as dsn, \
+                users_vhost(services.amqp_url, this_run("eo-chaos-user", "-"), "front") as url:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("EO_")}
+            env.update({"EO_SERVICE": SPEC, "EO_DATABASE_DSN": dsn, "EO_AMQP_URL": url,
+                        "PYTHONPATH": str(ROOT)})
+            report = tmp_path / "report.json"
+            campaign = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "from entrypoints.cli import main; main()", "chaos",
+                "--production", "--messages", str(messages), "--seed", "2", "--run", "0",
+                "--report", str(report), cwd=tmp_path, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(campaign.communicate(), 400)
+            assert campaign.returncode == 0, (out[-4000:] + err[-4000:]).decode(
+                errors="replace")
+            result = json.loads(report.read_text())
+            # the machine's server and broker were not the campaign's: nothing made there
+            assert await untouched_database(dsn) == (["user_marker"], [MARKER])
+            assert await queued(url, "front") == 1
+            assert await databases_like(services.postgres_dsn,
+                                        f"{ENGINE_DATABASE}_{campaign.pid}") == []
+    finally:
+        services.close()
+    assert result["violations"] == []
+    [run] = result["per_run"]
+    assert run["commits"] == run["expected_commits"]
+    assert run["production"], run  # each fault named with its time and target
+    assert sum(result["faults"].get(kind, 0) for kind in KINDS) == len(run["production"])
 
 
 @pytest.mark.slow  # a campaign of real processes

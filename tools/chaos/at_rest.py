@@ -20,6 +20,7 @@ import asyncpg
 from adapters.postgres.dead_letter_store import PostgresDeadLetterStore
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.rabbitmq import topology
+from adapters.rabbitmq.urls import connect_first
 from adapters.system.clock import SystemClock
 from application.envelope import REASON_HEADER
 
@@ -85,7 +86,7 @@ class DeadLetters:
         return sum(self.counts.values())
 
 
-async def dead_letters(amqp_url: str, endpoints: Sequence[str],
+async def dead_letters(amqp_url: str | Sequence[str], endpoints: Sequence[str],
                        peek: bool = True, database_dsn: str | None = None) -> DeadLetters:
     """Count each endpoint's dead-letter queue (`<endpoint>.dlq`) on the broker at
     `amqp_url` and, with `database_dsn`, the dead letters its consumers moved into the
@@ -94,7 +95,7 @@ async def dead_letters(amqp_url: str, endpoints: Sequence[str],
     0. Raises aio_pika's connection errors and asyncpg's."""
     counts: dict[str, int] = {}
     reasons: dict[str, list[str]] = {}
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect_first(amqp_url)
     try:
         for endpoint in endpoints:
             name = topology.queue_names(endpoint).dead_letter
@@ -134,12 +135,12 @@ async def dead_letters(amqp_url: str, endpoints: Sequence[str],
     return DeadLetters(counts, reasons)
 
 
-async def queue_depth(amqp_url: str, endpoints: Sequence[str],
+async def queue_depth(amqp_url: str | Sequence[str], endpoints: Sequence[str],
                       retry_delays_s: Sequence[float]) -> int:
     """Messages waiting in the work and retry queues of `endpoints` (dead-letter queues
     excluded): 0 is one condition of quiescence. A missing queue counts 0."""
     total = 0
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect_first(amqp_url)
     try:
         for endpoint in endpoints:
             names = topology.queue_names(endpoint, retry_delays_s)

@@ -14,18 +14,20 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 
 from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.urls import connect_first
 from application.errors import TransientError
 from tools.chaos.workload import OutsideMessage
 from tools.scratch import rabbitmqctl, vhost_of
 
 
-async def publish_messages(amqp_url: str, messages: Sequence[OutsideMessage], rate: float,
-                           rng: random.Random) -> int:
+async def publish_messages(amqp_url: str | Sequence[str], messages: Sequence[OutsideMessage],
+                           rate: float, rng: random.Random) -> int:
     """Publish `messages` as an outside producer does (the URL's user as `user_id`,
     publisher confirms, persistent); a share `rate` twice: half at once (concurrent copies),
     half at the end (a late re-send). Returns the copies."""
-    user = unquote(urlsplit(amqp_url).username or "") or "guest"
-    connection = await aio_pika.connect(amqp_url)
+    first = amqp_url if isinstance(amqp_url, str) else amqp_url[0]
+    user = unquote(urlsplit(first).username or "") or "guest"
+    connection = await connect_first(amqp_url)
     late: list[OutsideMessage] = []
     copies = 0
     try:

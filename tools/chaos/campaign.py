@@ -20,6 +20,7 @@ from entrypoints.service_spec import Service
 from entrypoints.settings import Settings
 from tools.chaos.fleet import empty_bucket
 from tools.chaos.plan import Topology
+from tools.chaos.production import ProductionServers
 from tools.chaos.reference import Expected, reference_run
 from tools.chaos.report import EngineRun
 from tools.chaos.workload import OutsideMessage, Workload
@@ -48,6 +49,8 @@ class Campaign:
     run_timeout_s: float
     #: the processes' fork server (tools/zygote.py), for the campaign's length
     zygote: Zygote | None = None
+    #: production's servers and faults (`eo chaos --production`), else None
+    production: ProductionServers | None = None
 
 
 async def keep_logs(result: EngineRun, logs: Path, temporary: bool, name: str) -> None:

@@ -10,7 +10,7 @@ import logging
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import asyncpg
 import typer
@@ -19,8 +19,9 @@ from rich.table import Table
 
 from application.errors import TransientError
 from entrypoints.service_spec import resolve_service
-from entrypoints.settings import SettingsError, load_settings
+from entrypoints.settings import Settings, SettingsError, load_settings
 from tools.chaos.engine import ENGINE_DATABASE, engine_settings, run_engine
+from tools.chaos.production import ProductionServers, unavailable
 from tools.chaos.report import EngineReport, EngineRun
 from tools.chaos.workload import Workload, WorkloadError, load_attribute, load_workload
 from tools.guard import refuse_production
@@ -77,6 +78,11 @@ def chaos(
     fence_only: Annotated[bool, typer.Option(
         help="the fence scenarios only, every one of them (no random run; --duration does "
              "not apply)")] = False,
+    production: Annotated[bool, typer.Option(
+        help="on a RabbitMQ cluster and a PostgreSQL primary and standby of the campaign's "
+             "own, each random run also loses a node, fails over or restarts the database "
+             "(root and Debian's rabbitmq-server and PostgreSQL 15; docs/fault-injection.md)"
+    )] = False,
 ) -> None:
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
@@ -94,7 +100,7 @@ def chaos(
     if messages is not None or workload is not None or check is not None:
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
                      messages, workload, check, size, workers, mode, runs=runs,
-                     order_independent=order_independent)
+                     order_independent=order_independent, production=production)
         return
     try:  # the service's own default, where it declares one (the sample's workload)
         default = load_attribute(DEFAULT_WORKLOAD, "the default workload")
@@ -110,14 +116,15 @@ def chaos(
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE, None,
-                 None, None, size, workers, mode, given, runs)
+                 None, None, size, workers, mode, given, runs, production=production)
 
 
 def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,
                  report: Path | None, database: str, messages: Path | None,
                  workload: str | None, check: str | None, size: int, workers: int,
                  fence: Literal["first", "only", "off"], given: Workload | None = None,
-                 runs: int | None = None, order_independent: bool = False) -> None:
+                 runs: int | None = None, order_independent: bool = False,
+                 production: bool = False) -> None:
     """The campaign on the service `EO_SERVICE` names, with its workload (`given`, else
     the one `messages`, `workload` and `check` name)."""
     err = Console(stderr=True)
@@ -127,11 +134,15 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
         service = resolve_service(base)
         load = given if given is not None else load_workload(messages, workload, check,
                                                              order_independent)
+        if production and (why := unavailable()) is not None:
+            raise SettingsError(f"--production: {why}")
     except (SettingsError, WorkloadError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     logging.getLogger("adapters.rabbitmq").setLevel(logging.ERROR)
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    # a pool refilling its floor while --production restarts the database says so each time
+    logging.getLogger("asyncpg.pool").setLevel(logging.CRITICAL)
     scope = ("the fence scenarios only" if fence == "only" else f"run {run} only"
              if run is not None else f"{duration:.0f} s")
     console.print(f"eo chaos: {service.registry.service}, seed {seed}, {scope}, {workers} "
@@ -140,10 +151,10 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
         # the processes' blob directory (unused with the campaign's S3 bucket), removed
         # with the campaign whatever its end
         with tempfile.TemporaryDirectory(prefix="eo-chaos-blobs-") as blobs:
-            result = asyncio.run(run_engine(engine_settings(base, Path(blobs)), service, load,
-                                            seed, duration, run, size, workers, log_dir,
-                                            _print_engine_run, database=database,
-                                            fence=fence, max_runs=runs))
+            result = asyncio.run(_campaign(
+                engine_settings(base, Path(blobs)), production, service, load, seed, duration,
+                run, size, workers, log_dir, _print_engine_run, database=database,
+                fence=fence, max_runs=runs))
     except SettingsError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -156,6 +167,21 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
         console.print(f"report: {report}")
     if result.violations:
         raise typer.Exit(1)
+
+
+async def _campaign(settings: Settings, production: bool, *args: Any, **kwargs: Any
+                    ) -> EngineReport:
+    """`run_engine`, on production's servers of its own with `production` (started first,
+    removed after)."""
+    if not production:
+        return await run_engine(settings, *args, **kwargs)
+    servers = ProductionServers()
+    await servers.start()
+    try:
+        return await run_engine(servers.settings(settings), *args,
+                                **{**kwargs, "production": servers})
+    finally:
+        await servers.remove()
 
 
 def _print_engine_run(result: EngineRun) -> None:
@@ -177,6 +203,8 @@ def _print_engine_run(result: EngineRun) -> None:
                   f"{result.dead_letters} dead letters, {result.blobs} blobs, "
                   f"{result.api_executions} API executions, {result.seconds:.1f} s, {verdict};"
                   f" failpoints {rules}; kill -9 {kills}; broker closes {closes}")
+    for line in result.production:
+        console.print(f"  {line}")
     for violation in result.violations:
         console.print(f"  [red]{violation}[/red]")
     if result.violations:

@@ -39,7 +39,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Literal
 
@@ -56,12 +56,13 @@ from tools.chaos.campaign import Campaign, keep_logs, stage_run
 from tools.chaos.fence_runs import fence_runs
 from tools.chaos.plan import EnginePlan, plan_run, topology_of
 from tools.chaos.processes import run_processes, start_callees, stop_run
+from tools.chaos.production import KINDS, ProductionServers
 from tools.chaos.quiet import Marks, quiesce
 from tools.chaos.report import Budget, EngineReport, EngineRun
 from tools.chaos.verdict import CommitCounter
 from tools.chaos.workload import Workload
 from tools.fake_provider import fake_provider
-from tools.scratch import own_database, own_vhost
+from tools.scratch import RunBroker, own_database, own_vhost
 from tools.zygote import Zygote
 
 #: The campaign's database is `<this>_<pid>_<hex>` on EO_DATABASE_DSN's server.
@@ -86,7 +87,8 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                      on_run: Callable[[EngineRun], None] = lambda _r: None,
                      run_timeout_s: float = 240.0, database: str = ENGINE_DATABASE,
                      fence: Literal["first", "only", "off"] = "first",
-                     max_runs: int | None = None) -> EngineReport:
+                     max_runs: int | None = None,
+                     production: ProductionServers | None = None) -> EngineReport:
     """Runs while `duration_s` allows (fence scenarios included: `Budget`; at least one run)
     and at most `max_runs` random runs, or only run `only_run`.
     `fence`: the fence scenarios (tools/chaos/fence.py) first (not with `only_run`), only
@@ -98,14 +100,17 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
     when that holds none of the service's queues), and removes them at the end. Raises
     `SettingsError` naming `EO_AMQP_URL` when the URL's virtual host holds the service's
     queues, and what the services raise when they are unreachable; violations are
-    reported, not raised."""
+    reported, not raised. With `production` (started, and `settings` pointing at it:
+    `ProductionServers.settings`), the campaign's broker is that cluster (its default
+    virtual host is the campaign's own) and each random run injects production's faults."""
     started = time.monotonic()
     layout = topology_of(service, workers)
     report = EngineReport(seed=seed, service=service.registry.service,
                           order_independent=bool(getattr(workload, "order_independent", False)))
-    async with own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
-                         settings.protocol.retry_delays_s, "eo chaos") as broker, \
-            own_database(settings.database(), database) as dsn:
+    vhost = (_cluster_vhost(settings) if production is not None else
+             own_vhost(settings.amqp(), ENGINE_VHOST, layout.queues,
+                       settings.protocol.retry_delays_s, "eo chaos"))
+    async with vhost as broker, own_database(settings.database(), database) as dsn:
         settings = settings.replaced(amqp_url=SecretStr(broker.url),
                                      database_dsn=SecretStr(dsn))
         temp = None if log_root is not None else Path(tempfile.mkdtemp(prefix="eo-chaos-"))
@@ -128,7 +133,8 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                 pool = await create_pool(settings.database(), max_size=2)
                 try:
                     campaign = Campaign(settings, service, workload, layout, root,
-                                        providers, pool, size, run_timeout_s, zygote)
+                                        providers, pool, size, run_timeout_s, zygote,
+                                        production)
                     # a replay of one run, or the fence scenarios alone: what was asked for
                     budget = Budget(started, duration_s if only_run is None
                                     and fence != "only" else None)
@@ -143,7 +149,8 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                                 max_runs is not None and k >= max_runs):
                             break
                         plan = plan_run(seed, index, layout, size,
-                                        broker_closes=broker.vhost is not None)
+                                        broker_closes=broker.vhost is not None,
+                                        production=tuple(KINDS) if production else ())
                         with budget.spending("random runs"):
                             result = await _one_run(campaign, plan, root / f"run-{index}")
                             await keep_logs(result, root / f"run-{index}",
@@ -165,6 +172,13 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
     return report
 
 
+@contextlib.asynccontextmanager
+async def _cluster_vhost(settings: Settings) -> AsyncIterator[RunBroker]:
+    """The campaign's own cluster: its default virtual host is the campaign's (the run's
+    queues are deleted after each run, the cluster with the campaign)."""
+    yield RunBroker(settings.amqp(), None)
+
+
 async def _one_run(campaign: Campaign, plan: EnginePlan, log_dir: Path) -> EngineRun:
     """Random run `plan`: staged, its processes started with the plan's failpoints, its
     messages published with the plan's copies, quiet (with the plan's kills and broker-side
@@ -178,23 +192,30 @@ async def _one_run(campaign: Campaign, plan: EnginePlan, log_dir: Path) -> Engin
     stage = await stage_run(campaign, messages, result, log_dir, plan.api_failures,
                             plan.api_latency_s)
     faults = result.faults
+    if campaign.production is not None:
+        campaign.production.begin_run()
     async with run_processes(campaign, stage, log_dir, result, started) as (fleet, rabbit):
         await start_callees(fleet, layout, plan.failpoints)
         for name, endpoint in layout.processes.items():
             if endpoint not in layout.callees:
                 fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
         rng = random.Random(plan.shuffle_seed)
-        copies = await publish_messages(settings.amqp(), messages, plan.duplicate_rate, rng)
+        copies = await publish_messages(settings.amqp_urls(), messages, plan.duplicate_rate,
+                                        rng)
         result.deliveries_published = len(messages) + copies
         faults["duplicate (published twice)"] += copies
         gaps = ConsumerGaps()
         progress = CommitCounter(log_dir, layout.queues)
         marks = Marks([(share * result.expected_commits, p) for share, p in plan.kills],
-                      [share * result.expected_commits for share in plan.broker_closes])
+                      [share * result.expected_commits for share in plan.broker_closes],
+                      [(share * result.expected_commits, k) for share, k in plan.production])
         await quiesce(campaign, fleet, rabbit, progress, result, marks, gaps, started)
+        if campaign.production is not None:  # the cluster and the pair whole again
+            await campaign.production.restore()
+            result.production = [r.line() for r in campaign.production.records]
         if plan.republish and result.commits >= result.expected_commits:
             late = rng.sample(messages, min(plan.republish, len(messages)))
-            await publish_messages(settings.amqp(), late, 0.0, rng)
+            await publish_messages(settings.amqp_urls(), late, 0.0, rng)
             faults["duplicate (re-published after processing)"] += len(late)
             result.deliveries_published += len(late)
             await quiesce(campaign, fleet, rabbit, progress, result, Marks([], []), gaps,

@@ -75,7 +75,7 @@ async def _fence_run(campaign: Campaign, seed: int, pair: FencePair, half: str,
     rng = random.Random(seed)
 
     async def publish(messages: Sequence[OutsideMessage]) -> None:
-        await publish_messages(settings.amqp(), messages, 0.0, rng)
+        await publish_messages(settings.amqp_urls(), messages, 0.0, rng)
         result.deliveries_published += len(messages)
 
     async with run_processes(campaign, stage, log_dir, result, started) as (fleet, rabbit):

@@ -96,6 +96,7 @@ class Fleet:
         self.token = secrets.token_urlsafe(24)
         self.env = {**os.environ, "EO_PROFILE": "local",
                     "EO_DATABASE_DSN": settings.database(), "EO_AMQP_URL": settings.amqp(),
+                    "EO_AMQP_ADDRESSES": json.dumps(list(settings.rabbitmq.amqp_addresses)),
                     "EO_BLOB_DIR": str(settings.blobs.blob_dir), "EO_METRICS_PORT": "0",
                     "EO_LOG_LEVEL": "INFO", "EO_SWEEP_INTERVAL_S": "1",
                     "EO_DUPLICATE_RATE": str(duplicate_rate), "EO_FAILPOINTS": "",

@@ -96,6 +96,9 @@ class EnginePlan:
     republish: int
     api_failures: int = 0
     api_latency_s: float = 0.0
+    #: (share of the expected commits reached, kind) of production's faults
+    #: (tools/chaos/production.py `KINDS`; `--production` only)
+    production: tuple[tuple[float, str], ...] = ()
 
 
 def plan_rng(seed: int, run: int, stream: str = "") -> random.Random:
@@ -123,11 +126,12 @@ def failpoint_rule(rng: random.Random, points: Sequence[str], broker: bool) -> s
 
 
 def plan_run(seed: int, run: int, layout: Topology, size: int, max_faults: int = 5,
-             broker_closes: bool = True) -> EnginePlan:
+             broker_closes: bool = True, production: Sequence[str] = ()) -> EnginePlan:
     """The plan of run `run` of campaign `seed` on `layout`: up to `max_faults` failpoint
     rules and kills, in half the runs a finisher stalled while its endpoint's other
-    consumers go on, zero to two broker-side closes (with `broker_closes`), the duplicates'
-    rate and the providers' faults. Deterministic."""
+    consumers go on, zero to two broker-side closes (with `broker_closes`), one or two of
+    production's faults of the kinds `production` names (tools/chaos/production.py), the
+    duplicates' rate and the providers' faults. Deterministic."""
     rng = plan_rng(seed, run)
     failpoints = dict.fromkeys(layout.processes, "")
     kills: list[tuple[float, str]] = []
@@ -156,6 +160,9 @@ def plan_run(seed: int, run: int, layout: Topology, size: int, max_faults: int =
         other = plan_rng(seed, run, "broker-closes")
         count = other.choices([0, 1, 2], weights=[2, 2, 1])[0]
         closes = tuple(sorted(round(other.random(), 3) for _ in range(count)))
+    servers = plan_rng(seed, run, "production")
+    faults = tuple(sorted((round(servers.uniform(0.1, 0.7), 3), servers.choice(production))
+                          for _ in range(servers.randint(1, 2)))) if production else ()
     apis = plan_rng(seed, run, "apis")
     return EnginePlan(seed=seed, run=run, size=size,
                       workload_seed=plan_rng(seed, run, "workload").getrandbits(32),
@@ -163,4 +170,4 @@ def plan_run(seed: int, run: int, layout: Topology, size: int, max_faults: int =
                       kills=tuple(sorted(kills)), broker_closes=closes,
                       duplicate_rate=rng.choice([0.1, 0.2, 0.3]),
                       republish=rng.randint(0, 5), api_failures=apis.choice([0, 0, 1, 3]),
-                      api_latency_s=apis.choice([0.0, 0.0, 0.3, 1.0]))
+                      api_latency_s=apis.choice([0.0, 0.0, 0.3, 1.0]), production=faults)

@@ -54,7 +54,7 @@ def _fleet(campaign: Campaign, log_dir: Path) -> Fleet:
 async def _declare(settings: Settings, layout: Topology) -> RabbitConnection:
     """A connection of the campaign's own, with every consumed queue's topology declared
     (so messages published before a consumer starts wait in its queue)."""
-    rabbit = RabbitConnection(settings.amqp())
+    rabbit = RabbitConnection(settings.amqp_urls())
     await rabbit.start()
     for endpoint in layout.queues:
         await amqp_topology.declare(rabbit, endpoint, settings.protocol.retry_delays_s,
@@ -89,7 +89,7 @@ async def _conclude(campaign: Campaign, stage: Stage, log_dir: Path, result: Eng
     await check_run(Judged(settings, campaign.service, campaign.layout.queues, campaign.pool,
                            campaign.providers, campaign.workload, stage.messages,
                            stage.expected), log_dir, result)
-    await amqp_topology.delete_queues(settings.amqp(), list(campaign.layout.queues),
+    await amqp_topology.delete_queues(settings.amqp_urls(), list(campaign.layout.queues),
                                       settings.protocol.retry_delays_s)
     for record in read_logs(log_dir):
         if record.get("event") == FAULT_INJECTED:

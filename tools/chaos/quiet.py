@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from adapters.rabbitmq.connection import RabbitConnection
 from entrypoints.faults import CRASH_EXIT
@@ -15,6 +15,7 @@ from tools.chaos.broker import ConsumerGaps, close_all_connections
 from tools.chaos.campaign import Campaign
 from tools.chaos.checks import crashed_by_failpoint
 from tools.chaos.fleet import Fleet
+from tools.chaos.plan import plan_rng
 from tools.chaos.report import EngineRun
 from tools.chaos.verdict import CommitCounter
 
@@ -23,7 +24,7 @@ async def busy(campaign: Campaign) -> int:
     """What the service still has to do: messages in the work and retry queues, committed
     transactions not finished, inbox rows not relayed (0: one condition of quiet)."""
     settings = campaign.settings
-    waiting = await queue_depth(settings.amqp(), list(campaign.layout.queues),
+    waiting = await queue_depth(settings.amqp_urls(), list(campaign.layout.queues),
                                 settings.protocol.retry_delays_s)
     return waiting + int(await campaign.pool.fetchval(
         "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
@@ -46,11 +47,12 @@ async def settle(campaign: Campaign, progress: CommitCounter, commits: int,
 
 @dataclass
 class Marks:
-    """Progress marks still to come: kills (commits reached, process) and broker-side
-    closes (commits reached)."""
+    """Progress marks still to come: kills (commits reached, process), broker-side closes
+    (commits reached) and production's faults (commits reached, kind)."""
 
     kills: list[tuple[float, str]]
     closes: list[float]
+    production: list[tuple[float, str]] = field(default_factory=list)
 
 
 async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
@@ -92,6 +94,12 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
             marks.closes.pop(0)
             await asyncio.to_thread(close_all_connections, settings.amqp())
             result.faults["broker closed every connection"] += 1
+        while campaign.production is not None and marks.production and \
+                marks.production[0][0] <= commits:
+            _, kind = marks.production.pop(0)
+            targets = plan_rng(result.plan.seed, result.plan.run, f"production/{commits}")
+            await campaign.production.inject(kind, layout.queues, targets)
+            result.faults[kind] += 1
         busy_now = await busy(campaign)
         idle = idle + 1 if busy_now == 0 and commits == last else 0
         last = commits

@@ -44,6 +44,8 @@ class EngineRun:
     not_compared: list[str] = field(default_factory=list)
     #: whether the commits per endpoint are compared with the fault-free runs'
     commits_compared: bool = True
+    #: production's faults (`--production`), a line each: time, kind, target, undone after
+    production: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -104,6 +106,7 @@ class EngineReport(RunTotals):
                              "api_executions": r.api_executions,
                              "domain_checked": r.domain_checked,
                              "kept": r.kept, "not_compared": r.not_compared,
+                             "production": r.production,
                              "consumer_gaps_s": {k: round(v, 2)
                                                  for k, v in r.consumer_gaps.items()}}
                             for r in self.runs]}

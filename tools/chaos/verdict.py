@@ -143,7 +143,7 @@ async def check_run(judged: Judged, log_dir: Path, result: EngineRun) -> None:
     left = await at_rest(pool)
     violations += [f"I8/I9: {n} {name} left at rest" for name, n in left.items() if n]
     result.kept = await kept_at_rest(pool)
-    dead = await dead_letters(settings.amqp(), list(queues), database_dsn=settings.database())
+    dead = await dead_letters(settings.amqp_urls(), list(queues), database_dsn=settings.database())
     result.dead_letters = dead.total
     committed = committed_in(records, queues)
     violations += await unaccounted(pool, records, committed, queues, judged.messages)
