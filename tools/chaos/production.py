@@ -60,7 +60,8 @@ class ProductionServers:
     cluster: RabbitCluster = field(default_factory=RabbitCluster)
     pair: PostgresPair = field(default_factory=PostgresPair)
     records: list[FaultRecord] = field(default_factory=list)
-    _undoing: list[asyncio.Task[None]] = field(default_factory=list)
+    #: the undoings under way, with the servers they concern ("rabbitmq", "postgresql")
+    _undoing: list[tuple[str, asyncio.Task[None]]] = field(default_factory=list)
     _started: float = 0.0
 
     async def start(self) -> None:
@@ -85,12 +86,38 @@ class ProductionServers:
         self.records, self._started = [], time.monotonic()
 
     async def inject(self, kind: str, queues: tuple[str, ...], rng: random.Random) -> None:
-        """Inject fault `kind` now (its undoing scheduled `KINDS[kind]` seconds later)."""
+        """Inject fault `kind` now (its undoing scheduled `KINDS[kind]` seconds later), once
+        the undoing of an earlier fault of the same servers has run (a second failover
+        before the first one's old primary rejoined would promote a server that never had
+        the new primary's commits: a double fault the template does not claim to survive).
+        A fault that cannot be injected is recorded as such (the campaign's tooling, not the
+        service, failed)."""
+        await self._undone(kind.split()[0])
         at = time.monotonic() - self._started
+        try:
+            record = await self._inject(kind, queues, rng, at)
+        except RuntimeError as exc:
+            record = FaultRecord(kind, f"not injected: {exc}", at, 0.0)
+        self.records.append(record)
+
+    async def _undone(self, servers: str) -> None:
+        for family, task in self._undoing:
+            if family == servers:
+                with contextlib.suppress(Exception):  # failed: `restore` redoes it
+                    await task
+
+    async def _inject(self, kind: str, queues: tuple[str, ...], rng: random.Random,
+                      at: float) -> FaultRecord:
         if kind == "rabbitmq leader killed":
-            node = self.cluster.node(await self.cluster.leader_of(rng.choice(queues)))
+            queue = rng.choice(queues)
+            try:
+                node = self.cluster.node(await self.cluster.leader_of(queue))
+                target = f"{node.name}, leader of {queue}"
+            except RuntimeError:  # an election under way: a node all the same
+                node = rng.choice([n for n in self.cluster.nodes if n.running and not n.paused])
+                target = f"{node.name} ({queue} had no leader to name)"
             await self.cluster.kill(node)
-            record = FaultRecord(kind, node.name, at)
+            record = FaultRecord(kind, target, at)
             self._later(record, lambda: self.cluster.restart(node))
         elif kind == "rabbitmq node paused":
             node = rng.choice([n for n in self.cluster.nodes if n.running and not n.paused])
@@ -108,7 +135,7 @@ class ProductionServers:
                                  time.monotonic() - self._started - at)
         else:
             raise ValueError(f"unknown fault {kind!r}")
-        self.records.append(record)
+        return record
 
     async def _rejoin(self) -> None:
         await self.pair.rejoin()
@@ -118,13 +145,13 @@ class ProductionServers:
             await asyncio.sleep(KINDS[record.kind])
             await undo()
             record.lasted_s = time.monotonic() - self._started - record.at_s
-        self._undoing.append(asyncio.create_task(undo_after()))
+        self._undoing.append((record.kind.split()[0], asyncio.create_task(undo_after())))
 
     async def restore(self) -> None:
         """Once every fault's undoing has run (a run is about to stop: at most `KINDS`'
         longest wait), make sure the cluster and the pair are whole again."""
         undoing, self._undoing = self._undoing, []
-        for task in undoing:
+        for _, task in undoing:
             with contextlib.suppress(Exception):  # an undoing that failed: done below
                 await task
         for node in self.cluster.nodes:

@@ -231,22 +231,28 @@ class RabbitCluster:
                                f"{(err or out).decode(errors='replace').strip()[-2000:]}")
         return out.decode(errors="replace")
 
-    async def leader_of(self, queue: str, vhost: str = "/") -> str:
+    async def leader_of(self, queue: str, vhost: str = "/", wait_s: float = 15.0) -> str:
         """The name of the node leading quorum queue `queue` now, or the home node of a
-        classic one (asked of a running, unpaused node). Raises RuntimeError when no node
-        answers or the queue is not there."""
-        for node in self.nodes:
-            if not node.running or node.paused:
-                continue
-            out = await self.ctl(node, "list_queues", "-p", vhost, "name", "leader", "pid",
-                                 "--no-table-headers")
-            for line in out.splitlines():
-                name, leader, pid = [*line.split("\t"), "", ""][:3]
-                if name == queue and (leader.strip() or pid.strip()):
-                    # a classic queue has no leader: its process's pid names its node
-                    return leader.strip() or pid.strip().strip("<>").rsplit(".", 3)[0]
-            raise RuntimeError(f"queue {queue!r} has no leader on {node.name}")
-        raise RuntimeError("no running node to ask")
+        classic one (asked of the running, unpaused nodes; while the queue elects a leader,
+        after a node's loss, asked again for up to `wait_s` seconds). Raises RuntimeError
+        when no node names one in that time."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            for node in self.nodes:
+                if not node.running or node.paused:
+                    continue
+                with contextlib.suppress(RuntimeError):  # a node still starting: the next
+                    out = await self.ctl(node, "list_queues", "-p", vhost, "name", "leader",
+                                         "pid", "--no-table-headers", timeout_s=10)
+                    for line in out.splitlines():
+                        name, leader, pid = [*line.split("\t"), "", ""][:3]
+                        if name == queue and (leader.strip() or pid.strip()):
+                            # a classic queue has no leader: its process's pid names its
+                            # node
+                            return leader.strip() or pid.strip().strip("<>").rsplit(".", 3)[0]
+            if asyncio.get_running_loop().time() >= deadline:
+                raise RuntimeError(f"no node names a leader of queue {queue!r}")
+            await asyncio.sleep(0.5)
 
     async def kill(self, node: RabbitNode) -> None:
         """kill -9 the node's Erlang VM (its queues' leaders move to the others)."""
