@@ -50,11 +50,14 @@ async def first_answering(urls: Sequence[str], connect: Callable[[str], Awaitabl
 
 
 async def connect_first(urls: str | Sequence[str], **options: Any) -> Any:
-    """An aio-pika connection (`aio_pika.connect(url, **options)`) to the first of `urls` (one
-    URL, or a cluster's nodes) that answers: tools and commands that open a connection of
-    their own reach the cluster while a node is down. Raises the last node's error when
-    none answers."""
+    """An aio-pika connection (`aio_pika.connect(url, **options)`, within 10 s unless
+    `timeout` says otherwise: a paused node accepts the TCP connection and never answers)
+    to the first of `urls` (one URL, or a cluster's nodes) that answers: tools and commands
+    that open a connection of their own reach the cluster while a node is down. Raises the
+    last node's error when none answers."""
     import aio_pika  # settings import this module: the driver only where a command connects
+
+    options.setdefault("timeout", 10.0)
 
     connected: list[Any] = []
 

@@ -147,6 +147,11 @@ class ProductionServers:
             record.lasted_s = time.monotonic() - self._started - record.at_s
         self._undoing.append((record.kind.split()[0], asyncio.create_task(undo_after())))
 
+    @property
+    def pending(self) -> bool:
+        """Whether a fault's undoing has yet to run."""
+        return any(not task.done() for _, task in self._undoing)
+
     async def restore(self) -> None:
         """Once every fault's undoing has run (a run is about to stop: at most `KINDS`'
         longest wait), make sure the cluster and the pair are whole again."""
