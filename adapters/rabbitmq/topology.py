@@ -24,6 +24,11 @@ class QueueNames:
     dead_letter: str
 
     @property
+    def all_but_dead_letters(self) -> tuple[str, ...]:
+        """The work queue and the retry queues."""
+        return (self.work, *self.retries)
+
+    @property
     def inbound(self) -> str:
         """`<endpoint>.in`: a gateway's exchange for outside producers."""
         return f"{self.work}.in"

@@ -147,6 +147,27 @@ class ProductionServers:
             record.lasted_s = time.monotonic() - self._started - record.at_s
         self._undoing.append((record.kind.split()[0], asyncio.create_task(undo_after())))
 
+    async def messages(self, queues: list[str]) -> int:
+        """Messages in `queues`, ready or delivered and not yet acked, as the cluster counts
+        them (`rabbitmqctl list_queues name messages` on a running node; a queue that does
+        not exist counts 0). Raises RuntimeError when no node answers."""
+        wanted, total, failure = set(queues), 0, None
+        for node in self.cluster.nodes:
+            if not node.running or node.paused:
+                continue
+            try:
+                out = await self.cluster.ctl(node, "list_queues", "name", "messages",
+                                             "--no-table-headers", timeout_s=20)
+            except RuntimeError as exc:
+                failure = exc
+                continue
+            for line in out.splitlines():
+                name, _, count = line.partition("\t")
+                if name in wanted and count.strip().isdigit():
+                    total += int(count)
+            return total
+        raise failure or RuntimeError("no running node to ask")
+
     @property
     def pending(self) -> bool:
         """Whether a fault's undoing has yet to run."""

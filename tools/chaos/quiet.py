@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from adapters.rabbitmq.connection import RabbitConnection
+from adapters.rabbitmq.topology import queue_names
 from entrypoints.faults import CRASH_EXIT
 from tools.chaos.at_rest import queue_depth
 from tools.chaos.broker import ConsumerGaps, close_all_connections
@@ -21,11 +22,19 @@ from tools.chaos.verdict import CommitCounter
 
 
 async def busy(campaign: Campaign) -> int:
-    """What the service still has to do: messages in the work and retry queues, committed
-    transactions not finished, inbox rows not relayed (0: one condition of quiet)."""
+    """What the service still has to do: messages in the work and retry queues (on the
+    campaign's own cluster, `--production`, those delivered and not yet acked as well: a
+    consumer on a node that was paused holds its deliveries until its connection moves on),
+    committed transactions not finished, inbox rows not relayed (0: one condition of
+    quiet)."""
     settings = campaign.settings
-    waiting = await queue_depth(settings.amqp_urls(), list(campaign.layout.queues),
-                                settings.protocol.retry_delays_s)
+    if campaign.production is not None:
+        waiting = await campaign.production.messages(
+            [q for e in campaign.layout.queues
+             for q in queue_names(e, settings.protocol.retry_delays_s).all_but_dead_letters])
+    else:
+        waiting = await queue_depth(settings.amqp_urls(), list(campaign.layout.queues),
+                                    settings.protocol.retry_delays_s)
     return waiting + int(await campaign.pool.fetchval(
         "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
         " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
@@ -96,8 +105,8 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
             result.faults["broker closed every connection"] += 1
         while campaign.production is not None and marks.production and \
                 marks.production[0][0] <= commits:
-            _, kind = marks.production.pop(0)
-            targets = plan_rng(result.plan.seed, result.plan.run, f"production/{commits}")
+            mark, kind = marks.production.pop(0)
+            targets = plan_rng(result.plan.seed, result.plan.run, f"production/{mark}")
             await campaign.production.inject(kind, layout.queues, targets)
             result.faults[kind] += 1
         busy_now = await busy(campaign)
