@@ -3,6 +3,7 @@ dead letter (protocol 7), each copy publisher-confirmed before the original is a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ from aio_pika.exceptions import ChannelInvalidStateError
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
 from adapters.rabbitmq.dispatcher import envelope_message
+from adapters.rabbitmq.errors import DRIVER_ERRORS
 from application.envelope import (
     ATTEMPTS_HEADER,
     RETRY_REASON_HEADER,
@@ -47,6 +49,12 @@ class Settling(Protocol):
         """A delivery was settled, or failed to: its slot is free again."""
 
 
+async def _reject(message: AbstractIncomingMessage) -> None:
+    """`basic.reject` with requeue; a channel that closed meanwhile has requeued it."""
+    with contextlib.suppress(*DRIVER_ERRORS, ChannelInvalidStateError):
+        await message.reject(requeue=True)
+
+
 def channel_lost(message: AbstractIncomingMessage) -> bool:
     """Whether `message`'s channel is gone (the broker has requeued it: it cannot be
     settled)."""
@@ -61,7 +69,11 @@ class RabbitDelivery(Delivery):
     its publisher confirm, THEN ack the original: a crash in between leaves two copies (the
     protocol drops one), the reverse order could lose the message. A delivery whose channel
     is gone cannot be settled (the broker has requeued it already): settling raises
-    `TransientError` at once and publishes no copy. Settling twice is a no-op."""
+    `TransientError` at once and publishes no copy. A copy the broker does not confirm (a
+    nack: a quorum queue electing its leader after a node's loss; a timeout) returns the
+    original to the queue (`basic.reject` with requeue) before the `TransientError` is
+    raised: on a channel that stays open nothing else would, and the delivery would stay
+    unacked until the process ends. Settling twice is a no-op."""
 
     def __init__(self, message: AbstractIncomingMessage, envelope: Envelope, attempt: int,
                  source: Settling) -> None:
@@ -104,6 +116,10 @@ class RabbitDelivery(Delivery):
         await self._settle(lambda: source.dead_letters.publish(
             copy, lambda: not channel_lost(self._message), lambda: source.stopped))
 
+    async def _requeued(self) -> None:
+        if not channel_lost(self._message):
+            await _reject(self._message)
+
     async def _settle(self, publish: Callable[[], Awaitable[None]] | None) -> None:
         """Publish the copy (`publish`, confirmed), then ack the original."""
         if self._settled:
@@ -117,7 +133,7 @@ class RabbitDelivery(Delivery):
                 try:
                     await publish()
                 except TransientError:
-                    self._settled = False  # the original is untouched: settling again is safe
+                    await self._requeued()
                     raise
             await self._source.ack(self._message, self.envelope.message_id)
         finally:
