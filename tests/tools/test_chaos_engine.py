@@ -12,6 +12,7 @@ import random
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,12 +102,13 @@ def _workload(path: Path) -> int:
     return len(lines)
 
 
-@pytest.mark.slow  # a campaign of real processes
-async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users_stores_alone(
-        tmp_path: Path) -> None:
+async def _beside_the_users_stores(tmp_path: Path, messages: Path, *options: str
+                                   ) -> dict[str, Any]:
+    """`eo chaos --messages <messages> <options>` on the counters service, with a user's
+    database and virtual host named in EO_DATABASE_DSN and EO_AMQP_URL; its report, once
+    the campaign exited 0, left the user's stores as they were and dropped its own
+    database (named with its process ID)."""
     services = discover()
-    messages = tmp_path / "messages.jsonl"
-    count = _workload(messages)
     try:
         async with users_database(services.postgres_dsn, this_run("eo_chaos_user")) as dsn, \
                 users_vhost(services.amqp_url, this_run("eo-chaos-user", "-"), "front") as url:
@@ -116,21 +118,29 @@ async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users
             report = tmp_path / "report.json"
             campaign = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", "from entrypoints.cli import main; main()", "chaos",
-                "--messages", str(messages), "--seed", "1", "--run", "0", "--report",
-                str(report), "--log-dir", str(tmp_path / "logs"),
+                "--messages", str(messages), *options, "--report", str(report),
                 cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(campaign.communicate(), 400)
             assert campaign.returncode == 0, (out[-4000:] + err[-4000:]).decode(
                 errors="replace")
-            result = json.loads(report.read_text())
+            result: dict[str, Any] = json.loads(report.read_text())
             assert await untouched_database(dsn) == (["user_marker"], [MARKER])
             assert await queued(url, "front") == 1
-        # the campaign's own database (named with its process ID) was dropped
         assert await databases_like(services.postgres_dsn,
                                     f"{ENGINE_DATABASE}_{campaign.pid}") == []
     finally:
         services.close()
+    return result
+
+
+@pytest.mark.slow  # a campaign of real processes
+async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users_stores_alone(
+        tmp_path: Path) -> None:
+    messages = tmp_path / "messages.jsonl"
+    count = _workload(messages)
+    result = await _beside_the_users_stores(tmp_path, messages, "--seed", "1", "--run", "0",
+                                            "--log-dir", str(tmp_path / "logs"))
     assert result["violations"] == []
     [run] = result["per_run"]
     assert run["messages"] == count
@@ -146,32 +156,11 @@ async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users
 @pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 async def test_a_run_with_production_faults_finds_no_violation_on_servers_of_its_own(
         tmp_path: Path) -> None:
-    services = discover()
     messages = tmp_path / "messages.jsonl"
     _workload(messages)
-    try:
-        async with users_database(services.postgres_dsn, this_run("eo_chaos_user")) as dsn, \
-                users_vhost(services.amqp_url, this_run("eo-chaos-user", "-"), "front") as url:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("EO_")}
-            env.update({"EO_SERVICE": SPEC, "EO_DATABASE_DSN": dsn, "EO_AMQP_URL": url,
-                        "PYTHONPATH": str(ROOT)})
-            report = tmp_path / "report.json"
-            campaign = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", "from entrypoints.cli import main; main()", "chaos",
-                "--production", "--messages", str(messages), "--seed", "2", "--run", "0",
-                "--report", str(report), cwd=tmp_path, env=env,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(campaign.communicate(), 400)
-            assert campaign.returncode == 0, (out[-4000:] + err[-4000:]).decode(
-                errors="replace")
-            result = json.loads(report.read_text())
-            # the machine's server and broker were not the campaign's: nothing made there
-            assert await untouched_database(dsn) == (["user_marker"], [MARKER])
-            assert await queued(url, "front") == 1
-            assert await databases_like(services.postgres_dsn,
-                                        f"{ENGINE_DATABASE}_{campaign.pid}") == []
-    finally:
-        services.close()
+    # the machine's server and broker, the user's, were not the campaign's: nothing made
+    result = await _beside_the_users_stores(tmp_path, messages, "--production", "--seed", "2",
+                                            "--run", "0")
     assert result["violations"] == []
     [run] = result["per_run"]
     assert run["commits"] == run["expected_commits"]
