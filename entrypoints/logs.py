@@ -13,6 +13,8 @@ from structlog.typing import EventDict, Processor
 #: whether `configure_logging` configured structlog, and whether lines carry trace IDs
 _configured = False
 _trace_ids = False
+#: the root logger's handler `configure_logging` added (the standard library's records)
+_handler: logging.Handler | None = None
 
 
 def add_trace_ids(_logger: object, _method: str, event: EventDict) -> EventDict:
@@ -47,15 +49,32 @@ def log_trace_ids(on: bool) -> None:
 
 def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
     """JSON lines with ISO timestamps on `stream` (stderr by default) at `level`, with trace
-    IDs when tracing is on (`log_trace_ids`)."""
-    global _configured
+    IDs when tracing is on (`log_trace_ids`): structlog's events, and the standard library's
+    records (the adapters', aio-pika's, asyncpg's: a lost connection, a reconnection) as
+    the same JSON objects, their message as `event` and their logger as `logger`
+    (structlog's `ProcessorFormatter` on a root handler of its own, which a second call
+    replaces)."""
+    global _configured, _handler
     _configured = True
+    out = stream or sys.stderr
     structlog.configure(
         processors=_processors(),
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    if _handler is not None:
+        root.removeHandler(_handler)
+    _handler = logging.StreamHandler(out)
+    *chain, render = _processors()
+    _handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *chain],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, render]))
+    root.addHandler(_handler)
+    root.setLevel(logging.getLevelName(level))
+    for chatty in ("httpx", "httpcore"):  # a line per request at INFO: the metrics count them
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))
 
 
 class StructlogEventSink:

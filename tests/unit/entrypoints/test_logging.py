@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import uuid
 
 from entrypoints.logs import StructlogEventSink, configure_logging
@@ -29,3 +30,18 @@ async def test_processing_a_message_logs_the_protocol_events_as_json_lines() -> 
     assert committed["partition"] == "p"
     assert uuid.UUID(committed["attempt_id"])
     assert all("timestamp" in line and "level" in line for line in lines)
+
+
+def test_the_standard_librarys_records_come_out_as_the_same_json_lines() -> None:
+    """A lost connection is logged by the adapters through `logging`: an operator's log
+    pipeline gets it as JSON with its time and level, like the protocol's events."""
+    stream = io.StringIO()
+    configure_logging("INFO", stream)
+    logging.getLogger("adapters.rabbitmq.connection").warning(
+        "recovered the connection to %s after %.1f s", "amqp://h/", 1.25)
+    logging.getLogger("adapters.rabbitmq.connection").debug("below the level")
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert line["event"] == "recovered the connection to amqp://h/ after 1.2 s"
+    assert line["level"] == "warning"
+    assert line["logger"] == "adapters.rabbitmq.connection"
+    assert "timestamp" in line
