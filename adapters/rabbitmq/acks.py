@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aio_pika.exceptions import ChannelInvalidStateError
+
 
 class ChannelAcks:
     """Coalesced acks of the deliveries of `channel` (aiormq's channel of the deliveries,
@@ -97,13 +99,22 @@ class ChannelAcks:
         while upto + 1 in settled:
             upto += 1
         covered = [tag for tag in tags if tag <= upto]
-        async with asyncio.timeout(self.timeout_s):
-            if covered:
-                await self.channel.basic_ack(covered[-1], multiple=len(covered) > 1)
-                self.frames += 1
-            for tag in tags[len(covered):]:
-                await self.channel.basic_ack(tag)
-                self.frames += 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                if covered:
+                    await self.channel.basic_ack(covered[-1], multiple=len(covered) > 1)
+                    self.frames += 1
+                for tag in tags[len(covered):]:
+                    await self.channel.basic_ack(tag)
+                    self.frames += 1
+        except Exception as exc:
+            # aiormq fails a frame waiting to be written with a bare `Exception` when its
+            # channel or connection closes without a reason (aiormq/base.py, FutureStore):
+            # the channel is gone, as its own error would have said
+            if type(exc) is Exception:
+                raise ChannelInvalidStateError(
+                    "the channel closed while its ack was being written") from exc
+            raise
         self._upto = upto
         self._above = {tag for tag in settled if tag > upto}
         self.acked += len(tags)

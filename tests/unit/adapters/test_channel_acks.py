@@ -156,3 +156,16 @@ async def test_a_cancelled_ack_leaves_the_others_of_its_flush_acked() -> None:
     # 1 went at once; 2 and 3 were asked meanwhile and share a frame, decided before 2's
     # cancellation: its delivery is acked all the same
     assert channel.frames == [(1, False), (3, True)]
+
+
+async def test_a_channel_closing_under_an_ack_raises_the_drivers_channel_error() -> None:
+    """aiormq fails a frame's write with a bare `Exception` when its connection closes with
+    no reason (the `drop_conn` failpoint's close, seen in an `eo chaos --production` run):
+    raised as it was, the ack's caller saw an error that is not the driver's and the batch's
+    settling task died with "Task exception was never retrieved"."""
+    channel = ModelChannel(1)
+    channel.fail = Exception()
+    acks = ChannelAcks(channel, timeout_s=1.0)
+    channel.settled.add(1)
+    with pytest.raises(ChannelInvalidStateError):
+        await acks.ack(1)
