@@ -70,13 +70,13 @@ def create_app(provider: IdempotentProvider) -> FastAPI:
     return app
 
 
-async def _serve(window_s: float, latency_s: float) -> None:
+async def _serve(window_s: float, latency_s: float, host: str = "127.0.0.1") -> None:
     provider = IdempotentProvider(window_s=window_s, latency_s=latency_s)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     sock.listen(128)  # connections wait in the backlog until uvicorn accepts them
     port = sock.getsockname()[1]
-    print(json.dumps({"event": "provider.serving", "url": f"http://127.0.0.1:{port}"}),
+    print(json.dumps({"event": "provider.serving", "url": f"http://{host}:{port}"}),
           flush=True)
     config = uvicorn.Config(create_app(provider), log_level="warning", lifespan="off")
     await uvicorn.Server(config).serve(sockets=[sock])
@@ -86,8 +86,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window-s", type=float, default=24 * 3600.0)
     parser.add_argument("--latency-s", type=float, default=0.0)
+    parser.add_argument("--host", default="127.0.0.1", help="the IPv4 address to listen on")
     args = parser.parse_args()
-    asyncio.run(_serve(args.window_s, args.latency_s))
+    asyncio.run(_serve(args.window_s, args.latency_s, args.host))
 
 
 @dataclass
@@ -120,11 +121,13 @@ class FakeProvider:
 
 
 @contextlib.contextmanager
-def fake_provider(log: Path, window_s: float = 24 * 3600.0) -> Iterator[FakeProvider]:
-    """A fake provider process (its output in `log`), killed on exit."""
+def fake_provider(log: Path, window_s: float = 24 * 3600.0, host: str = "127.0.0.1"
+                  ) -> Iterator[FakeProvider]:
+    """A fake provider process listening on `host` (its output in `log`), killed on exit."""
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "tools.fake_provider", "--window-s", str(window_s)],
+            [sys.executable, "-m", "tools.fake_provider", "--window-s", str(window_s),
+             "--host", host],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=out, stdin=subprocess.DEVNULL)
     try:
         assert popen.stdout is not None

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,10 +159,12 @@ class Zygote:
     """The caller's side of the fork server: `spawn(argv, env, log)` -> `ZygoteProcess`;
     `close()` ends it and the children still running."""
 
-    def __init__(self) -> None:
+    def __init__(self, wrapper: Sequence[str] = ()) -> None:
+        """`wrapper`: a command the zygote runs under (e.g. `ip netns exec <name>`: the
+        zygote and every process it forks in that network namespace)."""
         python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tools.zygote import serve; serve()"],
+            [*wrapper, sys.executable, "-c", "from tools.zygote import serve; serve()"],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": python_path})
         self.codes: dict[int, int] = {}

@@ -85,6 +85,17 @@ async def test_a_cut_direction_stops_connections_and_healing_restores_them(
     assert "elapsed_s" in await client(link, "echo", 5)
 
 
+async def test_a_cut_of_some_ports_leaves_the_others_reachable(
+        link: tuple[Namespace, int]) -> None:
+    """A consumer cut from the broker but not from the database: the cut names the broker's
+    ports, and every other server still answers."""
+    namespace, port = link
+    await namespace.cut(True, True, ports=[port + 1 if port < 65535 else port - 1])
+    assert "elapsed_s" in await client(link, "echo", 5)
+    await namespace.cut(True, True, ports=[port])
+    assert await client(link, "echo", 5) == {"error": "TimeoutError"}
+
+
 async def test_lost_packets_are_retransmitted_later(link: tuple[Namespace, int]) -> None:
     namespace, _ = link
     await namespace.loss(20)

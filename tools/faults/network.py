@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from collections.abc import Sequence
 
 #: where the pairs' /30 subnets are taken from
 SUBNETS = ipaddress.ip_network("10.231.0.0/16")
@@ -123,24 +124,32 @@ class Namespace:
             _run(*self.command("tc", "qdisc", "replace", "dev", self.inner_if, "root", *spec))
         await asyncio.to_thread(limit)
 
-    async def loss(self, percent: int, to_servers: bool = True, from_servers: bool = True
-                   ) -> None:
-        """Drop `percent` % of the packets at random, in the directions asked."""
+    async def loss(self, percent: int, to_servers: bool = True, from_servers: bool = True,
+                   ports: Sequence[int] = ()) -> None:
+        """Drop `percent` % of the packets at random, in the directions asked (only those
+        of the servers' TCP `ports`, when given)."""
         if not 0 < percent <= 100:
             raise ValueError("percent must be in 1..100")
-        await self._drop(f"numgen random mod 100 < {percent} drop", to_servers, from_servers)
+        await self._drop(f"numgen random mod 100 < {percent} drop", to_servers, from_servers,
+                         ports)
 
-    async def cut(self, to_servers: bool = True, from_servers: bool = False) -> None:
-        """Drop every packet of the directions asked (one of them: a one-way cut)."""
-        await self._drop("drop", to_servers, from_servers)
+    async def cut(self, to_servers: bool = True, from_servers: bool = False,
+                  ports: Sequence[int] = ()) -> None:
+        """Drop every packet of the directions asked (one of them: a one-way cut; only
+        those of the servers' TCP `ports`, when given: one server cut, the others not)."""
+        await self._drop("drop", to_servers, from_servers, ports)
 
-    async def _drop(self, rule: str, to_servers: bool, from_servers: bool) -> None:
+    async def _drop(self, rule: str, to_servers: bool, from_servers: bool,
+                    ports: Sequence[int]) -> None:
         def add() -> None:
             for chain, on in (("out", to_servers), ("in", from_servers)):
                 if on:
                     address = "daddr" if chain == "out" else "saddr"
+                    port = "dport" if chain == "out" else "sport"
+                    only = (f"tcp {port} {{ {', '.join(str(p) for p in ports)} }} "
+                            if ports else "")
                     _run(*self.command("nft", f"add rule inet {TABLE} {chain} ip {address} "
-                                              f"{self.host_address} {rule}"))
+                                              f"{self.host_address} {only}{rule}"))
         await asyncio.to_thread(add)
 
     async def heal(self) -> None:

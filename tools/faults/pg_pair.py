@@ -12,6 +12,10 @@ standby (after a failover, until the old primary rejoins) commits alone, and is 
 synchronous again when the standby is back. The services reach the pair through a multi-host
 DSN with `target_session_attrs=read-write` (`dsn`), which asyncpg follows to the primary.
 
+With `also_on` (an address of this host, e.g. a network namespace's host end:
+tools/faults/network.py), the servers also listen there, with trust authentication for its
+/16 (`dsn(host=...)`).
+
 `available()` says whether this machine can run one (root, the binaries).
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -82,9 +87,12 @@ class PostgresPair:
     or call `start` and `remove`. Methods raise RuntimeError with the server's log tail when
     a step fails."""
 
-    def __init__(self, root: Path | None = None, synchronous: bool = True) -> None:
+    def __init__(self, root: Path | None = None, synchronous: bool = True,
+                 also_on: str | None = None) -> None:
         """`root`: the pair's directory (every directory above it must let the postgres user
-        through); None: a new one under the system's temporary directory."""
+        through); None: a new one under the system's temporary directory. `also_on`: an IPv4
+        address of this host the servers listen on besides 127.0.0.1."""
+        self.also_on = also_on
         self.root = root or Path(tempfile.mkdtemp(prefix="eo-postgres-pair-"))
         self.synchronous = synchronous
         taken: set[int] = set()
@@ -105,9 +113,10 @@ class PostgresPair:
         """The other server."""
         return self.servers[1] if self.primary is self.servers[0] else self.servers[0]
 
-    def dsn(self, database: str = "postgres") -> str:
-        """A multi-host DSN of both servers that connects to the primary, wherever it is."""
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+    def dsn(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        """A multi-host DSN of both servers that connects to the primary, wherever it is;
+        at `host` (127.0.0.1, or the pair's `also_on`)."""
+        hosts = ",".join(f"{host}:{s.port}" for s in self.servers)
         return f"postgresql://{USER}@{hosts}/{database}?target_session_attrs=read-write"
 
     def server_dsn(self, server: PgServer, database: str = "postgres") -> str:
@@ -161,15 +170,18 @@ class PostgresPair:
     def _configure(self, server: PgServer) -> None:
         """The server's own settings, appended (a later line wins): its port and sockets,
         replication, and no synchronous standby yet."""
+        listen = ",".join(filter(None, ["127.0.0.1", self.also_on]))
         with (server.data / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# eo PostgresPair\nport = {server.port}\n"
-                       "listen_addresses = '127.0.0.1'\n"
+                       f"listen_addresses = '{listen}'\n"
                        f"unix_socket_directories = '{server.sockets}'\n"
                        "wal_level = replica\nmax_wal_senders = 5\nwal_log_hints = on\n"
                        "hot_standby = on\nfsync = on\nmax_connections = 100\n"
                        "wal_keep_size = '256MB'\nlogging_collector = off\n")
         hba = server.data / "pg_hba.conf"
-        hba.write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n"
+        other = (f"host all all {ipaddress.ip_network(f'{self.also_on}/16', strict=False)} "
+                 "trust\n" if self.also_on else "")
+        hba.write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n" + other +
                        "local replication all trust\nhost replication all 127.0.0.1/32 trust\n")
         subprocess.run(["chown", "-R", f"{USER}:{USER}", str(server.directory)], check=True)
 

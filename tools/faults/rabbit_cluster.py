@@ -12,6 +12,9 @@ whether this machine can.
 
 Measured on the project's 2-core machine: a node is up in about 10 s idle and 30 s under
 load; `start` boots the nodes together and joins the others to the first.
+
+With `also_on` (an address of this host, e.g. a network namespace's host end:
+tools/faults/network.py), each node also listens for AMQP there, on the same port (`url_on`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class RabbitNode:
         """The node's AMQP URL (the default user, which reaches it over loopback)."""
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
 
+    def url_on(self, host: str) -> str:
+        """The node's AMQP URL at `host` (the cluster's `also_on`)."""
+        return f"amqp://guest:guest@{host}:{self.amqp_port}/"
+
     @property
     def address(self) -> str:
         """`127.0.0.1:<AMQP port>`."""
@@ -91,10 +98,12 @@ class RabbitCluster:
     docstring). Use as an async context manager, or call `start` and `remove`. Raises
     RuntimeError when a node does not boot or join, with the end of its log."""
 
-    def __init__(self, root: Path | None = None, size: int = 3, tag: str | None = None
-                 ) -> None:
+    def __init__(self, root: Path | None = None, size: int = 3, tag: str | None = None,
+                 also_on: str | None = None) -> None:
         """`root`: the cluster's directory (every directory above it must let the rabbitmq
-        user through; /tmp does); None: a new one under the system's temporary directory."""
+        user through; /tmp does); None: a new one under the system's temporary directory.
+        `also_on`: an IPv4 address of this host the nodes listen on besides 127.0.0.1."""
+        self.also_on = also_on
         if size < 1:
             raise ValueError("a cluster has at least one node")
         self.root = root or Path(tempfile.mkdtemp(prefix="eo-rabbit-cluster-"))
@@ -147,8 +156,12 @@ class RabbitCluster:
         for node in self.nodes:
             for sub in ("mnesia", "log"):
                 (node.directory / sub).mkdir(parents=True, exist_ok=True)
+            extra = (f"listeners.tcp.other = {self.also_on}:{node.amqp_port}\n"
+                     if self.also_on else "")
             (node.directory / "rabbitmq.conf").write_text(
-                f"listeners.tcp.local = 127.0.0.1:{node.amqp_port}\n")
+                f"listeners.tcp.local = 127.0.0.1:{node.amqp_port}\n{extra}"
+                # the default user may log in from `also_on`'s side too
+                + ("loopback_users.guest = false\n" if self.also_on else ""))
             (node.directory / "env.conf").write_text("ERL_EPMD_ADDRESS=127.0.0.1\n")
             (node.directory / "enabled_plugins").write_text("[].\n")
         subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(self.root)], check=True)
