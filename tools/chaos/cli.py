@@ -83,6 +83,10 @@ def chaos(
              "own, each random run also loses a node, fails over or restarts the database "
              "(root and Debian's rabbitmq-server and PostgreSQL 15; docs/fault-injection.md)"
     )] = False,
+    asynchronous_standby: Annotated[bool, typer.Option(
+        help="with --production, the standby replicates asynchronously: a failover then "
+             "loses the commits it lacked, and the campaign reports them (a documented "
+             "failure of that configuration, not of the service)")] = False,
 ) -> None:
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
@@ -100,7 +104,8 @@ def chaos(
     if messages is not None or workload is not None or check is not None:
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
                      messages, workload, check, size, workers, mode, runs=runs,
-                     order_independent=order_independent, production=production)
+                     order_independent=order_independent, production=production,
+                     synchronous=not asynchronous_standby)
         return
     try:  # the service's own default, where it declares one (the sample's workload)
         default = load_attribute(DEFAULT_WORKLOAD, "the default workload")
@@ -116,7 +121,8 @@ def chaos(
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE, None,
-                 None, None, size, workers, mode, given, runs, production=production)
+                 None, None, size, workers, mode, given, runs, production=production,
+                 synchronous=not asynchronous_standby)
 
 
 def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,
@@ -124,7 +130,7 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
                  workload: str | None, check: str | None, size: int, workers: int,
                  fence: Literal["first", "only", "off"], given: Workload | None = None,
                  runs: int | None = None, order_independent: bool = False,
-                 production: bool = False) -> None:
+                 production: bool = False, synchronous: bool = True) -> None:
     """The campaign on the service `EO_SERVICE` names, with its workload (`given`, else
     the one `messages`, `workload` and `check` name)."""
     err = Console(stderr=True)
@@ -136,6 +142,8 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
                                                              order_independent)
         if production and (why := unavailable()) is not None:
             raise SettingsError(f"--production: {why}")
+        if not synchronous and not production:
+            raise SettingsError("--asynchronous-standby needs --production")
     except (SettingsError, WorkloadError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -152,13 +160,14 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
         # with the campaign whatever its end
         with tempfile.TemporaryDirectory(prefix="eo-chaos-blobs-") as blobs:
             result = asyncio.run(_campaign(
-                engine_settings(base, Path(blobs)), production, service, load, seed, duration,
-                run, size, workers, log_dir, _print_engine_run, database=database,
+                engine_settings(base, Path(blobs)), production, synchronous, service, load,
+                seed, duration, run, size, workers, log_dir, _print_engine_run, database=database,
                 fence=fence, max_runs=runs))
     except SettingsError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     except (OSError, asyncpg.PostgresError, TransientError, TimeoutError) as exc:
+        err.print_exception(max_frames=6)  # where: the campaign's tooling or a server
         err.print(f"[red]campaign failed: {type(exc).__name__}: {exc}[/red]")
         raise typer.Exit(3) from exc
     _print_engine_summary(result)
@@ -169,13 +178,13 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
         raise typer.Exit(1)
 
 
-async def _campaign(settings: Settings, production: bool, *args: Any, **kwargs: Any
-                    ) -> EngineReport:
+async def _campaign(settings: Settings, production: bool, synchronous: bool, *args: Any,
+                    **kwargs: Any) -> EngineReport:
     """`run_engine`, on production's servers of its own with `production` (started first,
-    removed after)."""
+    removed after; the standby `synchronous` or not)."""
     if not production:
         return await run_engine(settings, *args, **kwargs)
-    servers = ProductionServers()
+    servers = ProductionServers(synchronous=synchronous)
     await servers.start()
     try:
         return await run_engine(servers.settings(settings), *args,

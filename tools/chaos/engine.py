@@ -53,11 +53,13 @@ from entrypoints.service_spec import Service
 from entrypoints.settings import Settings
 from tools.chaos.broker import ConsumerGaps, publish_messages
 from tools.chaos.campaign import Campaign, keep_logs, stage_run
+from tools.chaos.checks import read_logs
 from tools.chaos.fence_runs import fence_runs
 from tools.chaos.plan import EnginePlan, plan_run, topology_of
 from tools.chaos.processes import run_processes, start_callees, stop_run
-from tools.chaos.production import KINDS, ProductionServers
-from tools.chaos.quiet import Marks, quiesce
+from tools.chaos.production import ProductionServers
+from tools.chaos.quiet import Marks, inject_at_marks, quiesce
+from tools.chaos.reactions import describe
 from tools.chaos.report import Budget, EngineReport, EngineRun
 from tools.chaos.verdict import CommitCounter
 from tools.chaos.workload import Workload
@@ -117,9 +119,12 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
         root = log_root or temp
         assert root is not None
         await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
-        moto = MotoServer()
+        # with production's network, the services reach these from their namespace
+        host = production.serving_host if production is not None else "127.0.0.1"
+        moto = MotoServer(host=host)
         with contextlib.ExitStack() as stack:
-            providers = {api: stack.enter_context(fake_provider(root / f"{api}.log"))
+            providers = {api: stack.enter_context(fake_provider(root / f"{api}.log",
+                                                                host=host))
                          for api in layout.apis}
             settings = settings.replaced(
                 s3_endpoint_url=moto.start(), s3_access_key=SecretStr("local"),
@@ -127,7 +132,8 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                 apis={**settings.http.apis, **{
                     api: ApiSettings.model_validate({"url": p.url})
                     for api, p in providers.items()}})
-            zygote = stack.enter_context(contextlib.closing(Zygote()))
+            zygote = stack.enter_context(contextlib.closing(Zygote(
+                production.zygote_wrapper() if production is not None else ())))
             try:
                 await migrate_all(settings)
                 pool = await create_pool(settings.database(), max_size=2)
@@ -150,7 +156,7 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                             break
                         plan = plan_run(seed, index, layout, size,
                                         broker_closes=broker.vhost is not None,
-                                        production=tuple(KINDS) if production else ())
+                                        production=production.kinds if production else ())
                         with budget.spending("random runs"):
                             result = await _one_run(campaign, plan, root / f"run-{index}")
                             await keep_logs(result, root / f"run-{index}",
@@ -200,19 +206,21 @@ async def _one_run(campaign: Campaign, plan: EnginePlan, log_dir: Path) -> Engin
             if endpoint not in layout.callees:
                 fleet.start(name, endpoint, {"EO_FAILPOINTS": plan.failpoints[name]})
         rng = random.Random(plan.shuffle_seed)
+        progress = CommitCounter(log_dir, layout.queues)
+        marks = Marks([(share * result.expected_commits, p) for share, p in plan.kills],
+                      [share * result.expected_commits for share in plan.broker_closes],
+                      [(share * result.expected_commits, k) for share, k in plan.production])
+        if campaign.production is not None and marks.production:
+            marks.injector = asyncio.create_task(
+                inject_at_marks(campaign, progress, result, marks))
         copies = await publish_messages(settings.amqp_urls(), messages, plan.duplicate_rate,
                                         rng)
         result.deliveries_published = len(messages) + copies
         faults["duplicate (published twice)"] += copies
         gaps = ConsumerGaps()
-        progress = CommitCounter(log_dir, layout.queues)
-        marks = Marks([(share * result.expected_commits, p) for share, p in plan.kills],
-                      [share * result.expected_commits for share in plan.broker_closes],
-                      [(share * result.expected_commits, k) for share, k in plan.production])
         await quiesce(campaign, fleet, rabbit, progress, result, marks, gaps, started)
         if campaign.production is not None:  # the cluster and the pair whole again
             await campaign.production.restore()
-            result.production = [r.line() for r in campaign.production.records]
         if plan.republish and result.commits >= result.expected_commits:
             late = rng.sample(messages, min(plan.republish, len(messages)))
             await publish_messages(settings.amqp_urls(), late, 0.0, rng)
@@ -221,4 +229,7 @@ async def _one_run(campaign: Campaign, plan: EnginePlan, log_dir: Path) -> Engin
             await quiesce(campaign, fleet, rabbit, progress, result, Marks([], []), gaps,
                           time.monotonic())
         await stop_run(campaign, fleet, gaps, result)
+    if campaign.production is not None:  # what the services did, from their whole logs
+        describe(campaign.production.records, read_logs(log_dir))
+        result.production = [r.line() for r in campaign.production.records]
     return result

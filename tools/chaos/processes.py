@@ -48,7 +48,9 @@ def _fleet(campaign: Campaign, log_dir: Path) -> Fleet:
         "EO_RETRY_DELAYS_S": json.dumps(list(settings.protocol.retry_delays_s)),
         "EO_STALE_AFTER_S": str(settings.protocol.stale_after_s),
         "EO_CONSUMER_WATCHDOG_S": str(settings.rabbitmq.consumer_watchdog_s),
-        "EO_BLOB_STORE": "s3"})
+        "EO_BLOB_STORE": "s3",
+        **(campaign.production.process_env(settings, campaign.layout.callees)
+           if campaign.production is not None else {})})
 
 
 async def _declare(settings: Settings, layout: Topology) -> RabbitConnection:

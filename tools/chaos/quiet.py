@@ -1,12 +1,15 @@
 """When a chaos run's service is quiet (tools/chaos/engine.py): `quiesce` waits for it while
 restarting crashed processes and injecting the plan's kills and broker-side closes; `settle`
-waits for a fence scenario's preamble; both ask `busy` what is left to do."""
+waits for a fence scenario's preamble; both ask `busy` what is left to do;
+`inject_at_marks` injects production's faults beside them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from dataclasses import dataclass, field
+
+import asyncpg
 
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.topology import queue_names
@@ -35,9 +38,14 @@ async def busy(campaign: Campaign) -> int:
     else:
         waiting = await queue_depth(settings.amqp_urls(), list(campaign.layout.queues),
                                     settings.protocol.retry_delays_s)
-    return waiting + int(await campaign.pool.fetchval(
-        "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
-        " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+    try:
+        return waiting + int(await campaign.pool.fetchval(
+            "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
+            " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        if campaign.production is None:
+            raise
+        return waiting + 1  # a failover under way (--production): not quiet, ask again
 
 
 async def settle(campaign: Campaign, progress: CommitCounter, commits: int,
@@ -62,6 +70,27 @@ class Marks:
     kills: list[tuple[float, str]]
     closes: list[float]
     production: list[tuple[float, str]] = field(default_factory=list)
+    #: the task injecting `production`'s faults (`inject_at_marks`), while it runs
+    injector: asyncio.Task[None] | None = None
+
+
+async def inject_at_marks(campaign: Campaign, progress: CommitCounter, result: EngineRun,
+                          marks: Marks) -> None:
+    """Inject production's faults (`--production`) as their marks are reached, looking at
+    the commits every 0.1 s: a run may commit its messages in a few seconds, and `quiesce`'s
+    own look (every 0.5 s and more) would inject them all after the work. Started before
+    the messages are published (`marks.injector`), it ends after the last mark."""
+    production = campaign.production
+    assert production is not None
+    while marks.production:
+        await asyncio.sleep(0.1)
+        commits = progress.count()
+        while marks.production and marks.production[0][0] <= commits:
+            mark, kind = marks.production[0]
+            targets = plan_rng(result.plan.seed, result.plan.run, f"production/{mark}")
+            await production.inject(kind, campaign.layout.queues, targets)
+            marks.production.pop(0)
+            result.faults[kind] += 1
 
 
 async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
@@ -103,20 +132,23 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
             marks.closes.pop(0)
             await asyncio.to_thread(close_all_connections, settings.amqp())
             result.faults["broker closed every connection"] += 1
-        while campaign.production is not None and marks.production and \
-                marks.production[0][0] <= commits:
-            mark, kind = marks.production.pop(0)
-            targets = plan_rng(result.plan.seed, result.plan.run, f"production/{mark}")
-            await campaign.production.inject(kind, layout.queues, targets)
-            result.faults[kind] += 1
-        busy_now = await busy(campaign)
-        idle = idle + 1 if busy_now == 0 and commits == last else 0
+        # while commits grow the service is not quiet: `busy` is asked only when they
+        # stand still (on the campaign's cluster it costs a CLI call, a second or two, which
+        # would space out the marks of a run that commits its messages in a few seconds)
+        idle = idle + 1 if commits == last and await busy(campaign) == 0 else 0
         last = commits
         # short of the fault-free runs' commits, wait 15 s for the rest (the checks then
         # say what is missing), or 3 s when the commits are not compared (they may depend
         # on the order)
         if idle >= (2 if commits >= result.expected_commits else
                     30 if result.commits_compared else 6):
+            injector = marks.injector
+            if injector is not None and not injector.done():
+                if not marks.production or marks.production[0][0] <= commits:
+                    idle = 0  # a fault being injected
+                    continue
+                injector.cancel()  # its marks are past what the run commits
+                await asyncio.gather(injector, return_exceptions=True)
             if campaign.production is not None and campaign.production.pending:
                 # quiet with a node paused or down is not quiet: what it holds comes back
                 # when it does (a queue whose leader is away counts nothing meanwhile)
