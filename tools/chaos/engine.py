@@ -155,7 +155,8 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                                 max_runs is not None and k >= max_runs):
                             break
                         plan = plan_run(seed, index, layout, size,
-                                        broker_closes=broker.vhost is not None,
+                                        broker_closes=broker.vhost is not None
+                                        or production is not None,
                                         production=production.kinds if production else ())
                         with budget.spending("random runs"):
                             result = await _one_run(campaign, plan, root / f"run-{index}")

@@ -287,6 +287,21 @@ class ProductionServers:
             return total
         raise failure or RuntimeError("no running node to ask")
 
+    async def close_all_connections(self, reason: str = "chaos: broker-side close") -> None:
+        """The cluster closes every connection of its default virtual host, the campaign's
+        (CONNECTION_FORCED), asked of a running node. Raises RuntimeError when none
+        answers."""
+        failure: RuntimeError | None = None
+        for node in self.cluster.nodes:
+            if node.running and not node.paused:
+                try:
+                    await self.cluster.ctl(node, "close_all_connections", "--vhost", "/",
+                                           "--limit", "1000", reason, timeout_s=20)
+                    return
+                except RuntimeError as exc:
+                    failure = exc
+        raise failure or RuntimeError("no running node to ask")
+
     @property
     def pending(self) -> bool:
         """Whether a fault's undoing has yet to run."""

@@ -130,7 +130,10 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
                 await fleet.wait_for_callee(name)
         while marks.closes and marks.closes[0] <= commits:
             marks.closes.pop(0)
-            await asyncio.to_thread(close_all_connections, settings.amqp())
+            if campaign.production is not None:  # the campaign's cluster, its own CLI
+                await campaign.production.close_all_connections()
+            else:
+                await asyncio.to_thread(close_all_connections, settings.amqp())
             result.faults["broker closed every connection"] += 1
         # while commits grow the service is not quiet: `busy` is asked only when they
         # stand still (on the campaign's cluster it costs a CLI call, a second or two, which

@@ -160,6 +160,9 @@ class RabbitCluster:
                      if self.also_on else "")
             (node.directory / "rabbitmq.conf").write_text(
                 f"listeners.tcp.local = 127.0.0.1:{node.amqp_port}\n{extra}"
+                # new queues' leaders spread over the nodes (production's advice): with the
+                # default, the declaring client's node leads them all
+                "queue_leader_locator = balanced\n"
                 # the default user may log in from `also_on`'s side too
                 + ("loopback_users.guest = false\n" if self.also_on else ""))
             (node.directory / "env.conf").write_text("ERL_EPMD_ADDRESS=127.0.0.1\n")
