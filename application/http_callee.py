@@ -11,6 +11,7 @@ from typing import Any
 from application.envelope import TOKEN_HEADER, Envelope
 from application.errors import PermanentError, TransientError
 from application.failpoints import NO_FAILPOINTS, Failpoints
+from application.observability import ATTEMPT_ABANDONED
 from application.ports import Clock, PutResult, RequestStore, StoredReplies
 from application.processor import Processor
 
@@ -98,6 +99,11 @@ class HttpCallee:
             except PermanentError as exc:
                 return CalleeResponse(422, {"error": exc.reason})
             except TransientError as exc:
+                # the attempt ends here, uncommitted: the caller retries on the 503. Said with
+                # the request's ID, as a consumer's failed attempt is by its retry
+                self.processor.events.emit(
+                    ATTEMPT_ABANDONED, endpoint=self.processor.endpoint,
+                    message_id=str(request_id), reason=f"answered 503: {exc}")
                 return CalleeResponse(503, UNAVAILABLE, internal=str(exc))
         reply = await self.replies.stored_reply(request_id)
         if reply is None:

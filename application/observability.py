@@ -13,7 +13,9 @@ TRANSACTION_COMMITTED: Final = "transaction.committed"
 TRANSACTION_CONFLICT: Final = "transaction.conflict"
 #: a batched attempt left before anything durable (its decision needs the single path, its
 #: handler failed, or its round's statement failed): the message is processed again alone
-#: (`reason`); the end of that attempt, as a conflict ends one
+#: (`reason`); the end of that attempt, as a conflict ends one. Also a callee's attempt at a
+#: request that failed transiently: answered 503, the caller retries (`message_id`: the
+#: request's ID)
 ATTEMPT_ABANDONED: Final = "attempt.abandoned"
 SIDE_EFFECT_PUBLISHED: Final = "side_effect.published"
 SIDE_EFFECT_CLEANED: Final = "side_effect.cleaned"

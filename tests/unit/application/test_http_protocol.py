@@ -23,7 +23,7 @@ from application.envelope import REQUEST_URL_HEADER, Envelope
 from application.errors import Crash, PermanentError, TransientError
 from application.http_callee import CalleeResponse, HttpCallee
 from application.http_caller import collect_response
-from application.observability import TRANSACTION_COMMITTED
+from application.observability import ATTEMPT_ABANDONED, TRANSACTION_COMMITTED
 from application.outcome import Outcome
 from application.ports import HttpResult
 from application.processor import Processor
@@ -330,6 +330,9 @@ async def test_a_transient_failure_on_the_callee_commits_nothing_and_answers_503
     assert (failed.status, failed.stored) == (503, False)
     assert failed.body == {"error": "temporarily unavailable: retry"}  # nothing of inside
     assert failed.internal == "connection lost before COMMIT"  # for the log
+    # the attempt's end is said with the request's ID (eo chaos --production found a callee
+    # attempt that a database restart ended with no event naming its message)
+    assert system.events.counts[("bank", ATTEMPT_ABANDONED)] == 1
     assert (await system.bank.get(R1)).status == 404
     assert _balance(system) == 500
     assert await system.requests.exists(R1)
