@@ -129,19 +129,21 @@ def endpoints(profile: _PROFILE = None) -> None:
 
 @app.command()
 def migrate(profile: _PROFILE = None) -> None:
-    """Create the databases if missing and apply the schema migrations (alembic)."""
+    """Create the databases if missing and apply the schema migrations (alembic); says, per
+    database, the revision it was at, the one it is at now and each revision applied."""
     import asyncpg
 
-    from entrypoints.operations import migrate_all
+    from entrypoints.operations import migrate_reporting
 
     settings, _ = load(profile, services=True)
     try:
-        created = asyncio.run(migrate_all(settings))
+        done = asyncio.run(migrate_reporting(settings))
     except (OSError, asyncpg.PostgresError) as exc:
         raise fail(f"migration failed: {type(exc).__name__}: {exc}", 3) from exc
-    for name in created:
-        typer.echo(f"created database {name}")
-    typer.echo("schema is up to date")
+    for name, created, upgrade in done:
+        if created:
+            typer.echo(f"created database {name}")
+        typer.echo(upgrade.line(name))
 
 
 @app.command(name="inspect")

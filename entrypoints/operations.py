@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from adapters.postgres.admin import database_name, ensure_database
-from adapters.postgres.migrate import upgrade_async
+from adapters.postgres.migrate import Upgrade, upgrade_reporting
 from adapters.rabbitmq.topology import dead_letter_depths
 from application.ports import AtRest
 from application.side_effects import SideEffects
@@ -22,12 +22,17 @@ from entrypoints.settings import Settings
 async def migrate_all(settings: Settings) -> list[str]:
     """Create (if missing) and migrate the endpoint database and the token database; returns
     the databases it created."""
-    created = []
+    return [name for name, created, _ in await migrate_reporting(settings) if created]
+
+
+async def migrate_reporting(settings: Settings) -> list[tuple[str, bool, Upgrade]]:
+    """`migrate_all`, saying for each database (the endpoints', then the tokens' when it is
+    another) its name, whether it was created, and what was applied (`Upgrade`)."""
+    done = []
     for dsn in dict.fromkeys([settings.database(), settings.tokens_database()]):
-        if await ensure_database(dsn):
-            created.append(database_name(dsn))
-        await upgrade_async(dsn)
-    return created
+        created = await ensure_database(dsn)
+        done.append((database_name(dsn), created, await upgrade_reporting(dsn)))
+    return done
 
 
 @dataclass

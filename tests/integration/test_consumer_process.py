@@ -32,7 +32,7 @@ import pytest
 from typer.testing import CliRunner
 
 from adapters.localfs.blob_store import LocalDirectoryBlobStore
-from adapters.postgres.migrate import head_revision
+from adapters.postgres.migrate import head_revision, upgrade
 from adapters.postgres.token_store import PostgresTokenStore
 from adapters.rabbitmq import topology
 from application.codec import encode, to_jsonable
@@ -57,6 +57,7 @@ from tests.support.processes import (
     Where,
     calling,
     drop_database,
+    ensure_database,
     fresh_fleet,
     logged_at,
     metric,
@@ -521,7 +522,9 @@ def test_migrate_creates_the_database_once_and_inspect_reports(where: Where) -> 
         first = runner.invoke(app, ["migrate"], env=env)
         assert first.exit_code == 0, first.output
         assert f"created database {name}" in first.output
-        assert "schema is up to date" in first.output
+        head = head_revision()
+        assert f"database {name}: empty -> {head}, {int(head)} revisions applied:\n  0001 " \
+            in first.output
         tables, version = asyncio.run(_tables(dsn))
         assert set(TABLES) | {"eo_schema_version"} <= tables
         assert version == head_revision()
@@ -530,7 +533,7 @@ def test_migrate_creates_the_database_once_and_inspect_reports(where: Where) -> 
         second = runner.invoke(app, ["migrate"], env=env)
         assert second.exit_code == 0, second.output
         assert "created database" not in second.output
-        assert "schema is up to date" in second.output
+        assert f"database {name}: at {head}, up to date" in second.output
         assert asyncio.run(_tables(dsn)) == (tables, version)
 
         shown = runner.invoke(app, ["inspect"], env=env)
@@ -546,5 +549,26 @@ def test_migrate_creates_the_database_once_and_inspect_reports(where: Where) -> 
         assert rows["counter"][2] == "2 (1 gone)", shown.output
         assert rows["bank"][-2] == "-", shown.output  # a callee has no dead-letter queue
         assert rows["audit"][-1] == "1 dead", shown.output
+    finally:
+        asyncio.run(drop_database(dsn))
+
+
+def test_migrate_says_which_revisions_it_applied_from_which_to_which(where: Where) -> None:
+    """An upgrade of a service's database from an older release: an operator must see what
+    changed ("schema is up to date" alone hid four revisions applied)."""
+    name = f"eo_it_migrate_{uuid.uuid4().hex[:12]}"
+    dsn = with_database(where.dsn, name)
+    env = {"EO_SERVICE": SPEC, "EO_PROFILE": "local", "EO_DATABASE_DSN": dsn,
+           "EO_AMQP_URL": where.amqp_url, "EO_TOKEN_DSN": None}
+    try:
+        asyncio.run(ensure_database(dsn))
+        upgrade(dsn, "0009")  # the schema of an older release
+        done = CliRunner().invoke(app, ["migrate"], env=env)
+        assert done.exit_code == 0, done.output
+        head = head_revision()
+        later = [f"{n:04d}" for n in range(10, int(head) + 1)]
+        lines = done.output.splitlines()
+        assert f"database {name}: 0009 -> {head}, {len(later)} revisions applied:" in lines
+        assert [line.split()[0] for line in lines if line.startswith("  ")] == later
     finally:
         asyncio.run(drop_database(dsn))
