@@ -43,11 +43,14 @@ LABEL org.opencontainers.image.title="exactly-once-template" \
 #! LABEL org.opencontainers.image.title="{{ service_name }}" \
 #!       org.opencontainers.image.description="{{ service_name }}: an exactly-once service made from exactly-once-template"
 #% endfilter
-# the build sets these two: --build-arg VERSION=$(git describe) --build-arg REVISION=$(git rev-parse HEAD)
+# the build sets these: --build-arg VERSION=$(git describe) --build-arg REVISION=$(git rev-parse HEAD)
+# --build-arg TEMPLATE_VERSION=<entrypoints/version.py's> (deploy/image/check does)
 ARG VERSION=0.1.0
 ARG REVISION=unknown
+ARG TEMPLATE_VERSION=unknown
 LABEL org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
+      io.exactly-once.template.version="${TEMPLATE_VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="python:3.11-slim"
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin eo

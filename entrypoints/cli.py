@@ -35,6 +35,23 @@ def _add_dead_letters() -> None:
 _add_dead_letters()
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from entrypoints.version import banner
+
+        typer.echo(banner())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_version,
+        help="print the service's version and the template's release it carries, and exit")
+        ] = False) -> None:
+    """Exactly-once service template: run your service's endpoints, operate them, and (where
+    installed) the tools."""
+
+
 @app.command()
 def consume(endpoint: _ENDPOINT, profile: _PROFILE = None) -> None:
     """Run one endpoint's consumer (a consumer or a gateway) on RabbitMQ and PostgreSQL: the

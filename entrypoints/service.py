@@ -37,6 +37,7 @@ from entrypoints.status import (
 )
 from entrypoints.tracing import Tracing
 from entrypoints.upkeep import dead_letters_forever, report_stopping, sweep_forever
+from entrypoints.version import versions
 
 log = structlog.get_logger("eo.service")
 #: Exit status of a consumer whose broker stayed unreachable (or whose work queue could not
@@ -135,7 +136,7 @@ async def run_consumer(settings: Settings, service: Service, endpoint: str) -> N
         status = f"http://{settings.operator.metrics_host}:{server.port}" if server else None
         log.info("consumer.started", endpoint=endpoint, prefetch=process.prefetch,
                  batch_size=process.batch_size, strategy=str(service.strategy(endpoint)),
-                 status_url=status)
+                 status_url=status, **versions())
         try:
             await process.run()
         except BrokerUnavailable as exc:
@@ -194,7 +195,7 @@ async def run_callee(settings: Settings, service: Service, endpoint: str) -> Non
             workers.sweeper(endpoint), workers, container.metrics(),
             settings.protocol.sweep_interval_s))
         log.info("callee.serving", endpoint=endpoint,
-                 url=f"http://{own.host}:{bound_port(sock)}")
+                 url=f"http://{own.host}:{bound_port(sock)}", **versions())
         await server.serve(sockets=[sock])
         await cancelled([sweeper])
     finally:

@@ -25,6 +25,7 @@ import pytest
 from adapters.postgres.admin import drop_database, ensure_database, with_database
 from adapters.postgres.migrate import head_revision
 from application.registry import Role
+from entrypoints.version import TEMPLATE_VERSION
 from service.registry import REGISTRY
 from tests.support.image import (
     IMAGE,
@@ -107,6 +108,7 @@ def test_the_image_carries_oci_labels_and_a_health_check() -> None:
     for name in ("title", "version", "revision", "licenses", "base.name"):
         assert labels.get(f"org.opencontainers.image.{name}"), (name, labels)
     assert labels["org.opencontainers.image.revision"] != "unknown"  # the build set it
+    assert labels["io.exactly-once.template.version"] == TEMPLATE_VERSION
     assert "/health" in " ".join(config["Healthcheck"]["Test"])
 
 

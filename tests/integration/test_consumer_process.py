@@ -44,6 +44,7 @@ from application.envelope import (
     Envelope,
 )
 from entrypoints.cli import app
+from entrypoints.version import TEMPLATE_VERSION, service_version
 from tests.support.counters.endpoints import Account, Add, AuditLog, Spend, Tally
 from tests.support.counters.registry import SPEC
 from tests.support.processes import (
@@ -446,6 +447,9 @@ async def test_two_consumers_on_one_host_pick_their_own_status_ports_and_share_t
     for proc in (first, second):
         status, body = await asyncio.to_thread(proc.get, "/ready")
         assert (status, json.loads(body)["consuming"]) == (200, True), proc.name
+        [started] = proc.events("consumer.started")  # its start line says what it runs
+        assert started["template_version"] == TEMPLATE_VERSION, started
+        assert started["service_version"] == service_version() != "unknown", started
 
     async def both_consume() -> bool:
         return await rabbit.consumers("counter") == 2

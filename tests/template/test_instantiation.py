@@ -356,10 +356,20 @@ def test_copier_update_brings_a_template_fix_into_the_service(service: Path,
     fix = "\n<!-- a protocol fix of the template -->\n"
     with (template / "docs" / "protocol.md").open("a") as doc:
         doc.write(fix)
+    # the template's own lines of the registry change next to where the team added theirs
+    # (as `APIS` and `apis=APIS` once did: a conflict for every service that had endpoints)
+    example = template / "service" / "registry.py"
+    example.write_text(example.read_text().replace(
+        "    # your endpoints, e.g.", "    # your endpoints (a template's new example), e.g."))
     run([*commit, "a protocol fix"], template)
     copier("update", "--defaults", "--vcs-ref", "HEAD", cwd=made)
     assert (made / "docs" / "protocol.md").read_text().endswith(fix)
+    conflicted = run(["git", "diff", "--name-only", "--diff-filter=U"], made).stdout.split()
+    marked = run(["git", "grep", "-l", "-e", "^<<<<<<< ", "--", "."], made, check=False)
+    assert conflicted == [], conflicted
+    assert marked.stdout == "", marked.stdout
     registry = (made / "service" / "registry.py").read_text()
+    assert "a template's new example" not in registry  # the team's file, as they left it
     assert "Registration(PARCELS, role=Role.GATEWAY, blobs=True)" in registry
     assert (made / "domain" / "parcels" / "__init__.py").exists()
     assert added["service/registry.py"] == 4  # an import, two registrations, an API
