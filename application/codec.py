@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from application.errors import MalformedMessage
+from application.errors import MalformedMessage, UnreadableState
 
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {}
 
@@ -50,3 +50,22 @@ def from_jsonable(cls: type, data: Any) -> Any:
         return _adapter(cls).validate_python(data)
     except ValidationError as exc:
         raise MalformedMessage(f"malformed {cls.__name__}: {exc.errors()[0].get('msg')}") from exc
+
+
+def decode_state(cls: type, data: Any, partition: str) -> Any:
+    """A partition's stored state (the JSON form `to_jsonable` wrote) as `cls`; None stays
+    None. Raises `UnreadableState` naming the partition, the type and the first problem:
+    a state at rest that the code no longer reads is the code's change, not the message's
+    fault, so its message is dead-lettered replayable (a `MalformedMessage` would have
+    clipped its body and made it unreplayable)."""
+    if data is None:
+        return None
+    try:
+        return _adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "state"
+        raise UnreadableState(
+            f"the stored state of partition {partition!r} does not decode as {cls.__name__}: "
+            f"{where}: {first.get('msg')} (a field added without a default? see "
+            "docs/upgrading.md; replay once the state type reads it)") from exc

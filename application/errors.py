@@ -49,6 +49,14 @@ class PermanentError(ProtocolError):
         self.reason = reason
 
 
+class UnreadableState(PermanentError):
+    """A partition's stored state does not decode into the endpoint's state type: the code
+    changed in a way the states at rest do not fit (a field added without a default, a
+    field's type changed; docs/upgrading.md, "Messages and states that change"). The
+    message is fine: its dead letter keeps its body and token, and is replayed once the
+    state type reads the stored states again."""
+
+
 class MalformedMessage(PermanentError):
     """The body cannot be decoded into the message type it claims, or a header is missing."""
 

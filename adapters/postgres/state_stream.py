@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from adapters.postgres.pool import db, translated
-from application.codec import from_jsonable, to_jsonable
+from application.codec import decode_state, from_jsonable, to_jsonable
 from application.errors import Conflict, MessageIdReused, OutsideRetention
 from application.ports import Clock, StateStream
 from application.records import StateEntry
@@ -71,7 +71,7 @@ class PostgresStateStream(StateStream):
 
     def _entry(self, partition: str, row: Any) -> StateEntry:
         return StateEntry(partition, int(row["version"]), row["message_id"],
-                          from_jsonable(self.state_type, row["state"]),
+                          decode_state(self.state_type, row["state"], partition),
                           MappingProxyType(dict(row["recorded"])), row["appended_at"])
 
     async def load(
@@ -90,11 +90,13 @@ class PostgresStateStream(StateStream):
                 raise OutsideRetention(
                     f"partition {partition}: the entry before message {message_id} was "
                     "truncated (duplicate older than the retention window)")
-            return from_jsonable(self.state_type, before["state"]), entry.version - 1, entry
+            return (decode_state(self.state_type, before["state"], partition),
+                    entry.version - 1, entry)
         if not by_version:
             return None, 0, None
         newest = by_version[max(by_version)]
-        return from_jsonable(self.state_type, newest["state"]), int(newest["version"]), None
+        return (decode_state(self.state_type, newest["state"], partition),
+                int(newest["version"]), None)
 
     async def append(
         self,

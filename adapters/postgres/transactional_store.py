@@ -20,7 +20,7 @@ from adapters.postgres.record_rows import (
 from adapters.postgres.sql import attempt, batch, writes
 from adapters.postgres.sweeper_queries import PostgresSweeperQueries
 from adapters.postgres.token_store import envelope_of_row
-from application.codec import from_jsonable, to_jsonable
+from application.codec import decode_state, from_jsonable, to_jsonable
 from application.errors import Conflict, TransientError
 from application.ports import (
     Clear,
@@ -79,7 +79,8 @@ class PostgresTransactionalStore(PostgresSweeperQueries, TransactionalStore):
             stored = envelope_of_row(token, {"type": row["token_type"], "body": row["token_body"],
                                              "headers": row["token_headers"]})
         return Loaded(transaction_record(partition, row),
-                      from_jsonable(self.state_type, row["state"]), row["token_exists"], stored)
+                      decode_state(self.state_type, row["state"], partition),
+                      row["token_exists"], stored)
 
     async def load_many(self, partitions: Sequence[str], tokens: Sequence[uuid.UUID | None]
                         ) -> list[Loaded]:

@@ -35,7 +35,7 @@ from adapters.system.clock import ManualClock, SeededIds
 from application.assembly import build_processor, build_sweeper
 from application.codec import decode, encode
 from application.envelope import TOKEN_HEADER, Envelope
-from application.errors import Crash, MessageIdReused, TransientError
+from application.errors import Crash, MessageIdReused, TransientError, UnreadableState
 from application.failpoints import Failpoints
 from application.observability import HANDLER_INVOKED, CountingSink
 from application.outcome import Outcome
@@ -547,3 +547,58 @@ async def test_one_message_id_with_two_bodies_on_two_partitions_commits_once(
     issued_left = [m for m in world.ids.issued if m not in committed_outputs
                    and await world.tokens.exists("audit", m)]
     assert issued_left == [], "a losing attempt's outgoing token was left"
+
+
+# ---------------------------------------------------------------------------------------------
+# a state type that changes between releases (docs/upgrading.md, "Messages and states that
+# change"): the states at rest were written by the previous release
+
+
+@dataclass(frozen=True)
+class TallyWithCurrency:
+    """`Tally` of a later release: a field added, with a default."""
+
+    applied: tuple[str, ...] = ()
+    total: int = 0
+    blobs: tuple[str, ...] = ()
+    currency: str = "EUR"
+
+
+@dataclass(frozen=True)
+class TallyNeedingCurrency:
+    """`Tally` of a later release: a field added without a default."""
+
+    currency: str
+    applied: tuple[str, ...] = ()
+    total: int = 0
+    blobs: tuple[str, ...] = ()
+
+
+async def test_a_state_type_that_gains_a_field_reads_the_states_at_rest_with_its_default(
+        world: PgWorld) -> None:
+    envelope = await world.send(Add("p", 5))
+    assert await world.processor().process(envelope) is Outcome.PROCESSED  # the old release
+    later = PostgresTransactionalStore(world.pool, world.name, TallyWithCurrency, world.clock,
+                                       holds_tokens=world.colocated)
+    state = (await later.load("p")).state
+    assert state == TallyWithCurrency((str(envelope.message_id),), 5, state.blobs, "EUR")
+
+
+async def test_a_state_the_code_no_longer_reads_dead_letters_its_message_replayable(
+        world: PgWorld) -> None:
+    """Without a default, the new release cannot read the state at rest: its message is not
+    at fault, so it is dead-lettered replayable, body and token kept (a `MalformedMessage`,
+    as before, clipped its body and could not be replayed: the message was lost)."""
+    first = await world.send(Add("p", 5))
+    assert await world.processor().process(first) is Outcome.PROCESSED
+    later = PostgresTransactionalStore(world.pool, world.name, TallyNeedingCurrency,
+                                       world.clock, holds_tokens=world.colocated)
+    second = await world.send(Add("p", 1))
+    with pytest.raises(UnreadableState) as refused:
+        await world.processor(ports=replace(world.ports(), store=later)).process(second)
+    assert refused.value.replayable
+    assert "partition 'p' does not decode as TallyNeedingCurrency: currency" in \
+        refused.value.reason
+    assert await world.tokens.exists(world.name, second.message_id)  # kept for the replay
+    # the code fixed (a default), the replay is processed as any message
+    assert await world.processor().process(second) is Outcome.PROCESSED
