@@ -28,11 +28,14 @@ def decode(cls: type, data: bytes | str) -> Any:
     try:
         return _adapter(cls).validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise MalformedMessage(
-            f"malformed {cls.__name__}: {where}: {first.get('msg')}"
-        ) from exc
+        raise MalformedMessage(f"malformed {cls.__name__}: {_first(exc, 'body')}") from exc
+
+
+def _first(error: ValidationError, whole: str) -> str:
+    """`<where>: <what>` of pydantic's first problem (`whole` when it is the value's)."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or whole
+    return f"{where}: {first.get('msg')}"
 
 
 def to_jsonable(value: object) -> Any:
@@ -63,9 +66,7 @@ def decode_state(cls: type, data: Any, partition: str) -> Any:
     try:
         return _adapter(cls).validate_python(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "state"
         raise UnreadableState(
             f"the stored state of partition {partition!r} does not decode as {cls.__name__}: "
-            f"{where}: {first.get('msg')} (a field added without a default? see "
+            f"{_first(exc, 'state')} (a field added without a default? see "
             "docs/upgrading.md; replay once the state type reads it)") from exc
