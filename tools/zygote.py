@@ -121,27 +121,50 @@ def serve() -> None:  # pragma: no cover - runs as its own process
                 os.killpg(pid, signal.SIGKILL)
 
 
+class Children:
+    """The zygote's children's exit codes, by (pid, birth): the kernel reuses a pid once its
+    process is reaped (pid_max is 32,768 here, and a campaign of an hour forks more), so a
+    code kept by pid alone made a new child that got an old child's pid look exited at once
+    (with that old child's code: an `eo chaos` run restarted a consumer that still ran, and
+    reported it as exited 0). The zygote reports each exit before the fork that may reuse
+    its pid, so counting the forks of each pid tells the children apart."""
+
+    def __init__(self) -> None:
+        self.births: dict[int, int] = {}
+        self.codes: dict[tuple[int, int], int] = {}
+
+    def forked(self, pid: int) -> tuple[int, int]:
+        """A child was forked as `pid`: its key."""
+        self.births[pid] = self.births.get(pid, 0) + 1
+        return pid, self.births[pid]
+
+    def exited(self, pid: int, code: int) -> None:
+        """The newest child of `pid` exited with `code`."""
+        self.codes[(pid, self.births.get(pid, 0))] = code
+
+
 class ZygoteProcess:
     """A forked `eo` process, seen like a `subprocess.Popen` (poll, wait, send_signal,
     kill, pid, returncode)."""
 
-    def __init__(self, zygote: Zygote, pid: int) -> None:
+    def __init__(self, zygote: Zygote, key: tuple[int, int]) -> None:
         self.zygote = zygote
-        self.pid = pid
+        self.key = key
+        self.pid = key[0]
 
     @property
     def returncode(self) -> int | None:
-        return self.zygote.codes.get(self.pid)
+        return self.zygote.children.codes.get(self.key)
 
     def poll(self) -> int | None:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        codes = self.zygote.children.codes
         with self.zygote.changed:
-            if not self.zygote.changed.wait_for(lambda: self.pid in self.zygote.codes,
-                                                timeout):
+            if not self.zygote.changed.wait_for(lambda: self.key in codes, timeout):
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
-            return self.zygote.codes[self.pid]
+            return codes[self.key]
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -167,9 +190,9 @@ class Zygote:
             [*wrapper, sys.executable, "-c", "from tools.zygote import serve; serve()"],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": python_path})
-        self.codes: dict[int, int] = {}
+        self.children = Children()
         self.changed = threading.Condition()
-        self._pids: list[int] = []
+        self._pids: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -180,9 +203,9 @@ class Zygote:
             message = json.loads(line)
             with self.changed:
                 if "pid" in message:
-                    self._pids.append(int(message["pid"]))
+                    self._pids.append(self.children.forked(int(message["pid"])))
                 else:
-                    self.codes[int(message["exited"])] = int(message["code"])
+                    self.children.exited(int(message["exited"]), int(message["code"]))
                 self.changed.notify_all()
 
     def spawn(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None

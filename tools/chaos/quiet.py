@@ -32,9 +32,13 @@ async def busy(campaign: Campaign) -> int:
     quiet)."""
     settings = campaign.settings
     if campaign.production is not None:
-        waiting = await campaign.production.messages(
-            [q for e in campaign.layout.queues
-             for q in queue_names(e, settings.protocol.retry_delays_s).all_but_dead_letters])
+        try:
+            waiting = await campaign.production.messages(
+                [q for e in campaign.layout.queues
+                 for q in queue_names(e, settings.protocol.retry_delays_s).all_but_dead_letters])
+        except RuntimeError:  # no node answered the CLI in time (a node paused, a loaded
+            return 1          # machine): not known to be quiet, ask again
+
     else:
         waiting = await queue_depth(settings.amqp_urls(), list(campaign.layout.queues),
                                     settings.protocol.retry_delays_s)
@@ -131,7 +135,11 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
         while marks.closes and marks.closes[0] <= commits:
             marks.closes.pop(0)
             if campaign.production is not None:  # the campaign's cluster, its own CLI
-                await campaign.production.close_all_connections()
+                try:
+                    await campaign.production.close_all_connections()
+                except RuntimeError:  # no node answered: the fault was not injected
+                    result.faults["broker closed every connection (not injected)"] += 1
+                    continue
             else:
                 await asyncio.to_thread(close_all_connections, settings.amqp())
             result.faults["broker closed every connection"] += 1
