@@ -162,6 +162,9 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                             result = await _one_run(campaign, plan, root / f"run-{index}")
                             await keep_logs(result, root / f"run-{index}",
                                             temp is not None, f"seed-{seed}-run-{index}")
+                            if production is not None and result.violations and result.logs:
+                                await asyncio.to_thread(production.keep_server_logs,
+                                                        result.logs / "servers")
                         report.runs.append(result)
                         on_run(result)
                         k += 1

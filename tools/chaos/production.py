@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import json
 import random
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import SecretStr
 
@@ -301,6 +303,18 @@ class ProductionServers:
                 except RuntimeError as exc:
                     failure = exc
         raise failure or RuntimeError("no running node to ask")
+
+    def keep_server_logs(self, into: Path) -> None:
+        """Copy the cluster's node logs and the pair's server logs into `into` (a violating
+        run's kept logs: what the servers did, e.g. a queue that could not forward its dead
+        letters, is gone with them at the campaign's end)."""
+        for node in self.cluster.nodes:
+            with contextlib.suppress(OSError):
+                shutil.copytree(node.directory / "log", into / node.name, dirs_exist_ok=True)
+        for server in self.pair.servers:
+            with contextlib.suppress(OSError):
+                (into / server.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(server.directory / "server.log", into / server.name)
 
     @property
     def pending(self) -> bool:
