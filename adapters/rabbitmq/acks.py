@@ -24,6 +24,8 @@ from typing import Any
 
 from aio_pika.exceptions import ChannelInvalidStateError
 
+from adapters.rabbitmq.errors import closed_without_reason
+
 
 class ChannelAcks:
     """Coalesced acks of the deliveries of `channel` (aiormq's channel of the deliveries,
@@ -108,10 +110,8 @@ class ChannelAcks:
                     await self.channel.basic_ack(tag)
                     self.frames += 1
         except Exception as exc:
-            # aiormq fails a frame waiting to be written with a bare `Exception` when its
-            # channel or connection closes without a reason (aiormq/base.py, FutureStore):
             # the channel is gone, as its own error would have said
-            if type(exc) is Exception:
+            if closed_without_reason(exc):
                 raise ChannelInvalidStateError(
                     "the channel closed while its ack was being written") from exc
             raise

@@ -58,14 +58,28 @@ class BrokerUnavailable(TransientError):
     give-up time: the process should exit and let its orchestrator restart it."""
 
 
+def closed_without_reason(error: BaseException) -> bool:
+    """Whether `error` is aiormq's bare `Exception`: what it fails a pending frame or RPC
+    with (a channel opening, an ack being written) when its channel or connection closes
+    without a reason (aiormq's FutureStore rejects them with `Exception`). Seen in `eo
+    chaos --production`: a consumer's watchdog opening a channel as a paused node's
+    connection closed, and an ack under a `drop_conn`; it is a lost connection."""
+    return type(error) is Exception
+
+
 @contextmanager
 def translated(what: str) -> Iterator[None]:
-    """Re-raise `DRIVER_ERRORS` of the block as `TransientError("<what>: <error>")`; any
-    other error (a `RuntimeError` among them) propagates as it is."""
+    """Re-raise `DRIVER_ERRORS` of the block, and aiormq's bare `Exception` of a closed
+    connection (`closed_without_reason`), as `TransientError("<what>: <error>")`; any other
+    error (a `RuntimeError` among them) propagates as it is."""
     try:
         yield
     except DRIVER_ERRORS as exc:
         raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        if not closed_without_reason(exc):
+            raise
+        raise TransientError(f"{what}: the connection closed") from exc
 
 
 def refusal(error: BaseException) -> BaseException | None:

@@ -46,6 +46,17 @@ def test_a_runtime_error_is_not_translated_into_a_transient_error() -> None:
         raise ConnectionResetError("reset by peer")
 
 
+def test_aiormqs_bare_exception_of_a_closed_connection_is_transient() -> None:
+    """aiormq rejects a pending RPC with a bare `Exception` when its connection closes
+    without a reason: a consumer's watchdog opening a channel as a paused node's connection
+    closed crashed its process with it (exit 1, seen in `eo chaos --production`)."""
+    with pytest.raises(TransientError, match="opening a channel: the connection closed"), \
+            translated("opening a channel"):
+        raise Exception  # what aiormq raises
+    with pytest.raises(ValueError, match="a bug"), translated("opening a channel"):
+        raise ValueError("a bug")  # any other error is not a lost connection
+
+
 class BuggyReopen(RabbitConnection):
     """A connection whose recovery hits a programming error each time it reopens."""
 
