@@ -268,41 +268,35 @@ class ProductionServers:
             record.lasted_s = time.monotonic() - self._started - record.at_s
         self._undoing.append((record.kind.split()[0], asyncio.create_task(undo_after())))
 
+    async def _ask(self, *args: str) -> str:
+        """`rabbitmqctl <args>` on the first running node that answers within 20 s; its
+        output. Raises RuntimeError when none does."""
+        failure: RuntimeError | None = None
+        for node in self.cluster.nodes:
+            if node.running and not node.paused:
+                try:
+                    return await self.cluster.ctl(node, *args, timeout_s=20)
+                except RuntimeError as exc:
+                    failure = exc
+        raise failure or RuntimeError("no running node to ask")
+
     async def messages(self, queues: list[str]) -> int:
         """Messages in `queues`, ready or delivered and not yet acked, as the cluster counts
         them (`rabbitmqctl list_queues name messages` on a running node; a queue that does
         not exist counts 0). Raises RuntimeError when no node answers."""
-        wanted, total, failure = set(queues), 0, None
-        for node in self.cluster.nodes:
-            if not node.running or node.paused:
-                continue
-            try:
-                out = await self.cluster.ctl(node, "list_queues", "name", "messages",
-                                             "--no-table-headers", timeout_s=20)
-            except RuntimeError as exc:
-                failure = exc
-                continue
-            for line in out.splitlines():
-                name, _, count = line.partition("\t")
-                if name in wanted and count.strip().isdigit():
-                    total += int(count)
-            return total
-        raise failure or RuntimeError("no running node to ask")
+        out = await self._ask("list_queues", "name", "messages", "--no-table-headers")
+        wanted, total = set(queues), 0
+        for line in out.splitlines():
+            name, _, count = line.partition("\t")
+            if name in wanted and count.strip().isdigit():
+                total += int(count)
+        return total
 
     async def close_all_connections(self, reason: str = "chaos: broker-side close") -> None:
         """The cluster closes every connection of its default virtual host, the campaign's
         (CONNECTION_FORCED), asked of a running node. Raises RuntimeError when none
         answers."""
-        failure: RuntimeError | None = None
-        for node in self.cluster.nodes:
-            if node.running and not node.paused:
-                try:
-                    await self.cluster.ctl(node, "close_all_connections", "--vhost", "/",
-                                           "--limit", "1000", reason, timeout_s=20)
-                    return
-                except RuntimeError as exc:
-                    failure = exc
-        raise failure or RuntimeError("no running node to ask")
+        await self._ask("close_all_connections", "--vhost", "/", "--limit", "1000", reason)
 
     def keep_server_logs(self, into: Path) -> None:
         """Copy the cluster's node logs and the pair's server logs into `into` (a violating
