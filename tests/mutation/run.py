@@ -109,7 +109,10 @@ def run_one(mutation: Mutation, files: list[str], discover: bool) -> Outcome:
         tests = list(FAST_SUITE) if discover else list(mutation.killers)
         args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
                 "--tb=no", *([] if discover else ["-x"]), *tests]
-        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+        # a killing campaign stops at its first violating run (`eo chaos --fail-fast`): the
+        # runs after it cannot make the test pass again
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
+               "EO_CHAOS_FAIL_FAST": "1"}
         try:
             done = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True,
                                   timeout=TIMEOUT_S)

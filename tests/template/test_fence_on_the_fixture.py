@@ -32,7 +32,9 @@ async def test_the_fence_scenarios_find_no_violation_on_the_fixture_service(
     messages = tmp_path / "messages.jsonl"
     messages.write_text("\n".join(campaign_lines()) + "\n")
     services = discover()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EO_")}
+    # the user's settings left out; the mutation suite's --fail-fast kept
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("EO_") or k == "EO_CHAOS_FAIL_FAST"}
     env.update({"EO_SERVICE": SPEC, "EO_DATABASE_DSN": services.postgres_dsn,
                 "EO_AMQP_URL": services.amqp_url, "PYTHONPATH": str(ROOT)})
     report = tmp_path / "report.json"

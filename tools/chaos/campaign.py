@@ -55,9 +55,10 @@ class Campaign:
 
 async def keep_logs(result: EngineRun, logs: Path, temporary: bool, name: str) -> None:
     """Where the run's process logs stay: `logs` when the campaign was given a log
-    directory; else, for a run with a violation, a copy in `KEPT_LOGS`/`name`."""
+    directory; else, for a run with a violation or a wait for quiet that ran out of time, a
+    copy in `KEPT_LOGS`/`name`."""
     result.logs = None if temporary else logs
-    if result.violations and temporary:
+    if (result.violations or result.not_quiet) and temporary:
         kept = KEPT_LOGS / name
         await asyncio.to_thread(shutil.copytree, logs, kept, dirs_exist_ok=True)
         result.logs = kept

@@ -87,6 +87,10 @@ def chaos(
         help="with --production, the standby replicates asynchronously: a failover then "
              "loses the commits it lacked, and the campaign reports them (a documented "
              "failure of that configuration, not of the service)")] = False,
+    fail_fast: Annotated[bool, typer.Option(
+        envvar="EO_CHAOS_FAIL_FAST",
+        help="stop after the first run (fence scenario or random) that finds a violation: "
+             "its logs kept, its replay printed")] = False,
 ) -> None:
     """Randomized fault campaign with real processes: kill -9 and restarts, failpoints
     (crash, raise, sleep, drop_conn), broker-side connection closes (a virtual host of its
@@ -105,7 +109,7 @@ def chaos(
         _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE,
                      messages, workload, check, size, workers, mode, runs=runs,
                      order_independent=order_independent, production=production,
-                     synchronous=not asynchronous_standby)
+                     synchronous=not asynchronous_standby, fail_fast=fail_fast)
         return
     try:  # the service's own default, where it declares one (the sample's workload)
         default = load_attribute(DEFAULT_WORKLOAD, "the default workload")
@@ -122,7 +126,7 @@ def chaos(
         raise typer.Exit(2) from exc
     _any_service(duration, seed, run, log_dir, report, database or ENGINE_DATABASE, None,
                  None, None, size, workers, mode, given, runs, production=production,
-                 synchronous=not asynchronous_standby)
+                 synchronous=not asynchronous_standby, fail_fast=fail_fast)
 
 
 def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | None,
@@ -130,7 +134,8 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
                  workload: str | None, check: str | None, size: int, workers: int,
                  fence: Literal["first", "only", "off"], given: Workload | None = None,
                  runs: int | None = None, order_independent: bool = False,
-                 production: bool = False, synchronous: bool = True) -> None:
+                 production: bool = False, synchronous: bool = True,
+                 fail_fast: bool = False) -> None:
     """The campaign on the service `EO_SERVICE` names, with its workload (`given`, else
     the one `messages`, `workload` and `check` name)."""
     err = Console(stderr=True)
@@ -162,7 +167,7 @@ def _any_service(duration: float, seed: int, run: int | None, log_dir: Path | No
             result = asyncio.run(_campaign(
                 engine_settings(base, Path(blobs)), production, synchronous, service, load,
                 seed, duration, run, size, workers, log_dir, _print_engine_run, database=database,
-                fence=fence, max_runs=runs))
+                fence=fence, max_runs=runs, fail_fast=fail_fast))
     except SettingsError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -214,6 +219,8 @@ def _print_engine_run(result: EngineRun) -> None:
                   f" failpoints {rules}; kill -9 {kills}; broker closes {closes}")
     for line in result.production:
         console.print(f"  {line}")
+    for line in result.not_quiet:
+        console.print(f"  [yellow]{line}[/yellow]")
     for violation in result.violations:
         console.print(f"  [red]{violation}[/red]")
     if result.violations:

@@ -90,9 +90,11 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                      run_timeout_s: float = 240.0, database: str = ENGINE_DATABASE,
                      fence: Literal["first", "only", "off"] = "first",
                      max_runs: int | None = None,
-                     production: ProductionServers | None = None) -> EngineReport:
+                     production: ProductionServers | None = None,
+                     fail_fast: bool = False) -> EngineReport:
     """Runs while `duration_s` allows (fence scenarios included: `Budget`; at least one run)
-    and at most `max_runs` random runs, or only run `only_run`.
+    and at most `max_runs` random runs, or only run `only_run`; with `fail_fast`, none after
+    the first run that finds a violation (its logs kept, its replay printed).
     `fence`: the fence scenarios (tools/chaos/fence.py) first (not with `only_run`), only
     them (no random run), or none.
 
@@ -147,9 +149,9 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                     report.time = budget.spent
                     if fence == "only" or (fence == "first" and only_run is None):
                         await fence_runs(campaign, seed, report, on_run, temp is not None,
-                                         budget)
+                                         budget, fail_fast)
                     k = 0
-                    while fence != "only":
+                    while fence != "only" and not (fail_fast and report.violations):
                         index = only_run if only_run is not None else k
                         if not budget.allows("random runs", first_of_all=not report.runs) or (
                                 max_runs is not None and k >= max_runs):
@@ -162,13 +164,14 @@ async def run_engine(settings: Settings, service: Service, workload: Workload, s
                             result = await _one_run(campaign, plan, root / f"run-{index}")
                             await keep_logs(result, root / f"run-{index}",
                                             temp is not None, f"seed-{seed}-run-{index}")
-                            if production is not None and result.violations and result.logs:
+                            if production is not None and result.logs and (
+                                    result.violations or result.not_quiet):
                                 await asyncio.to_thread(production.keep_server_logs,
                                                         result.logs / "servers")
                         report.runs.append(result)
                         on_run(result)
                         k += 1
-                        if only_run is not None:
+                        if only_run is not None or (fail_fast and result.violations):
                             break
                 finally:
                     await pool.close()

@@ -27,12 +27,13 @@ from tools.chaos.workload import OutsideMessage
 
 
 async def fence_runs(campaign: Campaign, seed: int, report: EngineReport,
-                     on_run: Callable[[EngineRun], None], temporary: bool, budget: Budget
-                     ) -> None:
+                     on_run: Callable[[EngineRun], None], temporary: bool, budget: Budget,
+                     fail_fast: bool = False) -> None:
     """The fence scenarios (tools/chaos/fence.py), both halves, on every endpoint the
     workload's draw for run 0 gives a pair of messages (the others, and why, in
     `report.fence_skipped`), as long as `budget` allows (those it did not allow in
-    `report.fence_not_run`)."""
+    `report.fence_not_run`); with `fail_fast`, none after the first that finds a
+    violation."""
     with budget.spending("finding the fence scenarios' messages"):
         messages = campaign.workload.draw(
             random.Random(plan_rng(seed, 0, "workload").getrandbits(32)), campaign.size)
@@ -53,6 +54,8 @@ async def fence_runs(campaign: Campaign, seed: int, report: EngineReport,
                 await keep_logs(result, campaign.root / name, temporary, f"seed-{seed}-{name}")
             report.runs.append(result)
             on_run(result)
+            if fail_fast and result.violations:
+                return
 
 
 async def _fence_run(campaign: Campaign, seed: int, pair: FencePair, half: str,

@@ -280,17 +280,21 @@ class ProductionServers:
                     failure = exc
         raise failure or RuntimeError("no running node to ask")
 
-    async def messages(self, queues: list[str]) -> int:
-        """Messages in `queues`, ready or delivered and not yet acked, as the cluster counts
-        them (`rabbitmqctl list_queues name messages` on a running node; a queue that does
-        not exist counts 0). Raises RuntimeError when no node answers."""
-        out = await self._ask("list_queues", "name", "messages", "--no-table-headers")
-        wanted, total = set(queues), 0
+    async def messages(self, queues: list[str]) -> dict[str, tuple[int, int]]:
+        """The messages of each of `queues` that holds any, as the cluster counts them: name
+        -> (ready, delivered and not yet acked) (`rabbitmqctl list_queues` on a running
+        node; a queue that does not exist or is empty is left out). Raises RuntimeError
+        when no node answers."""
+        out = await self._ask("list_queues", "name", "messages_ready",
+                              "messages_unacknowledged", "--no-table-headers")
+        wanted, held = set(queues), {}
         for line in out.splitlines():
-            name, _, count = line.partition("\t")
-            if name in wanted and count.strip().isdigit():
-                total += int(count)
-        return total
+            name, *counts = line.split("\t")
+            if name in wanted and len(counts) == 2 and all(c.strip().isdigit() for c in counts):
+                ready, unacked = (int(c) for c in counts)
+                if ready or unacked:
+                    held[name] = (ready, unacked)
+        return held
 
     async def close_all_connections(self, reason: str = "chaos: broker-side close") -> None:
         """The cluster closes every connection of its default virtual host, the campaign's

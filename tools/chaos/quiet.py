@@ -24,32 +24,45 @@ from tools.chaos.report import EngineRun
 from tools.chaos.verdict import CommitCounter
 
 
-async def busy(campaign: Campaign) -> int:
-    """What the service still has to do: messages in the work and retry queues (on the
-    campaign's own cluster, `--production`, those delivered and not yet acked as well: a
-    consumer on a node that was paused holds its deliveries until its connection moves on),
-    committed transactions not finished, inbox rows not relayed (0: one condition of
-    quiet)."""
+async def outstanding(campaign: Campaign) -> dict[str, int]:
+    """What the service still has to do, by kind (none: quiet): messages in the work and
+    retry queues (on the campaign's own cluster, `--production`, per queue, ready and
+    delivered and not yet acked apart: a consumer on a node that was paused holds its
+    deliveries until its connection moves on), committed transactions not finished, inbox
+    rows not relayed. What cannot be asked (no node answered the CLI in time, a failover
+    under way) counts 1 under "not known": not known to be quiet, ask again."""
     settings = campaign.settings
+    left: dict[str, int] = {}
     if campaign.production is not None:
         try:
-            waiting = await campaign.production.messages(
+            held = await campaign.production.messages(
                 [q for e in campaign.layout.queues
                  for q in queue_names(e, settings.protocol.retry_delays_s).all_but_dead_letters])
-        except RuntimeError:  # no node answered the CLI in time (a node paused, a loaded
-            return 1          # machine): not known to be quiet, ask again
-
+        except RuntimeError:  # a node paused, a loaded machine
+            left["not known: no node answered"] = 1
+        else:
+            for name, (ready, unacked) in held.items():
+                left.update({f"{name} ready": ready, f"{name} unacked": unacked})
     else:
-        waiting = await queue_depth(settings.amqp_urls(), list(campaign.layout.queues),
-                                    settings.protocol.retry_delays_s)
+        left["queued messages"] = await queue_depth(
+            settings.amqp_urls(), list(campaign.layout.queues), settings.protocol.retry_delays_s)
     try:
-        return waiting + int(await campaign.pool.fetchval(
+        row = await campaign.pool.fetchrow(
             "SELECT (SELECT count(*) FROM eo_transaction_record WHERE message_id IS NOT NULL)"
-            " + (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL)"))
+            " AS unfinished, (SELECT count(*) FROM eo_inbox WHERE relayed_at IS NULL) AS inbox")
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
         if campaign.production is None:
             raise
-        return waiting + 1  # a failover under way (--production): not quiet, ask again
+        left["not known: the database did not answer"] = 1  # a failover under way
+    else:
+        left.update({"committed transactions unfinished": int(row["unfinished"]),
+                     "inbox rows not relayed": int(row["inbox"])})
+    return {kind: n for kind, n in left.items() if n}
+
+
+async def busy(campaign: Campaign) -> int:
+    """How much `outstanding` counts (0: one condition of quiet)."""
+    return sum((await outstanding(campaign)).values())
 
 
 async def settle(campaign: Campaign, progress: CommitCounter, commits: int,
@@ -167,3 +180,11 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
                 idle = 0
                 continue
             break
+    else:  # the run's timeout: what was left says why (a lost message, a stuck queue)
+        try:
+            left = await outstanding(campaign)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            left = {f"not known: {exc}": 1}
+        result.not_quiet.append(
+            f"not quiet after {time.monotonic() - started:.0f} s: "
+            + (", ".join(f"{kind} {n}" for kind, n in sorted(left.items())) or "nothing left"))

@@ -46,6 +46,9 @@ class EngineRun:
     commits_compared: bool = True
     #: production's faults (`--production`), a line each: time, kind, target, undone after
     production: list[str] = field(default_factory=list)
+    #: each wait for quiet that ran out of the run's time, with what was still outstanding
+    #: then (tools/chaos/quiet.py `outstanding`)
+    not_quiet: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -106,7 +109,7 @@ class EngineReport(RunTotals):
                              "api_executions": r.api_executions,
                              "domain_checked": r.domain_checked,
                              "kept": r.kept, "not_compared": r.not_compared,
-                             "production": r.production,
+                             "production": r.production, "not_quiet": r.not_quiet,
                              "consumer_gaps_s": {k: round(v, 2)
                                                  for k, v in r.consumer_gaps.items()}}
                             for r in self.runs]}
