@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
@@ -270,5 +271,9 @@ class Settler:
                 message_id=str(delivery.envelope.message_id), reason=str(exc),
                 settlement=exc.settlement if isinstance(exc, _Unsettled) else "ack")
             self.counts[Outcome.UNSETTLED] += 1
+            # failed before the broker heard of it (a failpoint, an error of this process):
+            # redelivered now, not when the channel closes (a no-op where the broker has it)
+            with contextlib.suppress(TransientError):
+                await delivery.release()
         finally:
             slots.release()

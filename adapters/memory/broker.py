@@ -66,6 +66,11 @@ class MemoryDelivery(Delivery):
             broker.dead_letters[self._queue].append(copy)
 
 
+    async def release(self) -> None:
+        """Back to the front of its queue, unless it was settled or its consumer dropped."""
+        self._broker._give_back(self)
+
+
 class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
     """Queues named by endpoint. `dispatch` is confirmed at once; `consume` hands deliveries
     to a named consumer; `drop_consumer` puts that consumer's unsettled deliveries back
@@ -203,10 +208,14 @@ class MemoryBroker(MessageDispatcher, DeadLetterPublisher):
         returns how many. The consumer's own later settlements of them are ignored."""
         dropped = [d for d in self._in_flight.values() if d.consumer == consumer]
         for d in dropped:
-            del self._in_flight[d.tag]
-            self._queues[d._queue].ready.appendleft((d.envelope, d.attempt))
-            self._spawn(self._notify(d._queue))
+            self._give_back(d)
         return len(dropped)
+
+    def _give_back(self, delivery: MemoryDelivery) -> None:
+        """Requeue `delivery` at the front of its queue if it is still in flight."""
+        if self._settle(delivery):
+            self._queues[delivery._queue].ready.appendleft((delivery.envelope, delivery.attempt))
+            self._spawn(self._notify(delivery._queue))
 
     def idle(self) -> bool:
         """No ready message, none in flight, no delayed retry pending."""

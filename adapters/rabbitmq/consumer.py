@@ -146,7 +146,7 @@ class RabbitSource:
                     envelope = self.admission.envelope(message)
                 except MalformedMessage as exc:
                     await self.admission.reject(message, exc.reason, lambda: self.stopped,
-                                                self._requeue, self._settled_singly)
+                                                self.requeue, self._settled_singly)
                     continue
                 self._in_flight += 1
                 yield RabbitDelivery(message, envelope, attempt_of(envelope.headers), self)
@@ -208,7 +208,7 @@ class RabbitSource:
         while not self._received.empty():
             message = self._received.get_nowait()
             if message is not None:
-                await self._requeue(message)
+                await self.requeue(message)
         self._received.put_nowait(None)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
@@ -216,9 +216,11 @@ class RabbitSource:
         if not self._stopped:
             self._received.put_nowait(message)
         else:  # sent before the broker processed our cancel
-            await self._requeue(message)
+            await self.requeue(message)
 
-    async def _requeue(self, message: AbstractIncomingMessage) -> None:
+    async def requeue(self, message: AbstractIncomingMessage) -> None:
+        """`basic.reject` of `message` with requeue (its tag told to the channel's acks); a
+        channel that closed meanwhile has requeued it (no error)."""
         try:
             await message.reject(requeue=True)
         except DRIVER_ERRORS as exc:  # channel gone: the broker requeued it already

@@ -15,7 +15,6 @@ from aio_pika.exceptions import ChannelInvalidStateError
 from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
 from adapters.rabbitmq.dispatcher import envelope_message
-from adapters.rabbitmq.errors import DRIVER_ERRORS
 from application.envelope import (
     ATTEMPTS_HEADER,
     RETRY_REASON_HEADER,
@@ -48,11 +47,9 @@ class Settling(Protocol):
     def settled_one(self) -> None:
         """A delivery was settled, or failed to: its slot is free again."""
 
-
-async def _reject(message: AbstractIncomingMessage) -> None:
-    """`basic.reject` with requeue; a channel that closed meanwhile has requeued it."""
-    with contextlib.suppress(*DRIVER_ERRORS, ChannelInvalidStateError):
-        await message.reject(requeue=True)
+    async def requeue(self, message: AbstractIncomingMessage) -> None:
+        """`basic.reject` of `message` with requeue, told to the channel's acks; a channel
+        that closed meanwhile has requeued it (no error)."""
 
 
 def channel_lost(message: AbstractIncomingMessage) -> bool:
@@ -116,9 +113,23 @@ class RabbitDelivery(Delivery):
         await self._settle(lambda: source.dead_letters.publish(
             copy, lambda: not channel_lost(self._message), lambda: source.stopped))
 
+    async def release(self) -> None:
+        """`Delivery.release`: `basic.reject` with requeue, unless a settlement was
+        attempted or the channel is gone."""
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            await self._requeued()
+        finally:
+            if not self._counted:
+                self._counted = True
+                self._source.settled_one()
+
     async def _requeued(self) -> None:
         if not channel_lost(self._message):
-            await _reject(self._message)
+            with contextlib.suppress(ChannelInvalidStateError):
+                await self._source.requeue(self._message)
 
     async def _settle(self, publish: Callable[[], Awaitable[None]] | None) -> None:
         """Publish the copy (`publish`, confirmed), then ack the original."""

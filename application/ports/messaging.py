@@ -102,6 +102,15 @@ class Delivery(Protocol):
         no new delivery; raises `TransientError` when the broker fails or the delivery is
         given back meanwhile (the broker redelivers it)."""
 
+    async def release(self) -> None:
+        """Give the delivery back to its queue for redelivery, when its settlement failed
+        before reaching the broker (an error of this process, a failpoint) and its channel
+        still lives: else the broker would hold it, unacked, until the channel closes, and
+        it would take a slot of the channel's prefetch all that time. A no-op once an ack
+        or a copy was attempted (the broker may have it: settling twice is refused), or
+        when the channel is gone (the broker has requeued it). Raises `TransientError` when
+        the broker cannot be told."""
+
 
 class DeliverySource(Protocol):
     """One consumer's deliveries of one endpoint's work queue: RabbitMQ's

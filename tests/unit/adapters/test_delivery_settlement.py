@@ -57,6 +57,9 @@ class Source:
     def settled_one(self) -> None:
         self.settled += 1
 
+    async def requeue(self, message: Any) -> None:
+        await message.reject(requeue=True)
+
 
 async def test_a_refused_retry_copy_returns_the_delivery_to_the_queue() -> None:
     message, source = Message(), Source()
@@ -79,3 +82,34 @@ async def test_a_delivery_whose_channel_closed_is_left_to_the_broker() -> None:
     with pytest.raises(TransientError, match="channel is closed"):
         await delivery.retry(0.1, "whatever")
     assert message.rejected == []  # the broker requeued it when the channel closed
+
+
+async def test_a_delivery_released_before_any_settlement_goes_back_to_its_queue() -> None:
+    # its ack failed in this process (a failpoint): on a channel that stays open only a
+    # reject brings it back before the channel closes
+    message, source = Message(), Source()
+    delivery = RabbitDelivery(message, Envelope(uuid.uuid4(), "Add", b"{}"), 1,  # type: ignore[arg-type]
+                              source)  # type: ignore[arg-type]
+    await delivery.release()
+    assert message.rejected == [True]
+    assert source.settled == 1  # its slot is free
+    await delivery.release()  # once
+    await delivery.ack()  # and no settlement after it: its tag is the broker's again
+    assert (message.rejected, source.acked) == ([True], [])
+
+
+async def test_a_delivery_released_after_its_ack_or_on_a_closed_channel_is_left_alone() -> None:
+    # an ack that was tried may have reached the broker: a reject of its tag would close
+    # the channel (406); a closed channel's deliveries are requeued by the broker
+    acked, source = Message(), Source()
+    delivery = RabbitDelivery(acked, Envelope(uuid.uuid4(), "Add", b"{}"), 1,  # type: ignore[arg-type]
+                              source)  # type: ignore[arg-type]
+    await delivery.ack()
+    await delivery.release()
+    closed = Message()
+    closed.channel.is_closed = True
+    lost = RabbitDelivery(closed, Envelope(uuid.uuid4(), "Add", b"{}"), 1,  # type: ignore[arg-type]
+                          source)  # type: ignore[arg-type]
+    await lost.release()
+    assert (acked.rejected, closed.rejected) == ([], [])
+    assert source.settled == 2

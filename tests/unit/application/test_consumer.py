@@ -554,6 +554,9 @@ class _Unreachable:
                           ) -> None:
         raise TransientError("its channel is closed")
 
+    async def release(self) -> None:
+        raise TransientError("its channel is closed")
+
 
 @pytest.mark.parametrize(("result", "settlement"), [
     (Outcome.PROCESSED, "ack"),

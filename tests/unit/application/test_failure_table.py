@@ -437,3 +437,28 @@ async def test_crash_after_clear_leaves_nothing_and_redelivery_is_dropped(point:
     assert broker.idle()
     await world.quiesce()
     assert violations + check(world, {M1}) == []
+
+
+async def test_an_ack_that_failed_in_the_consumer_gives_the_delivery_back_at_once() -> None:
+    """Row "TR clear, before ack", the consumer alive: its ack failed before the broker heard
+    of it (`before_ack=raise`, an error of this process). The delivery is given back to its
+    queue at once (`Delivery.release`), not held unacked until the consumer's channel
+    closes (RabbitMQ holds it that long, a slot of the prefetch with it): the next take is
+    the same message, a duplicate, and nothing stays in flight."""
+    world, violations = await _world()
+    broker = MemoryBroker()
+    await broker.dispatch(COUNTER.name, await world.send(Add("p", 1), M1))
+    consumer = Settler(world.processor(),
+                       failpoints=Failpoints.from_spec("before_ack=raise@1", crash))
+    first = await _take(broker, "consumer")
+    slots = asyncio.Semaphore(1)
+    await slots.acquire()
+    await consumer._guarded(first, slots)
+    assert consumer.counts[Outcome.UNSETTLED] == 1
+    again = await _take(broker, "consumer")  # the same consumer, its channel alive
+    assert again.envelope == first.envelope
+    assert await consumer.settle(again) is Outcome.DUPLICATE
+    assert _invoked(world) == 1
+    assert broker.idle()
+    await world.quiesce()
+    assert violations + check(world, {M1}) == []

@@ -47,6 +47,9 @@ async def test_a_follow_up_copy_that_meets_the_deleted_request_is_a_duplicate() 
         async def dead_letter(self, reason: str, endpoint: str) -> None:
             self.settled.append(f"dead letter: {reason}")
 
+        async def release(self) -> None:
+            self.settled.append("release")
+
     copy = Copy()
     settling = asyncio.create_task(second.settle(copy))
     await asyncio.sleep(0.02)
