@@ -4,16 +4,19 @@ prints both, the processes' start lines (`consumer.started`, `callee.serving`) c
 `template_version` and `service_version`, and the image's labels name them.
 
 `TEMPLATE_VERSION` is the template's semantic version, set by its release commit and tagged
-`v<version>` (docs/releasing.md); `copier update` brings a new one into a service with the
-framework it names. A service's own version is its team's (`version` in its pyproject)."""
+`v<version>` (docs/upgrading.md, "Releasing the template"); between releases it is the next
+release's with the pre-release suffix `-dev` (a service made from an untagged commit says
+so). `copier update` brings a new one into a service with the framework it names. A
+service's own version is its team's (`version` in its pyproject)."""
 
 from __future__ import annotations
 
 import functools
 from importlib import metadata
 
-#: the template's release this framework is (CHANGELOG.md's newest entry)
-TEMPLATE_VERSION = "0.1.0"
+#: the template's release this framework is (docs/changelog.md's newest entry; `-dev` while
+#: that entry is unreleased)
+TEMPLATE_VERSION = "0.2.0-dev"
 
 
 @functools.cache

@@ -12,14 +12,24 @@ from entrypoints.cli import app
 from entrypoints.version import TEMPLATE_VERSION, service_version
 
 ROOT = Path(__file__).resolve().parents[2]
-SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
+SEMVER = re.compile(r"^\d+\.\d+\.\d+(-dev)?$")
 
 
 def test_the_template_version_is_the_changelogs_newest_release() -> None:
+    """Released: the newest entry is dated and is the version; between releases it is the
+    next one, "(unreleased)", and the version is it with `-dev`."""
     assert SEMVER.match(TEMPLATE_VERSION), TEMPLATE_VERSION
-    headings = re.findall(r"^## (\S+)", (ROOT / "docs" / "changelog.md").read_text(), re.M)
+    headings = re.findall(r"^## (\S+) \(([^)]*)\)$",
+                          (ROOT / "docs" / "changelog.md").read_text(), re.M)
     assert headings, "docs/changelog.md has no release"
-    assert headings[0] == TEMPLATE_VERSION, headings[:3]
+    version, when = headings[0]
+    assert version == TEMPLATE_VERSION.removesuffix("-dev"), headings[:3]
+    if TEMPLATE_VERSION.endswith("-dev"):
+        assert when == "unreleased", headings[:3]
+    else:
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", when), headings[:3]
+    for older, dated in headings[1:]:  # every older entry was released
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", dated), (older, dated)
 
 
 def test_eo_version_prints_the_service_and_the_template_release() -> None:
