@@ -19,7 +19,7 @@ from adapters.rabbitmq.connection import RabbitConnection
 from adapters.rabbitmq.dead_letter_queue import DeadLetterGate
 from adapters.rabbitmq.delivery import RabbitDelivery, channel_lost
 from adapters.rabbitmq.dispatcher import attempt_of
-from adapters.rabbitmq.errors import DRIVER_ERRORS
+from adapters.rabbitmq.errors import DRIVER_ERRORS, channel_gone
 from adapters.rabbitmq.subscription import Subscription
 from adapters.rabbitmq.topology import queue_names, retry_index
 from application import defaults
@@ -223,7 +223,9 @@ class RabbitSource:
         channel that closed meanwhile has requeued it (no error)."""
         try:
             await message.reject(requeue=True)
-        except DRIVER_ERRORS as exc:  # channel gone: the broker requeued it already
-            log.debug("requeue on %s: %s", self.endpoint, exc)
+        except Exception as exc:
+            if not channel_gone(exc):
+                raise
+            log.debug("requeue on %s: %s", self.endpoint, exc)  # the broker requeued it
         else:
             self._settled_singly(message)

@@ -67,6 +67,13 @@ def closed_without_reason(error: BaseException) -> bool:
     return type(error) is Exception
 
 
+def channel_gone(error: BaseException) -> bool:
+    """Whether `error` says the channel or connection is gone: one of `DRIVER_ERRORS`, or
+    aiormq's bare `Exception` (`closed_without_reason`). For the places that catch a lost
+    channel without `translated` (a requeue, a cancel: the broker has done it already)."""
+    return isinstance(error, DRIVER_ERRORS) or closed_without_reason(error)
+
+
 @contextmanager
 def translated(what: str) -> Iterator[None]:
     """Re-raise `DRIVER_ERRORS` of the block, and aiormq's bare `Exception` of a closed

@@ -18,7 +18,12 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from adapters.rabbitmq.acks import ChannelAcks
 from adapters.rabbitmq.backoff import reconnecting
 from adapters.rabbitmq.connection import RabbitConnection
-from adapters.rabbitmq.errors import DRIVER_ERRORS, BrokerUnavailable, translated
+from adapters.rabbitmq.errors import (
+    DRIVER_ERRORS,
+    BrokerUnavailable,
+    channel_gone,
+    translated,
+)
 from application import defaults
 from application.errors import TransientError
 from application.observability import CONSUMER_LOST, CONSUMER_RESTARTED
@@ -217,5 +222,8 @@ class Subscription:
         if queue is not None and tag is not None:
             try:
                 await queue.cancel(tag)
-            except DRIVER_ERRORS as exc:  # a lost channel took the consumer with it
+            except Exception as exc:
+                if not channel_gone(exc):
+                    raise
+                # a lost channel took the consumer with it
                 log.warning("cancelling the consumer of %s: %s", self.endpoint, exc)

@@ -116,3 +116,28 @@ async def test_a_connection_that_closes_while_a_channel_opens_is_transient() -> 
 async def test_a_runtime_error_opening_a_channel_on_a_live_connection_propagates() -> None:
     with pytest.raises(RuntimeError, match="a bug in the channel's options"):
         await Opening(Closing(closes=False)).open_channel()
+
+
+async def test_a_requeue_on_a_connection_that_closes_without_a_reason_is_left_to_the_broker(
+        ) -> None:
+    # a delivery given back (`Delivery.release`) as its connection closes: aiormq fails the
+    # reject with a bare Exception; the broker requeues the delivery itself, no error here.
+    # Any other error of the reject is a bug and propagates.
+    from adapters.rabbitmq.consumer import RabbitSource
+
+    source = RabbitSource(RabbitConnection(["amqp://guest:guest@127.0.0.1:1/"]), "orders",
+                          (0.1,))
+
+    class Message:
+        delivery_tag = 7
+        channel = SimpleNamespace(is_closed=True)
+
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        async def reject(self, requeue: bool = False) -> None:
+            raise self.error
+
+    await source.requeue(Message(Exception()))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="a bug"):
+        await source.requeue(Message(RuntimeError("a bug")))  # type: ignore[arg-type]
