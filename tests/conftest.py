@@ -23,8 +23,9 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test's xdist group (`xdist_groups.mark_groups`): its file, or "spark" for all
-    the files that use Spark."""
+    the files that use Spark; the groups with slow tests first (`slow_groups_first`)."""
     xdist_groups.mark_groups(items)
+    xdist_groups.slow_groups_first(items)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -62,6 +62,32 @@ def mark_groups(items: Iterable[pytest.Item]) -> None:
                                                     else file))
 
 
+def slow_groups_first(items: list[pytest.Item]) -> None:
+    """Reorder `items` (in place, after `mark_groups`) so that the scheduler hands out the
+    long groups first: those with a test marked `slow(minutes=N)`, the largest N first,
+    then those with any `slow` test, then the rest, each group's tests together and in
+    collection order otherwise. Started late, a long group ran alone at the end while the
+    other process idled (longest processing time first, the classic rule for two machines).
+    The same order in every process: it depends only on the collection."""
+    by_group = groups(items)
+    first: dict[str, int] = {}
+    weight: dict[str, float] = {}
+    for index, item in enumerate(items):
+        group = by_group[item.nodeid]
+        first.setdefault(group, index)
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            weight[group] = max(weight.get(group, 0.0), float(mark.kwargs.get("minutes", 0.0)))
+    position = {item.nodeid: index for index, item in enumerate(items)}
+
+    def key(item: pytest.Item) -> tuple[float, bool, int, int]:
+        group = by_group[item.nodeid]
+        return (-weight.get(group, -1.0), group not in weight, first[group],
+                position[item.nodeid])
+
+    items.sort(key=key)
+
+
 def groups(items: Iterable[pytest.Item]) -> dict[str, str]:
     """Each item's group by its test ID: its closest `xdist_group` mark's name (first
     argument or `name=`), else its file."""

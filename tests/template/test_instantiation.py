@@ -38,7 +38,7 @@ from tests.template.fixture_service import campaign_lines, ship
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).with_name("fixture")
 PUBLISH = ROOT / "docs" / "examples" / "publish.py"
-pytestmark = [pytest.mark.template, pytest.mark.slow]
+pytestmark = [pytest.mark.template, pytest.mark.slow(minutes=6)]
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 1200,

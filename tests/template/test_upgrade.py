@@ -41,7 +41,7 @@ from tests.template.test_instantiation import (
     stop,
 )
 
-pytestmark = [pytest.mark.template, pytest.mark.slow]
+pytestmark = [pytest.mark.template, pytest.mark.slow(minutes=3)]
 
 PARCELS = 40  # each to one of four destinations (tracking's partitions)
 DESTINATIONS = ("lyon", "paris", "lille", "brest")

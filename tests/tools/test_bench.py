@@ -34,7 +34,7 @@ from tools.bench.report import BenchResult, Params, as_json, print_table, write_
 from tools.bench.run import PATHS, run_bench
 from tools.bench.worker import TEMPLATE_PATHS
 
-pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+pytestmark = pytest.mark.slow(minutes=2)  # real processes, callgrind
 
 MESSAGES, PARTITIONS = 200, 50
 

@@ -153,7 +153,7 @@ async def test_one_run_on_real_processes_finds_no_violation_and_leaves_the_users
                if kind.startswith(("failpoint", "kill", "broker"))) > 0
 
 
-@pytest.mark.slow  # a campaign of real processes, on a cluster and a pair of its own
+@pytest.mark.slow(minutes=3)  # a campaign of real processes, on a cluster and a pair of its own
 @pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 async def test_a_run_with_production_faults_finds_no_violation_on_servers_of_its_own(
         tmp_path: Path) -> None:

@@ -88,3 +88,28 @@ def test_without_xdist_the_marks_are_harmless(tmp_path: Path) -> None:
         result = _pytest(tmp_path, *args)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "23 passed" in result.stdout
+
+
+class _Item:
+    """What `slow_groups_first` reads of a test: its ID and its marks."""
+
+    def __init__(self, nodeid: str, slow: float | None = None) -> None:
+        self.nodeid = nodeid
+        self._slow = slow
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        if name == "slow" and self._slow is not None:
+            marked = pytest.mark.slow(minutes=self._slow) if self._slow else pytest.mark.slow
+            return marked.mark
+        return None
+
+
+def test_the_longest_groups_are_handed_out_first_each_group_together() -> None:
+    from tests.support.xdist_groups import slow_groups_first
+
+    items = [_Item("a.py::t1"), _Item("b.py::t1", slow=0), _Item("a.py::t2"),
+             _Item("c.py::t1", slow=2), _Item("d.py::t1", slow=6), _Item("c.py::t2"),
+             _Item("e.py::t1")]
+    slow_groups_first(items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == ["d.py::t1", "c.py::t1", "c.py::t2", "b.py::t1",
+                                         "a.py::t1", "a.py::t2", "e.py::t1"]

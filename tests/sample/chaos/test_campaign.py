@@ -26,7 +26,7 @@ from tools.chaos.plan import plan_run, topology_of
 from tools.tpch.chaos import TpchWorkload
 from tools.tpch.data import generate
 
-pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+pytestmark = pytest.mark.slow(minutes=2)  # real processes
 
 ORDERS_PER_RUN = 8
 

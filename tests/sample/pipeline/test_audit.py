@@ -36,7 +36,7 @@ from tools.tpch.audit_states import ledgers_query, typed_orders
 from tools.tpch.data import TpchSample, generate
 from tools.tpch.oracle import check_oracle
 
-pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+pytestmark = pytest.mark.slow(minutes=4)  # with the rest of the "spark" group
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -19,7 +19,7 @@ from tests.support.invariants import check, install_probes
 from tests.support.scheduler import Choice, GatedPort, Run, explore, run_deliveries
 from tests.support.world import World
 
-pytestmark = pytest.mark.slow  # starts processes, a JVM or explores exhaustively
+pytestmark = pytest.mark.slow(minutes=6)  # explores exhaustively
 
 #: Upper bound on schedules per exploration (a safety net: the bounded spaces below are
 #: enumerated completely: 5,204 and 26,720 schedules on the general path).
