@@ -22,6 +22,7 @@ from tools.chaos.fleet import Fleet
 from tools.chaos.plan import plan_rng
 from tools.chaos.report import EngineRun
 from tools.chaos.verdict import CommitCounter
+from tools.faults.rabbit_cluster import DLX_CONFIRM_TIMEOUT_S
 
 
 async def outstanding(campaign: Campaign) -> dict[str, int]:
@@ -91,6 +92,18 @@ class Marks:
     injector: asyncio.Task[None] | None = None
 
 
+def _hold_s(campaign: Campaign) -> float:
+    """How long the service must look quiet before it is: after a fault of the run's
+    RabbitMQ cluster (`--production`), longer than the at-least-once dead-lettering's confirm
+    timeout (`DLX_CONFIRM_TIMEOUT_S`, and 5 s more): a retry that a retry queue expired
+    into a work queue whose leader died is sent again only then, and no queue counts it
+    meanwhile."""
+    production = campaign.production
+    if production is not None and any(r.kind.startswith("rabbitmq") for r in production.records):
+        return DLX_CONFIRM_TIMEOUT_S + 5.0
+    return 0.0
+
+
 async def inject_at_marks(campaign: Campaign, progress: CommitCounter, result: EngineRun,
                           marks: Marks) -> None:
     """Inject production's faults (`--production`) as their marks are reached, looking at
@@ -119,7 +132,7 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
     the run's timeout. Restarts crashed processes without their failpoints, kills and has
     the broker close connections at the plan's marks."""
     settings, layout = campaign.settings, campaign.layout
-    idle, last = 0, -1
+    idle, last, quiet_since = 0, -1, time.monotonic()
     while time.monotonic() - started < campaign.run_timeout_s:
         await asyncio.sleep(0.5)
         await gaps.observe(rabbit, layout.queues, {
@@ -159,13 +172,17 @@ async def quiesce(campaign: Campaign, fleet: Fleet, rabbit: RabbitConnection,
         # while commits grow the service is not quiet: `busy` is asked only when they
         # stand still (on the campaign's cluster it costs a CLI call, a second or two, which
         # would space out the marks of a run that commits its messages in a few seconds)
-        idle = idle + 1 if commits == last and await busy(campaign) == 0 else 0
+        if commits == last and await busy(campaign) == 0:
+            idle += 1
+        else:
+            idle, quiet_since = 0, time.monotonic()
         last = commits
         # short of the fault-free runs' commits, wait 15 s for the rest (the checks then
         # say what is missing), or 3 s when the commits are not compared (they may depend
         # on the order)
         if idle >= (2 if commits >= result.expected_commits else
-                    30 if result.commits_compared else 6):
+                    30 if result.commits_compared else 6) and (
+                time.monotonic() - quiet_since >= _hold_s(campaign)):
             injector = marks.injector
             if injector is not None and not injector.done():
                 if not marks.production or marks.production[0][0] <= commits:
