@@ -268,25 +268,34 @@ class ProductionServers:
             record.lasted_s = time.monotonic() - self._started - record.at_s
         self._undoing.append((record.kind.split()[0], asyncio.create_task(undo_after())))
 
-    async def _ask(self, *args: str) -> str:
-        """`rabbitmqctl <args>` on the first running node that answers within 20 s; its
-        output. Raises RuntimeError when none does."""
+    async def _ask(self, *args: str, timeout_s: float = 20.0) -> str:
+        """`rabbitmqctl <args>` on the first running node that answers, all tries within
+        `timeout_s` seconds; its output. Raises RuntimeError when none does in time."""
+        deadline = time.monotonic() + timeout_s
         failure: RuntimeError | None = None
         for node in self.cluster.nodes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             if node.running and not node.paused:
                 try:
-                    return await self.cluster.ctl(node, *args, timeout_s=20)
+                    return await self.cluster.ctl(node, *args, timeout_s=left)
                 except RuntimeError as exc:
                     failure = exc
-        raise failure or RuntimeError("no running node to ask")
+        raise failure or RuntimeError("no running node answered in time")
 
-    async def messages(self, queues: list[str]) -> dict[str, tuple[int, int]]:
+    async def messages(self, queues: list[str], timeout_s: float = 5.0
+                       ) -> dict[str, tuple[int, int]]:
         """The messages of each of `queues` that holds any, as the cluster counts them: name
         -> (ready, delivered and not yet acked) (`rabbitmqctl list_queues` on a running
         node; a queue that does not exist or is empty is left out). Raises RuntimeError
-        when no node answers."""
+        when no node answers within `timeout_s` seconds: a queue without a leader can keep
+        `list_queues` waiting, and the campaign's loop that asks also restarts crashed
+        processes (a callee down a minute while it waited dead-lettered retries: seed 45
+        run 60)."""
         out = await self._ask("list_queues", "name", "messages_ready",
-                              "messages_unacknowledged", "--no-table-headers")
+                              "messages_unacknowledged", "--no-table-headers",
+                              timeout_s=timeout_s)
         wanted, held = set(queues), {}
         for line in out.splitlines():
             name, *counts = line.split("\t")

@@ -10,9 +10,10 @@ from tools.chaos.production import ProductionServers
 async def test_the_cluster_counts_ready_and_unacked_messages_per_queue() -> None:
     servers = object.__new__(ProductionServers)  # no servers: only the CLI's answer
 
-    async def ask(*args: str) -> str:
+    async def ask(*args: str, timeout_s: float) -> str:
         assert args == ("list_queues", "name", "messages_ready", "messages_unacknowledged",
                         "--no-table-headers")
+        assert timeout_s == 5.0  # short: the loop that asks also restarts crashed processes
         return ("orders\t0\t8\n"  # delivered, not yet acked
                 "orders.retry.100ms\t5\t0\n"
                 "gateway\t0\t0\n"  # empty: left out
