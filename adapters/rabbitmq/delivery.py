@@ -3,7 +3,6 @@ dead letter (protocol 7), each copy publisher-confirmed before the original is a
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -122,14 +121,17 @@ class RabbitDelivery(Delivery):
         try:
             await self._requeued()
         finally:
-            if not self._counted:
-                self._counted = True
-                self._source.settled_one()
+            self._free_slot()
+
+    def _free_slot(self) -> None:
+        """Settled or not, the delivery no longer holds a slot of the channel (once)."""
+        if not self._counted:
+            self._counted = True
+            self._source.settled_one()
 
     async def _requeued(self) -> None:
         if not channel_lost(self._message):
-            with contextlib.suppress(ChannelInvalidStateError):
-                await self._source.requeue(self._message)
+            await self._source.requeue(self._message)
 
     async def _settle(self, publish: Callable[[], Awaitable[None]] | None) -> None:
         """Publish the copy (`publish`, confirmed), then ack the original."""
@@ -148,6 +150,4 @@ class RabbitDelivery(Delivery):
                     raise
             await self._source.ack(self._message, self.envelope.message_id)
         finally:
-            if not self._counted:  # settled or not, it no longer holds a slot of the channel
-                self._counted = True
-                self._source.settled_one()
+            self._free_slot()
