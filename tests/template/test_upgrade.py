@@ -6,7 +6,8 @@ release beside one of the new for a while, then the new ones alone. Every parcel
 and tracked once, and nothing stays at rest: no token, no unfinished transaction record, no
 side-effect record, no inbox row waiting, no dead letter.
 
-Needs the release tags (`git fetch --tags` in a clone that lacks them). Slow (two new
+Finds the previous release by its tag, or by its changelog entry's history in a clone
+without tags. Slow (two new
 environments): `pytest -m template` runs it with the rest of the template's tests.
 """
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -48,15 +50,29 @@ DESTINATIONS = ("lyon", "paris", "lille", "brest")
 
 
 def previous_release() -> str:
-    """The newest release tag (`v*`) of this checkout's history that is not HEAD itself."""
+    """The previous release as a git ref: its tag `v<version>` when this checkout has it,
+    else the commit that dated its changelog entry (the release commit, docs/upgrading.md:
+    a clone or a mirror that came without tags still knows its releases). The newest
+    release in docs/changelog.md whose commit is not HEAD itself."""
     head = run(["git", "rev-parse", "HEAD"], ROOT).stdout.strip()
-    tags = run(["git", "tag", "--list", "v*", "--merged", "HEAD", "--sort=-v:refname"],
-               ROOT).stdout.split()
-    for tag in tags:
-        if run(["git", "rev-list", "-n", "1", tag], ROOT).stdout.strip() != head:
-            return tag
-    pytest.fail("no release tag before HEAD in this checkout: `git fetch --tags` (CI's clone "
-                "carries them)")
+    changelog = (ROOT / "docs" / "changelog.md").read_text()
+    for version in re.findall(r"^## (\d+\.\d+\.\d+) \(\d{4}-\d{2}-\d{2}\)$", changelog,
+                              re.MULTILINE):
+        tagged = run(["git", "rev-parse", "-q", "--verify", f"refs/tags/v{version}^{{commit}}"],
+                     ROOT, check=False).stdout.strip()
+        if tagged:
+            ref, target = f"v{version}", tagged
+        else:
+            dated = run(["git", "log", "--reverse", "--format=%H", "-G",
+                         rf"^## {re.escape(version)} \([0-9]{{4}}-", "--", "docs/changelog.md"],
+                        ROOT).stdout.split()
+            if not dated:
+                continue
+            ref = target = dated[0]
+        if target != head:
+            return ref
+    pytest.fail("no release before HEAD in docs/changelog.md with a tag or a dated entry in "
+                "this checkout's history")
 
 
 def commit(project: Path, message: str) -> None:
