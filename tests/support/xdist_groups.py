@@ -68,7 +68,9 @@ def slow_groups_first(items: list[pytest.Item]) -> None:
     then those with any `slow` test, then the rest, each group's tests together and in
     collection order otherwise. Started late, a long group ran alone at the end while the
     other process idled (longest processing time first, the classic rule for two machines).
-    The same order in every process: it depends only on the collection."""
+    The same order in every process: it depends only on the collection. pytest-xdist
+    reorders the groups by their number of tests unless told `--no-loadscope-reorder`
+    (./dev test tells it: a one-test file of 3 minutes went last)."""
     by_group = groups(items)
     first: dict[str, int] = {}
     weight: dict[str, float] = {}
