@@ -7,7 +7,8 @@ and tracked once, and nothing stays at rest: no token, no unfinished transaction
 side-effect record, no inbox row waiting, no dead letter.
 
 Finds the previous release by its tag, or by its changelog entry's history in a clone
-without tags. Slow (two new
+without tags; `EO_TEST_UPGRADE_FROM=<git ref>` rehearses the upgrade of a service made
+from another commit of the template (docs/upgrading.md). Slow (two new
 environments): `pytest -m template` runs it with the rest of the template's tests.
 """
 
@@ -84,7 +85,7 @@ def commit(project: Path, message: str) -> None:
 @pytest.fixture(scope="module")
 def released(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """A service made from the previous release with the fixture's endpoints, committed."""
-    tag = previous_release()
+    tag = os.environ.get("EO_TEST_UPGRADE_FROM") or previous_release()
     made = tmp_path_factory.mktemp("released")
     project = made / "parcel-service"
     copier("copy", "--vcs-ref", tag, "--defaults", "--data", "service_name=parcel-service",
