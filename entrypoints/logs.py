@@ -47,8 +47,22 @@ def log_trace_ids(on: bool) -> None:
         structlog.configure(processors=_processors())
 
 
+class _Stderr:
+    """`sys.stderr` as it is at each write: a process's stderr can be swapped after logging
+    is configured (a CLI runner's or a test runner's capture, closed once it is done), and
+    a line written to the swapped-out one fails with `ValueError: I/O operation on closed
+    file` in whatever code logged it (an HTTP callee answered 500)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None:
-    """JSON lines with ISO timestamps on `stream` (stderr by default) at `level`, with trace
+    """JSON lines with ISO timestamps on `stream` (by default the process's stderr of the
+    moment of each line, `sys.stderr`) at `level`, with trace
     IDs when tracing is on (`log_trace_ids`): structlog's events, and the standard library's
     records (the adapters', aio-pika's, asyncpg's: a lost connection, a reconnection) as
     the same JSON objects, their message as `event` and their logger as `logger`
@@ -56,7 +70,7 @@ def configure_logging(level: str = "INFO", stream: TextIO | None = None) -> None
     replaces)."""
     global _configured, _handler
     _configured = True
-    out = stream or sys.stderr
+    out: TextIO = stream or _Stderr()  # type: ignore[assignment]
     structlog.configure(
         processors=_processors(),
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),

@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 import uuid
+
+import pytest
+import structlog
 
 from entrypoints.logs import StructlogEventSink, configure_logging
 from tests.support.counter import COUNTER, Add
@@ -47,3 +51,20 @@ def test_the_standard_librarys_records_come_out_as_the_same_json_lines() -> None
     assert line["level"] == "warning"
     assert line["logger"] == logger.name
     assert "timestamp" in line
+
+
+def test_lines_go_to_the_stderr_of_the_moment_not_one_closed_since(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configured while stderr was a runner's capture that is closed since (a CLI run
+    in-process), logging must neither fail (ValueError on a closed file: a callee answered
+    500) nor lose the line: it goes to the stderr in place."""
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging("INFO")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    structlog.get_logger().warning("after.the.swap")
+    logging.getLogger(f"tests.swap.{uuid.uuid4().hex}").warning("a record after the swap")
+    events = [json.loads(line)["event"] for line in second.getvalue().splitlines()]
+    assert events == ["after.the.swap", "a record after the swap"]
