@@ -124,13 +124,25 @@ class Run:
                 raise task.exception()  # type: ignore[misc]
 
 
-def children(trace: list[Step], start: int, max_preemptions: int, max_crashes: int
-             ) -> list[list[Choice]]:
-    """Prefixes of the schedules that differ from `trace` first at a step >= `start`."""
+def children(trace: list[Step], start: int, max_preemptions: int, max_crashes: int,
+             symmetric: tuple[frozenset[int], ...] = ()) -> list[list[Choice]]:
+    """Prefixes of the schedules that differ from `trace` first at a step >= `start`.
+
+    `symmetric`: groups of interchangeable workers (copies of one delivery, in one state at
+    the start, their ports alike). While two of a group have both not been scheduled yet,
+    a schedule that starts the higher-numbered one first is its mirror's with the two
+    swapped (the same steps in the same order, so the same IDs drawn, preemptions and
+    crashes counted alike): only the lower-numbered one is tried there. Source: symmetry
+    reduction, Ip & Dill, "Better verification through symmetry", FMSD 9 (1996)."""
     out = []
+    touched = {s.choice[0] for s in trace[:start]}
     for i in range(start, len(trace)):
         step = trace[i]
         for wid in step.enabled:
+            if wid not in touched and any(
+                    wid in group and any(w < wid and w not in touched and w in step.enabled
+                                         for w in group) for group in symmetric):
+                continue  # a mirror of a schedule that starts the lower twin first
             for crash in (False, True):
                 if (wid, crash) == step.choice:
                     continue
@@ -140,6 +152,7 @@ def children(trace: list[Step], start: int, max_preemptions: int, max_crashes: i
                 if step.preemptions + preempts > max_preemptions:
                     continue
                 out.append([s.choice for s in trace[:i]] + [(wid, crash)])
+        touched.add(step.choice[0])
     return out
 
 
@@ -149,17 +162,20 @@ async def explore(
     max_crashes: int,
     limit: int,
     stop: Callable[[], bool] | None = None,
+    symmetric: tuple[frozenset[int], ...] = (),
 ) -> int:
     """Depth-first over every schedule within the bounds (at most `limit` of them), in a
-    fixed order; `run_one(prefix)` runs and checks one; `stop()` ends early. Returns the
-    number explored."""
+    fixed order, one of each pair of mirrors among `symmetric` workers (`children`);
+    `run_one(prefix)` runs and checks one; `stop()` ends early. Returns the number
+    explored."""
     stack: list[list[Choice]] = [[]]
     explored = 0
     while stack and explored < limit and not (stop and stop()):
         prefix = stack.pop()
         run = await run_one(prefix)
         explored += 1
-        stack.extend(reversed(children(run.trace, len(prefix), max_preemptions, max_crashes)))
+        stack.extend(reversed(children(run.trace, len(prefix), max_preemptions, max_crashes,
+                                       symmetric)))
     return explored
 
 
