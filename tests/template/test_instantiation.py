@@ -52,6 +52,13 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: 
     return done
 
 
+def lock(project: Path) -> None:
+    """Lock `project` as its ./dev does: from uv's cache, else from the index."""
+    if run(["uv", "lock", "--offline", "--quiet"], project, env=clean_env(),
+           check=False).returncode:
+        run(["uv", "lock", "--quiet"], project, env=clean_env())
+
+
 def copier(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """The copier of this environment (the dev group)."""
     return run([str(Path(sys.executable).with_name("copier")), *args], cwd)
@@ -339,8 +346,10 @@ async def _tracked(dsn: str, want: int, timeout_s: float) -> dict[str, list[str]
 def test_copier_update_brings_a_template_fix_into_the_service(service: Path,
                                                                tmp_path: Path) -> None:
     """A change of the template after the service was made (here: a line of the protocol's
-    documentation) reaches the service with `copier update`; the service's own endpoints and
-    registry stay as the team left them."""
+    documentation, the registry's example and a new dependency, locked) reaches the service
+    with `copier update` without a conflict; the service's own endpoints, registry and lock
+    (relocked under its name by its first ./dev) stay as the team left them, and the lock
+    takes the new dependency when relocked."""
     template = tmp_path / "template"
     run(["git", "clone", "-q", str(ROOT), str(template)], tmp_path)
     if run(["git", "status", "--porcelain"], ROOT).stdout.strip():
@@ -354,6 +363,8 @@ def test_copier_update_brings_a_template_fix_into_the_service(service: Path,
     copier("copy", "--defaults", "--vcs-ref", "HEAD", "--data", "service_name=updated",
            "--data", "keep_sample=false", str(template), str(made))
     added = add_endpoints(made)
+    # as the service's first ./dev does: its lock under its own name
+    lock(made)
     run(["git", "init", "-q"], made)
     run(["git", "add", "-A"], made)
     run([*commit, "made"], made)
@@ -365,6 +376,11 @@ def test_copier_update_brings_a_template_fix_into_the_service(service: Path,
     example = template / "service" / "registry.py"
     example.write_text(example.read_text().replace(
         "    # your endpoints, e.g.", "    # your endpoints (a template's new example), e.g."))
+    # and a new dependency of the framework (one the lock holds already), locked
+    pyproject = template / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(
+        '    "httpx>=0.27",\n', '    "httpx>=0.27",\n    "idna>=3",\n', 1))
+    lock(template)
     run([*commit, "a protocol fix"], template)
     copier("update", "--defaults", "--vcs-ref", "HEAD", cwd=made)
     assert (made / "docs" / "protocol.md").read_text().endswith(fix)
@@ -377,3 +393,9 @@ def test_copier_update_brings_a_template_fix_into_the_service(service: Path,
     assert "Registration(PARCELS, role=Role.GATEWAY, blobs=True)" in registry
     assert (made / "domain" / "parcels" / "__init__.py").exists()
     assert added["service/registry.py"] == 4  # an import, two registrations, an API
+    # the service's lock, as its team left it, relocked for the template's new dependency
+    assert '"idna>=3"' in (made / "pyproject.toml").read_text()
+    lock(made)
+    locked = (made / "uv.lock").read_text()
+    root = locked[locked.index('[[package]]\nname = "updated"'):]
+    assert '{ name = "idna" }' in root[:root.index("\n[[package]]")]
