@@ -125,6 +125,9 @@ class PostgresTransactionalStore(PostgresSweeperQueries, TransactionalStore):
         async with translated():
             row = await db(self.pool).fetchrow(attempt.SELECT_TR_WITH_RECORDS, self.endpoint,
                                                partition)
+            if row is not None and row["message_id"] is not None:
+                # a committed attempt, which `finish` publishes: durable first (sql/attempt.py)
+                await db(self.pool).execute(attempt.DURABLE, self.endpoint, partition)
         if row is None:
             return TransactionRecord(partition, None, None, 0), ()
         tr = transaction_record(partition, row)

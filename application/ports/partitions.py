@@ -120,7 +120,13 @@ class PartitionStore(Protocol):
     async def load_tr_with_records(
         self, partition: str
     ) -> tuple[TransactionRecord, tuple[SideEffectRecord, ...]]:
-        """The transaction record and all side-effect records of the partition, in one read."""
+        """The transaction record and all side-effect records of the partition, in one read,
+        returned only once what it saw is as durable as a commit of this store (`finish`
+        publishes a committed attempt's side effects from it: a commit that a failover may
+        still lose must not be published). PostgreSQL: a committed transaction visible on
+        the primary need not be on its synchronous standby yet (its wait was cancelled, or
+        the primary restarted during it); a barrier commit after the read waits until it is.
+        Raises `TransientError` when that wait fails or times out."""
 
     async def register(self, record: SideEffectRecord, expected_version: int) -> int:
         """Insert `record` and bump the version, only while the TR is idle at

@@ -8,6 +8,7 @@ cannot be started (no root, no Debian PostgreSQL 15 binaries)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -15,6 +16,8 @@ import pytest
 
 from adapters.postgres.migrate import upgrade_async
 from adapters.postgres.pool import create_pool
+from adapters.postgres.transactional_store import PostgresTransactionalStore
+from adapters.system.clock import SystemClock
 from application.errors import PermanentError, TransientError
 from entrypoints.settings import load_settings
 from entrypoints.startup import preflight
@@ -120,6 +123,39 @@ async def test_asynchronous_replication_loses_the_commits_the_standby_had_not(
     await conn.close()
     await asynchronous.failover()
     assert await surviving(asynchronous) <= 1  # every acknowledged row of the lag is gone
+
+
+async def test_a_finishers_read_of_a_commit_not_yet_replicated_waits_for_it(
+        synchronous: PostgresPair) -> None:
+    """A commit whose wait for the synchronous standby was cancelled (a client's timeout;
+    a primary restarted during it does the same) is visible on the primary before the
+    standby has it, and a failover loses it. `finish` publishes what its read returns, so
+    that read returns only once what it saw is replicated: here, with the standby stopped,
+    never (the pool's command timeout then makes it a `TransientError`). Without the
+    barrier it returned the attempt at once (eo chaos --production seed 47 run 5 of the
+    fixture service: side effects published from an attempt the failover lost, I3)."""
+    dsn = await migrated(synchronous)
+    pool = await create_pool(dsn, min_size=1, max_size=2)
+    try:
+        store = PostgresTransactionalStore(pool, "tracking", dict, SystemClock())
+        await store.load_tr("paris")  # the TR, replicated
+        await synchronous.stop_standby()
+        committer = await asyncpg.connect(dsn)
+        message_id, attempt_id = uuid.uuid4(), uuid.uuid4()
+        with pytest.raises(asyncio.TimeoutError):  # asyncpg cancels the COMMIT's wait
+            await committer.execute(
+                "UPDATE eo_transaction_record SET message_id = $1, attempt_id = $2, "
+                "version = version + 1, committed_at = now() "
+                "WHERE endpoint = 'tracking' AND partition_key = 'paris'",
+                message_id, attempt_id, timeout=2)
+        await committer.close()
+        seen = await pool.fetchval("SELECT attempt_id FROM eo_transaction_record "
+                                   "WHERE partition_key = 'paris'")
+        assert seen == attempt_id  # committed locally, visible, not replicated
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(store.load_tr_with_records("paris"), 4)
+    finally:
+        pool.terminate()
 
 
 async def migrated(pair: PostgresPair) -> str:

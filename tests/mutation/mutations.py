@@ -113,6 +113,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         killers=(f"{_INTERLEAVINGS}::test_three_workers_find_a_clear_without_its_compare",),
         invariants=("I5",)),
     Mutation(
+        name="postgres-finish-publishes-an-unreplicated-commit",
+        guard="3.1: finish publishes a committed attempt it read only once that commit is "
+              "durable (PostgreSQL: the barrier commit after the read waits for the "
+              "synchronous standby)",
+        file="adapters/postgres/transactional_store.py",
+        before="""            if row is not None and row["message_id"] is not None:""",
+        after="""            if False:""",
+        killers=("tests/integration/test_postgres_failover.py::test_a_finishers_read_of_a_"
+                 "commit_not_yet_replicated_waits_for_it",),
+        invariants=("I3", "I7")),
+    Mutation(
         name="postgres-clear-without-compare",
         guard="3.1: compare-and-clear (the fence's other half) in PostgreSQL's clear statements",
         file="adapters/postgres/sql/writes.py",

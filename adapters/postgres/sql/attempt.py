@@ -41,6 +41,19 @@ SELECT t.message_id, t.attempt_id, t.version, t.committed_at,
        {RECORDS_OF.format(extra="")} AS records, {_IN_TOKENS_OF} AS in_tokens
   FROM eo_transaction_record t WHERE t.endpoint = $1 AND t.partition_key = $2"""
 
+# the durability barrier after a read whose outcome is acted on outside the database (a
+# finisher publishing the committed attempt it read): a commit that writes (the TR's row
+# rewritten as it is) comes after every commit the read saw in the WAL, so under synchronous
+# replication it returns only once the standby holds them all. A commit the primary shows may
+# not be replicated yet: its COMMIT's wait for the standby was cancelled (a client's
+# timeout) or the primary restarted during it (crash recovery makes it visible); a failover
+# then loses it, and what was published from it is published again by another attempt. (A
+# transaction that only takes an ID writes its commit record without waiting for the
+# standby: `pg_current_xact_id()` is no barrier.) An idle TR's in-tokens are empty, so the
+# clear's trigger (0008) never fires on it.
+DURABLE = """UPDATE eo_transaction_record SET version = version
+  WHERE endpoint = $1 AND partition_key = $2"""
+
 # the token's row joined to the TR's read ($3 NULL: no token asked, every token column NULL):
 # whether the token addressed to this endpoint ($1, or written before tokens had an address)
 # exists, and the message it holds (claim check), in the TR's snapshot
