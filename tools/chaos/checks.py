@@ -146,7 +146,9 @@ def open_attempts(log: Iterable[Mapping[str, Any]]) -> list[tuple[tuple[str, str
     """((endpoint, message ID), attempt ID) of every attempt one process's `log` started
     (`handler.invoked`) and did not end: no `transaction.committed` or `attempt.abandoned`
     of that attempt, no `transaction.conflict`, `message.retried` or
-    `message.dead_lettered` of its message after it. In log order."""
+    `message.dead_lettered` of its message after it: each of those ends one attempt of its
+    message, the earliest still open (they name no attempt, and two copies of a message may
+    run at once in one process: a duplicate beside its original). In log order."""
     pending: dict[str, tuple[str, str]] = {}
     for r in log:
         event, attempt = r.get("event"), str(r.get("attempt_id"))
@@ -157,7 +159,9 @@ def open_attempts(log: Iterable[Mapping[str, Any]]) -> list[tuple[tuple[str, str
             pending.pop(attempt, None)
         elif event in (TRANSACTION_CONFLICT, MESSAGE_RETRIED, MESSAGE_DEAD_LETTERED) or (
                 event == SETTLEMENT_FAILED and r.get("settlement") in ("retry", "dead_letter")):
-            pending = {a: k for a, k in pending.items() if k != key}
+            ended = next((a for a, k in pending.items() if k == key), None)
+            if ended is not None:
+                pending.pop(ended)
     return [(key, attempt) for attempt, key in pending.items()]
 
 
