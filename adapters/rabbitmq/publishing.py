@@ -11,7 +11,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import DeliveryError, PublishError
 
-from adapters.rabbitmq.errors import DRIVER_ERRORS, PublishRefused
+from adapters.rabbitmq.errors import DRIVER_ERRORS, PublishRefused, closed_without_reason
 from application.errors import TransientError
 
 
@@ -33,7 +33,8 @@ class ConfirmedPublisher:
         """Publish `message` on the default exchange to `queue` (mandatory) and wait for the
         publisher confirm, waiting for `up` first if need be. Raises `PublishRefused` on a
         nack (the message did not arrive), `TransientError` on an unroutable message (no such
-        queue), a timeout or a lost channel (the message may then have arrived or not)."""
+        queue), a timeout or a lost channel, aiormq's bare `Exception` among them (the
+        message may then have arrived or not)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         message_id = message.message_id  # None: aiormq gives the message a random ID
@@ -59,6 +60,12 @@ class ConfirmedPublisher:
             raise PublishRefused(f"publish to {queue!r}: nacked by the broker") from exc
         except DRIVER_ERRORS as exc:
             raise TransientError(f"publish to {queue!r}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            if not closed_without_reason(exc):
+                raise
+            # aiormq's bare Exception: the channel closed under the publish (a retry's or a
+            # dead letter's copy: unhandled, its settlement was never reported)
+            raise TransientError(f"publish to {queue!r}: the connection closed") from exc
 
     # a turn is taken and ended inline rather than by an async context manager, which would
     # build an async generator and its finalizer's bookkeeping for every output published

@@ -141,3 +141,25 @@ async def test_a_requeue_on_a_connection_that_closes_without_a_reason_is_left_to
     await source.requeue(Message(Exception()))  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="a bug"):
         await source.requeue(Message(RuntimeError("a bug")))  # type: ignore[arg-type]
+
+
+async def test_a_publish_failed_by_aiormqs_bare_exception_is_transient() -> None:
+    """A retry's copy published as its channel closed without a reason: aiormq fails the
+    publish with a bare `Exception`, which escaped the settlement's handling (`Task exception
+    was never retrieved`, no `message.settlement_failed`: eo chaos --production seed 48's
+    fixture campaign, run 5, reported the run as an unexplained re-run)."""
+    from adapters.rabbitmq.publishing import ConfirmedPublisher
+
+    class Closing:
+        async def publish(self, *_args: Any, **_kwargs: Any) -> None:
+            raise Exception  # what aiormq raises
+
+    up = asyncio.Event()
+    up.set()
+    publisher = ConfirmedPublisher(lambda: SimpleNamespace(default_exchange=Closing()),  # type: ignore[arg-type, return-value]
+                                   up, 1.0)
+    message = SimpleNamespace(message_id="m-1")
+    with pytest.raises(TransientError, match=r"publish to 'orders\.retry\.100ms': the "
+                                             r"connection closed"):
+        await publisher.publish("orders.retry.100ms", message)  # type: ignore[arg-type]
+    assert publisher.waiting == {}  # its turn ended
