@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -89,14 +90,13 @@ async def _twins(prefix: list[Choice], traces: list[tuple[Choice, ...]]) -> Run:
     crashed worker is not replaced. Records the schedule's choices."""
     run = Run(prefix)
 
-    def body(name: str) -> object:
+    def body(name: str) -> Callable[[int], Awaitable[None]]:
         async def steps(wid: int) -> None:
             for n in range(2):
                 await run.gate(wid, f"{name}.{n}")
         return steps
 
-    await run.execute({0: body("copy"), 1: body("copy"), 2: body("other")},  # type: ignore[dict-item]
-                      lambda _wid: None)
+    await run.execute({0: body("copy"), 1: body("copy"), 2: body("other")}, lambda _wid: None)
     traces.append(tuple(step.choice for step in run.trace))
     return run
 
