@@ -16,7 +16,7 @@ from importlib import metadata
 
 #: the template's release this framework is (docs/changelog.md's newest entry; `-dev` while
 #: that entry is unreleased)
-TEMPLATE_VERSION = "0.2.0"
+TEMPLATE_VERSION = "0.3.0-dev"
 
 
 @functools.cache
