@@ -536,16 +536,19 @@ class Run:
         (self.cluster.gates_of(name) / gate).touch()
 
     async def logged(self, name: str, event: str, timeout_s: float = 60.0,
-                     **match: str) -> dict[str, Any]:
+                     since: str = "", **match: str) -> dict[str, Any]:
         """The first `event` whose fields include `match` in the log of process `name`'s
         current start, once it is there; fail after `timeout_s` or when the process exits
-        without it. What a test waits for before it opens a gate: an order of events, not a
-        guess of how long they take."""
+        without it. `since`: an event's ISO timestamp (`"timestamp"`); only events logged
+        after it count (an earlier message's event of the same name must not stand in for
+        the one awaited). What a test waits for before it opens a gate: an order of events,
+        not a guess of how long they take."""
         deadline = time.monotonic() + timeout_s
         log = self.cluster.log_of(name)
         while True:
             for e in log_events(log):
-                if e.get("event") == event and all(str(e.get(k)) == v for k, v in match.items()):
+                if (e.get("event") == event and str(e.get("timestamp", "")) > since
+                        and all(str(e.get(k)) == v for k, v in match.items())):
                     return e
             if not self.cluster.alive(name):
                 pytest.fail(f"{name} exited before logging {event} {match}\n"
