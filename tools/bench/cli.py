@@ -14,6 +14,7 @@ from rich.console import Console
 from application.defaults import PREFETCH_IN_BATCHES, SINGLE_PREFETCH
 from application.errors import TransientError
 from entrypoints.settings import SettingsError, load_settings
+from tools.bench.shapes import Shape, parse
 from tools.guard import refuse_production
 
 console = Console()
@@ -33,6 +34,18 @@ def _runs(spec: str) -> tuple[tuple[str, int], ...]:
                                      "optionally followed by xN (N consumer processes)")
         runs.append((match["path"], int(match["n"] or 1)))
     return tuple(runs)
+
+
+def _shapes(spec: str) -> tuple[Shape, ...]:
+    """The load shapes of `--shapes` (tools/bench/shapes.py); raises `typer.BadParameter`
+    naming a bad one."""
+    try:
+        found = tuple(parse(item) for item in spec.split(",") if item.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--shapes") from exc
+    if not found:
+        raise typer.BadParameter("no shape given", param_hint="--shapes")
+    return found
 
 
 @bench_app.command()
@@ -61,6 +74,11 @@ def bench(
         "postgresql://postgres@127.0.0.1:5432/eo_bench"),
     amqp_url: Annotated[str | None, typer.Option(
         help="RabbitMQ (default: the local profile's)")] = None,
+    shapes: Annotated[str, typer.Option(
+        help="comma-separated load shapes, each with every run: uniform, zipf:<s> or one "
+             "(how deposits fall on the accounts), optionally @<state size> (1k, 64k, 512k: "
+             "each account's state; a big one drains fewer messages); docs/bench.md")] = (
+        "uniform"),
 ) -> None:
     """The template's paths (token, token-batched, outbox, state) beside two references
     with an inbox table and an outbox (a minimal aio-pika + asyncpg consumer, per message and
@@ -81,11 +99,12 @@ def bench(
         raise typer.Exit(2) from exc
     params = Params(messages, partitions, in_flight, batch_size, database_dsn, url,
                     rounds=rounds, load_ratio=load_ratio, batch_wait_ms=batch_wait_ms,
-                    runs=_runs(runs) if runs else DEFAULT_RUNS)
+                    runs=_runs(runs) if runs else DEFAULT_RUNS, shapes=_shapes(shapes))
 
     def progress(run: object) -> None:
         r: Any = run
-        console.print(f"round {r.round}: {r.label:<20} {r.messages_per_s:8,.0f} msg/s  "
+        console.print(f"round {r.round}: {r.shape:<14} {r.label:<20} "
+                      f"{r.messages_per_s:8,.0f} msg/s  "
                       f"CPU {r.cpu_ms['total']:.2f} ms/msg  p50 {r.p50_ms:,.1f} ms")
 
     try:

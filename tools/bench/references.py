@@ -8,9 +8,14 @@ transaction, published after the commit, then deleted).
 - `minimal-batched`: the same, up to `batch_size` deliveries per transaction, their outputs'
   publisher confirms awaited together (the limit with batching);
 - `faststream`: FastStream 0.7 (the peer a Python team would pick), the handler's work as in
-  `minimal`, acked by FastStream after the handler returns.
+  `minimal`, acked by FastStream after the handler returns;
+- `dbos`: DBOS Transact 3.4 (durable workflows on PostgreSQL) behind RabbitMQ as its users
+  put it: a workflow per delivery whose ID is the message ID (DBOS's idempotency key), a
+  transaction step for the account's state and a step that publishes the output. No inbox
+  or outbox table: DBOS's workflow rows and step checkpoints are its deduplication.
 
-Each runs until cancelled. Tables: `bench_inbox`, `bench_state`, `bench_outbox` (`SCHEMA`).
+Each runs until cancelled. Tables: `bench_inbox`, `bench_state`, `bench_outbox` (`SCHEMA`);
+DBOS's own in the schema `dbos` (`DBOS_SCHEMA`), made by DBOS at its launch.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ SCHEMA = (
     "destination text NOT NULL, body bytea NOT NULL)",
 )
 TABLES = ("bench_inbox", "bench_state", "bench_outbox")
+#: where DBOS keeps its workflows and its datasource's step outputs (its default schema)
+DBOS_SCHEMA = "dbos"
 
 _INBOX = "INSERT INTO bench_inbox (message_id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING 1"
 # insert the account's row when missing and lock it, in one statement
@@ -57,12 +64,13 @@ _OUTBOX_MANY = ("INSERT INTO bench_outbox (message_id, destination, body) "
 _SENT_MANY = "DELETE FROM bench_outbox WHERE message_id = ANY($1::uuid[])"
 
 
-def _decide(state_json: Any, deposit: bench.Deposit, message_id: uuid.UUID, sink: str
-            ) -> tuple[Any, bytes]:
-    """The bench handler on a stored state: (new state as JSON, the output's body)."""
+def _decide(state_json: Any, deposit: bench.Deposit, message_id: uuid.UUID, sink: str,
+            state_bytes: int = 0) -> tuple[Any, bytes]:
+    """The bench handler on a stored state (`state_bytes`: the load shape's state size, as
+    the template's paths are given it): (new state as JSON, the output's body)."""
     state = from_jsonable(bench.Balance, state_json) if state_json is not None else None
     context = Context(message_id, uuid.uuid4(), datetime.now(UTC))
-    decision = bench.handle(state, deposit, context, sink)
+    decision = bench.handle(state, deposit, context, sink, state_bytes)
     [out] = decision.outgoing
     return to_jsonable(decision.state), encode(out.message)
 
@@ -74,7 +82,7 @@ def _output(message_id: uuid.UUID, body: bytes) -> aio_pika.Message:
 
 
 async def process_one(pool: Any, message_id: uuid.UUID, deposit: bench.Deposit, sink: str,
-                      publish: Any) -> None:
+                      publish: Any, state_bytes: int = 0) -> None:
     """One message: inbox row, locked state, handler, state and outbox row in one
     transaction; then publish (awaiting the confirm) and delete the outbox row. A known
     message ID does nothing (a duplicate)."""
@@ -83,7 +91,7 @@ async def process_one(pool: Any, message_id: uuid.UUID, deposit: bench.Deposit, 
         if await conn.fetchval(_INBOX, message_id) is None:
             return
         state, out = _decide(await conn.fetchval(_LOCK, deposit.account), deposit,
-                             message_id, sink)
+                             message_id, sink, state_bytes)
         await conn.execute(_SAVE, deposit.account, state)
         await conn.execute(_OUTBOX, out_id, sink, out)
     await publish(out_id, out)
@@ -91,7 +99,7 @@ async def process_one(pool: Any, message_id: uuid.UUID, deposit: bench.Deposit, 
 
 
 async def process_many(pool: Any, messages: Sequence[tuple[uuid.UUID, bench.Deposit]],
-                       sink: str, publish: Any) -> None:
+                       sink: str, publish: Any, state_bytes: int = 0) -> None:
     """`process_one` for many messages with one statement per step: one transaction (inbox
     rows, states locked in account order, states saved, outbox rows), the publications
     with their confirms awaited together, one delete of the outbox rows."""
@@ -105,7 +113,7 @@ async def process_many(pool: Any, messages: Sequence[tuple[uuid.UUID, bench.Depo
         states = {r["account"]: r["state"] for r in await conn.fetch(_LOCK_MANY, accounts)}
         outs: list[tuple[uuid.UUID, bytes]] = []
         for m, d in fresh:  # in delivery order: two deposits on one account both count
-            states[d.account], out = _decide(states[d.account], d, m, sink)
+            states[d.account], out = _decide(states[d.account], d, m, sink, state_bytes)
             outs.append((uuid.uuid4(), out))
         await conn.execute(_SAVE_MANY, list(states), list(states.values()))
         await conn.execute(_OUTBOX_MANY, [o for o, _ in outs], [sink] * len(outs),
@@ -115,11 +123,12 @@ async def process_many(pool: Any, messages: Sequence[tuple[uuid.UUID, bench.Depo
 
 
 async def run_minimal(amqp_url: str, pool: Any, work: str, sink: str,
-                      in_flight: int, batch_size: int, batch_wait_s: float = 0.0) -> None:
+                      in_flight: int, batch_size: int, batch_wait_s: float = 0.0,
+                      state_bytes: int = 0) -> None:
     """Consume `work` with aio-pika (manual acks, `in_flight` prefetch, publisher confirms)
     until cancelled: per message, or (`batch_size` > 1) the deliveries waiting plus those
     arriving within `batch_wait_s` seconds of the first, up to `batch_size`, per
-    transaction."""
+    transaction; states of about `state_bytes` (0: the small balance)."""
     connection = await aio_pika.connect(amqp_url)
     try:
         consuming = await connection.channel()
@@ -142,9 +151,9 @@ async def run_minimal(amqp_url: str, pool: Any, work: str, sink: str,
                 pairs = [(uuid.UUID(str(d.message_id)), decode(bench.Deposit, d.body))
                          for d in batch]
                 if batch_size == 1:
-                    await process_one(pool, *pairs[0], sink, publish)
+                    await process_one(pool, *pairs[0], sink, publish, state_bytes)
                 else:
-                    await process_many(pool, pairs, sink, publish)
+                    await process_many(pool, pairs, sink, publish, state_bytes)
                 for delivery in batch:
                     await delivery.ack()
             finally:
@@ -173,10 +182,10 @@ async def run_minimal(amqp_url: str, pool: Any, work: str, sink: str,
 
 
 async def run_faststream(amqp_url: str, pool: Any, work: str, sink: str,
-                         in_flight: int) -> None:
-    """Consume `work` with FastStream until cancelled: the handler does `process_one`,
-    publishing through the broker (persistent, publisher-confirmed); FastStream acks after
-    the handler returns."""
+                         in_flight: int, state_bytes: int = 0) -> None:
+    """Consume `work` with FastStream until cancelled: the handler does `process_one`
+    (states of about `state_bytes`), publishing through the broker (persistent,
+    publisher-confirmed); FastStream acks after the handler returns."""
     from faststream.rabbit import Channel, RabbitBroker, RabbitMessage, RabbitQueue
     from pydantic import BaseModel
 
@@ -199,10 +208,82 @@ async def run_faststream(amqp_url: str, pool: Any, work: str, sink: str,
     @broker.subscriber(RabbitQueue(work, declare=False))
     async def handle(body: DepositBody, message: RabbitMessage) -> None:
         deposit = bench.Deposit(body.account, body.cents, body.sent_at_ns)
-        await process_one(pool, uuid.UUID(str(message.message_id)), deposit, sink, publish)
+        await process_one(pool, uuid.UUID(str(message.message_id)), deposit, sink, publish,
+                          state_bytes)
 
     await broker.start()
     try:
         await asyncio.Event().wait()
     finally:
         await broker.stop()
+
+
+# the same statements as `_LOCK` and `_SAVE`, in SQLAlchemy's parameter style
+_LOCK_NAMED = ("INSERT INTO bench_state (account) VALUES (:account) ON CONFLICT (account) "
+               "DO UPDATE SET account = excluded.account RETURNING state")
+_SAVE_NAMED = "UPDATE bench_state SET state = CAST(:state AS jsonb) WHERE account = :account"
+
+
+async def run_dbos(amqp_url: str, database_dsn: str, work: str, sink: str, in_flight: int,
+                   state_bytes: int = 0) -> None:
+    """Consume `work` with aio-pika (`in_flight` prefetch, manual acks) into DBOS workflows
+    until cancelled: each delivery runs the workflow whose ID is its message ID (a copy's
+    workflow has run already: DBOS returns its recorded result and runs nothing), which
+    runs a transaction step (the account's row locked and its new state saved, READ
+    COMMITTED as the other references: the row lock orders an account's deposits) and a
+    step that publishes the output (publisher-confirmed, its message ID derived from the
+    workflow's); the delivery is acked when the workflow returns. DBOS's system tables and
+    its datasource's checkpoints go to `database_dsn` (schema `dbos`); this process is an
+    executor of its own (`executor_id`: its pid), as each replica of a service is."""
+    import json
+    import os
+
+    from dbos import DBOS, AsyncSQLAlchemyDatasource, SetWorkflowID
+    from sqlalchemy import text
+
+    DBOS(config={"name": "eo-bench-dbos", "system_database_url": database_dsn,
+                 "executor_id": f"bench-{os.getpid()}", "log_level": "WARNING",
+                 "sys_db_pool_size": in_flight + 2})
+    datasource = await AsyncSQLAlchemyDatasource.create(
+        database_dsn, engine_kwargs={"pool_size": in_flight + 2})
+    connection = await aio_pika.connect(amqp_url)
+    publishing = await connection.channel(publisher_confirms=True)
+
+    @datasource.transaction(isolation_level="READ COMMITTED")
+    async def apply(message_id: str, account: str, cents: int, sent_at_ns: int) -> str:
+        session = datasource.sql_session()
+        stored = (await session.execute(text(_LOCK_NAMED), {"account": account})).scalar()
+        state, out = _decide(stored, bench.Deposit(account, cents, sent_at_ns),
+                             uuid.UUID(message_id), sink, state_bytes)
+        await session.execute(text(_SAVE_NAMED), {"account": account,
+                                                  "state": json.dumps(state)})
+        return out.decode()
+
+    @DBOS.step()
+    async def publish(message_id: str, body: str) -> None:
+        out_id = uuid.uuid5(uuid.NAMESPACE_URL, f"eo-bench/{message_id}/output")
+        await publishing.default_exchange.publish(_output(out_id, body.encode()), sink)
+
+    @DBOS.workflow()
+    async def deposit(message_id: str, account: str, cents: int, sent_at_ns: int) -> None:
+        body = await apply(message_id, account, cents, sent_at_ns)
+        await publish(message_id, body)
+
+    DBOS.launch()
+    try:
+        consuming = await connection.channel()
+        await consuming.set_qos(prefetch_count=in_flight)
+        queue = await consuming.declare_queue(work, passive=True)
+
+        async def on_delivery(delivery: AbstractIncomingMessage) -> None:
+            d = decode(bench.Deposit, delivery.body)
+            with SetWorkflowID(str(delivery.message_id)):
+                await deposit(str(delivery.message_id), d.account, d.cents, d.sent_at_ns)
+            await delivery.ack()
+
+        await queue.consume(on_delivery)
+        await asyncio.Event().wait()
+    finally:
+        await connection.close()
+        await datasource.engine.dispose()
+        DBOS.destroy()

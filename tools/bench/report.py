@@ -13,13 +13,14 @@ from rich.console import Console
 from rich.table import Table
 
 from application.defaults import PREFETCH_IN_BATCHES, SINGLE_PREFETCH
+from tools.bench.shapes import Shape
 
 #: The references every path is compared with (tools/bench/references.py).
-REFERENCES = ("minimal", "minimal-batched", "faststream")
+REFERENCES = ("minimal", "minimal-batched", "faststream", "dbos")
 
 DEFAULT_RUNS: tuple[tuple[str, int], ...] = (
     ("token", 1), ("token-batched", 1), ("outbox", 1), ("state", 1),
-    ("minimal", 1), ("minimal-batched", 1), ("faststream", 1),
+    ("minimal", 1), ("minimal-batched", 1), ("faststream", 1), ("dbos", 1),
     ("token-batched", 2), ("minimal-batched", 2))
 
 
@@ -28,8 +29,9 @@ class Params:
     """One bench: `messages` per run over `partitions` accounts; `in_flight` deliveries per
     unbatched consumer, batched consumers `PREFETCH_IN_BATCHES * batch_size` (waiting
     `batch_wait_ms` for a batch to fill); `runs` as (path, consumer processes), each run
-    `rounds` times, interleaved; latency at `load_ratio` of the run's
-    throughput, over up to `latency_messages` messages."""
+    `rounds` times, interleaved, under each load shape of `shapes` (tools/bench/shapes.py;
+    a big state's shape drains fewer messages: `Shape.messages_for`); latency at
+    `load_ratio` of the run's throughput, over up to `latency_messages` messages."""
 
     messages: int = 10_000
     partitions: int = 1_000
@@ -53,6 +55,8 @@ class Params:
     #: run under callgrind, 20-50 times): the drain's and the latency phase's time bounds
     #: (60 s plus 50 ms a message, and twice the expected time) grow by it
     slowdown: float = 1.0
+    #: the load shapes, each with every run of `runs` (default: uniform, the small balance)
+    shapes: tuple[Shape, ...] = (Shape(),)
 
 
 @dataclass
@@ -80,11 +84,17 @@ class RunFigures:
     #: 0.0 elsewhere): part of the latency, the protocol's cost rather than the consumer's
     sender_p50_ms: float = 0.0
     sender_p99_ms: float = 0.0
+    #: the load shape's label (`Shape.label`)
+    shape: str = "uniform"
+    #: commits refused by a conflict (and retried) per message drained (template paths;
+    #: the references lock the account's row instead: 0)
+    conflicts_per_message: float = 0.0
 
 
 @dataclass
 class Summary:
-    """A label's runs: throughput min / median / max, median CPU per group and latency."""
+    """A label's runs under one shape: throughput min / median / max, median CPU per group,
+    latency and conflicts per message."""
 
     label: str
     messages_per_s: tuple[float, float, float]
@@ -96,6 +106,8 @@ class Summary:
     ratios: dict[str, float] = field(default_factory=dict)
     sender_p50_ms: float = 0.0
     sender_p99_ms: float = 0.0
+    shape: str = "uniform"
+    conflicts_per_message: float = 0.0
 
 
 @dataclass
@@ -107,12 +119,13 @@ class BenchResult:
     runs: list[RunFigures]
 
     def summaries(self) -> list[Summary]:
-        """One summary per label, in the order first run; each with its median throughput
-        over each reference's of the same number of processes (`ratios`: reference -> x)."""
-        labels = list(dict.fromkeys(r.label for r in self.runs))
+        """One summary per (shape, label), in the order of their first run; each with its
+        median throughput over each reference's under the same shape with the same number
+        of processes (`ratios`: reference -> x)."""
+        keys = list(dict.fromkeys((r.shape, r.label) for r in self.runs))
         out = []
-        for label in labels:
-            runs = [r for r in self.runs if r.label == label]
+        for shape, label in keys:
+            runs = [r for r in self.runs if (r.shape, r.label) == (shape, label)]
             rates = sorted(r.messages_per_s for r in runs)
             out.append(Summary(
                 label, (rates[0], statistics.median(rates), rates[-1]),
@@ -122,14 +135,15 @@ class BenchResult:
                 statistics.median(r.round_trips_per_message for r in runs),
                 max(r.dedup_rows_at_rest for r in runs), {},
                 statistics.median(r.sender_p50_ms for r in runs),
-                statistics.median(r.sender_p99_ms for r in runs)))
-        medians = {s.label: s.messages_per_s[1] for s in out}
+                statistics.median(r.sender_p99_ms for r in runs), shape,
+                statistics.median(r.conflicts_per_message for r in runs)))
+        medians = {(s.shape, s.label): s.messages_per_s[1] for s in out}
         for s in out:
             processes = next(r.processes for r in self.runs if r.label == s.label)
             for ref in REFERENCES:
                 ref_label = ref if processes == 1 else f"{ref} x{processes}"
-                if medians.get(ref_label):
-                    s.ratios[ref] = medians[s.label] / medians[ref_label]
+                if medians.get((s.shape, ref_label)):
+                    s.ratios[ref] = medians[(s.shape, s.label)] / medians[(s.shape, ref_label)]
         return out
 
 
@@ -145,6 +159,8 @@ DEDUP_ROWS = {
     "outbox": "processed-message rows, kept for the retention window",
     "state": "state stream entries, one per message until retention truncates them",
     "references": "inbox rows (bench_inbox), one per message, kept for ever",
+    "dbos": "workflow rows (dbos.workflow_status, with their inputs, outputs and step "
+            "checkpoints), one per message, kept until DBOS's retention deletes them",
 }
 
 #: What the latency columns measure.
@@ -175,21 +191,25 @@ def write_json(result: BenchResult, path: Path) -> None:
 def print_table(result: BenchResult, console: Console) -> None:
     """The summaries side by side, then the machine line and the notes."""
     p = result.params
-    table = Table(title=f"eo bench: {p.messages:,} messages per run, {p.partitions:,} "
+    table = Table(title=f"eo bench: {p.messages:,} messages per run (fewer for a big state: "
+                        f"docs/bench.md), {p.partitions:,} "
                         f"partitions, {p.rounds} round(s); in flight {p.in_flight} "
                         f"(batched: {PREFETCH_IN_BATCHES * p.batch_size}, batches of {p.batch_size}"
                         f"{f', wait {p.batch_wait_ms:g} ms' if p.batch_wait_ms else ''})")
-    for column in ("path", "msg/s min", "median", "max", "CPU ms/msg", "Python", "PG",
-                   "RabbitMQ", "p50 ms", "p99 ms", "trips/msg", "dedup rows",
+    for column in ("shape", "path", "msg/s min", "median", "max", "CPU ms/msg", "Python", "PG",
+                   "RabbitMQ", "p50 ms", "p99 ms", "trips/msg", "conflicts/msg", "dedup rows",
                    *(f"/ {ref}" for ref in REFERENCES)):
-        table.add_column(column, justify="left" if column == "path" else "right")
+        table.add_column(column, justify="left" if column in ("shape", "path") else "right")
     for s in result.summaries():
         low, mid, high = s.messages_per_s
-        table.add_row(s.label, f"{low:,.0f}", f"{mid:,.0f}", f"{high:,.0f}",
+        table.add_row(s.shape, s.label, f"{low:,.0f}", f"{mid:,.0f}", f"{high:,.0f}",
                       f"{s.cpu_ms['total']:.2f}", f"{s.cpu_ms['python']:.2f}",
                       f"{s.cpu_ms['postgresql']:.2f}", f"{s.cpu_ms['rabbitmq']:.2f}",
                       f"{s.p50_ms:,.1f}", f"{s.p99_ms:,.1f}",
-                      f"{s.round_trips_per_message:.2f}", f"{s.dedup_rows_at_rest:,}",
+                      # DBOS's statements go through SQLAlchemy, not the counted pool
+                      "-" if s.label.split()[0] == "dbos" else f"{s.round_trips_per_message:.2f}",
+                      f"{s.conflicts_per_message:.3f}",
+                      f"{s.dedup_rows_at_rest:,}",
                       *(f"{s.ratios[ref]:.2f}" if ref in s.ratios else "-"
                         for ref in REFERENCES))
     console.print(table, width=max(console.width, 190))

@@ -25,13 +25,14 @@ from tools.bench import references
 from tools.bench.consumers import cpu_at, spawn_worker, stop_worker
 from tools.bench.otlp_sink import SpanCount, otlp_sink
 from tools.bench.report import BenchResult, Params, RunFigures, percentile_ms
+from tools.bench.shapes import Shape
 from tools.bench.tables import at_rest, truncate_tables
 from tools.bench.traffic import GROUPS, Producer, Sink
 from tools.bench.worker import RETRY_DELAYS_S, TEMPLATE_PATHS
 from tools.scratch import fresh_name, own_database, own_vhost
 
 PATHS = ("token", "token-batched", "outbox", "state", "minimal", "minimal-batched",
-         "faststream", "traced-token", "traced-token-batched")
+         "faststream", "dbos", "traced-token", "traced-token-batched")
 #: The bench's database is `<the name --database-dsn gives, else this>_<pid>_<hex>`.
 BENCH_DATABASE = "eo_bench"
 #: Its virtual host (on a broker this host administers) is `<this>-<pid>-<hex>`.
@@ -85,12 +86,13 @@ async def _rounds(params: Params, on_run: Any, spawn: Any, spans: SpanCount | No
                    "rabbitmq": str(underlay.connection.server_properties.get("version", "?"))}
         runs = []
         for round_no in range(1, params.rounds + 1):
-            for path, processes in params.runs:
-                figures = await _run(params, path, processes, round_no, admin, driver, spawn,
-                                     spans)
-                runs.append(figures)
-                if on_run is not None:
-                    on_run(figures)
+            for shape in params.shapes:
+                for path, processes in params.runs:
+                    figures = await _run(params, path, processes, round_no, admin, driver,
+                                         spawn, spans, shape)
+                    runs.append(figures)
+                    if on_run is not None:
+                        on_run(figures)
     finally:
         await driver.close()
         await admin.close()
@@ -111,31 +113,32 @@ async def _delete(driver: RabbitConnection, work: str, sink: str) -> None:
 
 
 async def _run(params: Params, path: str, processes: int, round_no: int, admin: Any,
-               driver: RabbitConnection, spawn: Any, spans: SpanCount | None = None
-               ) -> RunFigures:
-    """One run, on queues declared for it and deleted after it (also when it fails: on a
-    virtual host the bench shares, nothing of its own is left behind). `spans`: the OTLP
-    sink's count, for a traced path's `at_rest["spans_exported"]`."""
+               driver: RabbitConnection, spawn: Any, spans: SpanCount | None = None,
+               shape: Shape | None = None) -> RunFigures:
+    """One run under `shape` (default: uniform, the small balance), on queues declared
+    for it and deleted after it (also when it fails: on a virtual host the bench shares,
+    nothing of its own is left behind). `spans`: the OTLP sink's count, for a traced
+    path's `at_rest["spans_exported"]`."""
     work = f"{params.prefix}-{path}-{processes}"
     sink = f"{params.prefix}-sink-{path}-{processes}"
     await _declare(driver, work, sink)
     try:
         return await _measured(params, path, processes, round_no, admin, driver, spawn, work,
-                               sink, spans)
+                               sink, spans, shape or Shape())
     finally:
         await _delete(driver, work, sink)
 
 
 async def _measured(params: Params, path: str, processes: int, round_no: int, admin: Any,
                     driver: RabbitConnection, spawn: Any, work: str, sink: str,
-                    spans: SpanCount | None = None) -> RunFigures:
+                    spans: SpanCount | None, shape: Shape) -> RunFigures:
     label = path if processes == 1 else f"{path} x{processes}"
     spans_before = spans.total if spans is not None else 0
-    n = params.messages
+    n = shape.messages_for(params.messages)
     await truncate_tables(admin)
     token = TEMPLATE_PATHS.get(path, ("",))[0] == "token"
     producer = Producer(params, driver, PostgresTokenStore(admin), work, token,
-                         random.Random(params.seed + round_no))
+                         random.Random(params.seed + round_no), shape)
     incoming = await producer.preload(n)
     receiver = Sink()
     receiver.expect(n)
@@ -145,7 +148,7 @@ async def _measured(params: Params, path: str, processes: int, round_no: int, ad
     config = {"path": path, "work": work, "sink": sink, "database_dsn": params.database_dsn,
               "amqp_url": params.amqp_url, "in_flight": in_flight,
               "batch_size": params.batch_size, "batch_wait_s": params.batch_wait_ms / 1000,
-              "otlp_endpoint": params.otlp_endpoint}
+              "otlp_endpoint": params.otlp_endpoint, "state_bytes": shape.state_bytes}
     procs: list[asyncio.subprocess.Process] = []
     reports: list[dict[str, Any]] = []
     try:
@@ -178,7 +181,8 @@ async def _measured(params: Params, path: str, processes: int, round_no: int, ad
                       offered, percentile_ms(latencies, 0.50), percentile_ms(latencies, 0.99),
                       round_trips, rows["dedup_rows"], rows, receiver.duplicates,
                       percentile_ms(producer.inserts_ns, 0.50),
-                      percentile_ms(producer.inserts_ns, 0.99))
+                      percentile_ms(producer.inserts_ns, 0.99), shape.label,
+                      sum(r.get("conflicts", 0) for r in reports) / len(incoming))
 
 
 async def _wait(receiver: Sink, procs: list[asyncio.subprocess.Process], timeout_s: float,

@@ -14,6 +14,10 @@ _EO_TABLES = ("eo_transaction_record", "eo_side_effect_record", "eo_deferred_cle
 _NEWEST = ("(SELECT DISTINCT ON (partition_key) state FROM eo_state_entry WHERE endpoint = $1 "
            "ORDER BY partition_key, version DESC) AS newest")
 _COUNT = "coalesce(sum((state->>'count')::bigint), 0)"
+#: DBOS's tables that grow with the workflows it runs (`TRUNCATE`d before each run)
+_DBOS_TABLES = ("workflow_status", "workflow_input", "workflow_output", "operation_outputs",
+                "datasource_outputs", "workflow_events", "workflow_events_history",
+                "notifications", "streams")
 
 
 async def truncate_tables(admin: Any) -> None:
@@ -22,12 +26,20 @@ async def truncate_tables(admin: Any) -> None:
     with autovacuum off, as CI configurations may have, made each run read those of all the
     runs before it)."""
     await admin.execute(f"TRUNCATE eo_token, {', '.join((*_EO_TABLES, *references.TABLES))}")
+    # DBOS's, once a `dbos` run has made them: every workflow it ran, kept for ever
+    dbos = [str(r["name"]) for r in await admin.fetch(
+        "SELECT format('%I.%I', table_schema, table_name) AS name "
+        "FROM information_schema.tables WHERE table_schema = $1 AND table_name = ANY($2)",
+        references.DBOS_SCHEMA, list(_DBOS_TABLES))]
+    if dbos:
+        await admin.execute(f"TRUNCATE {', '.join(dbos)} CASCADE")
 
 
 async def at_rest(admin: Any, path: str, work: str, incoming: list[uuid.UUID]
                    ) -> dict[str, int]:
     """Rows left once the consumers stopped: the handler's count summed over the accounts,
-    and each path's deduplication rows (`dedup_rows`, see report.DEDUP_ROWS)."""
+    the biggest account's state in bytes (`state_bytes`), and each path's deduplication
+    rows (`dedup_rows`, see report.DEDUP_ROWS)."""
     strategy = TEMPLATE_PATHS.get(path, (path,))[0]
     if strategy in ("token", "outbox"):
         processed = f"SELECT {_COUNT} FROM eo_transaction_record WHERE endpoint = $1"
@@ -37,10 +49,21 @@ async def at_rest(admin: Any, path: str, work: str, incoming: list[uuid.UUID]
         processed = f"SELECT {_COUNT} FROM bench_state WHERE $1::text IS NOT NULL"
     dedup = {"token": ("SELECT count(*) FROM eo_token WHERE message_id = ANY($1)", incoming),
              "outbox": ("SELECT count(*) FROM eo_processed_message WHERE endpoint = $1", work),
-             "state": ("SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", work)}.get(
+             "state": ("SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", work),
+             "dbos": (f"SELECT count(*) FROM {references.DBOS_SCHEMA}.workflow_status "
+                      "WHERE workflow_uuid = ANY($1::text[])", [str(i) for i in incoming])}.get(
         strategy, ("SELECT count(*) FROM bench_inbox WHERE $1::text IS NOT NULL", work))
+    state = {"token": "SELECT coalesce(max(octet_length(state::text)), 0) FROM "
+                      "eo_transaction_record WHERE endpoint = $1",
+             "outbox": "SELECT coalesce(max(octet_length(state::text)), 0) FROM "
+                       "eo_transaction_record WHERE endpoint = $1",
+             "state": f"SELECT coalesce(max(octet_length(state::text)), 0) FROM {_NEWEST}"}.get(
+        strategy, "SELECT coalesce(max(octet_length(state::text)), 0) FROM bench_state "
+                  "WHERE $1::text IS NOT NULL")
     queries = {
         "processed": (processed, work),
+        # the biggest account's state as stored (its JSON text's bytes): the shape's size
+        "state_bytes": (state, work),
         "dedup_rows": dedup,
         "side_effect_records_left": (
             "SELECT count(*) FROM eo_side_effect_record WHERE endpoint = $1", work),

@@ -22,6 +22,7 @@ from application.codec import encode
 from application.envelope import TOKEN_HEADER, Envelope
 from tools.bench import endpoint as bench
 from tools.bench.report import Params
+from tools.bench.shapes import Shape, account_picker
 
 #: process-group name -> the process names (psutil) whose CPU it sums
 GROUPS = {"postgresql": ("postgres",), "rabbitmq": ("beam.smp", "erl_child_setup")}
@@ -90,8 +91,9 @@ class Sink:
 
 @dataclass
 class Producer:
-    """Publishes deposits to a work queue (creating their tokens first on a token path);
-    `sent_at_ns` is unique and strictly increasing, the output's key at the sink."""
+    """Publishes deposits to a work queue (creating their tokens first on a token path),
+    on the accounts `shape` draws; `sent_at_ns` is unique and strictly increasing, the
+    output's key at the sink."""
 
     params: Params
     driver: RabbitConnection
@@ -99,14 +101,18 @@ class Producer:
     work: str
     token: bool
     rng: random.Random
+    shape: Shape = field(default_factory=Shape)
     last: int = 0
     #: how long each paced message's token insert took (ns): part of its latency
     inserts_ns: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._account = account_picker(self.shape, self.params.partitions, self.rng)
+
     def _next(self) -> Envelope:
         self.last = max(time.monotonic_ns(), self.last + 1)
-        deposit = bench.Deposit(f"acct-{self.rng.randrange(self.params.partitions)}",
-                                self.rng.randint(1, 10_000), self.last)
+        deposit = bench.Deposit(f"acct-{self._account()}", self.rng.randint(1, 10_000),
+                                self.last)
         headers = MappingProxyType({TOKEN_HEADER: "1"} if self.token else {})
         return Envelope(uuid.uuid4(), "Deposit", encode(deposit), headers)
 

@@ -5,7 +5,9 @@ prints one JSON line: the samples `[[monotonic_ns, cpu_s], ...]` (CLOCK_MONOTONI
 clock for every process of the machine, so the orchestrator cuts them at its own marks) and
 the database round trips per statement (every path's pool is counted the same way). The
 JSON argument: `path`, `work`, `sink`, `database_dsn`, `amqp_url`, `in_flight`,
-`batch_size`, `batch_wait_s`, and `otlp_endpoint` for the traced paths.
+`batch_size`, `batch_wait_s`, `state_bytes` (the load shape's state size, 0 for the small
+balance) and `otlp_endpoint` for the traced paths. The report also counts the template
+paths' commits refused by a conflict (`conflicts`: `transaction.conflict` events).
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ TEMPLATE_PATHS = {"token": ("token", False, False), "token-batched": ("token", T
                   "outbox": ("outbox", False, False), "state": ("state", False, False),
                   "traced-token": ("token", False, True),
                   "traced-token-batched": ("token", True, True)}
-REFERENCE_PATHS = ("minimal", "minimal-batched", "faststream")
+REFERENCE_PATHS = ("minimal", "minimal-batched", "faststream", "dbos")
 
 
-async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection) -> None:
+async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection,
+                    events: CountingSink) -> None:
     strategy, batched, traced = TEMPLATE_PATHS[config["path"]]
     clock, state = SystemClock(), strategy == "state"
     tracing = None
@@ -64,12 +67,13 @@ async def _template(config: dict[str, Any], pool: Any, rabbit: RabbitConnection)
     ports = Ports(PostgresTokenStore(pool),
                   PostgresTransactionalStore(pool, work, bench.Balance, clock,
                                              holds_tokens=not state),
-                  RabbitDispatcher(rabbit), clock, uuid.uuid4, CountingSink(),
+                  RabbitDispatcher(rabbit), clock, uuid.uuid4, events,
                   colocated_tokens=not state,
                   state_stream=PostgresStateStream(pool, work, bench.Balance, clock)
                   if state else None,
                   tracer=tracing.tracer if tracing else NULL_TRACER)
-    processor = build_processor(bench.endpoint(work, sink), ports, Strategy(strategy))
+    processor = build_processor(bench.endpoint(work, sink, config.get("state_bytes", 0)),
+                                ports, Strategy(strategy))
     consumer = Settler(processor, retry_delays=RETRY_DELAYS_S,
                        batch_size=config["batch_size"] if batched else 1,
                        batch_wait_s=config["batch_wait_s"])
@@ -96,16 +100,22 @@ async def _main(config: dict[str, Any]) -> dict[str, Any]:
     counted = CountingPool(pool)
     rabbit = RabbitConnection(config["amqp_url"])
     await rabbit.start()
+    events = CountingSink()
+    state_bytes = config.get("state_bytes", 0)
     if path in TEMPLATE_PATHS:
-        running = _template(config, counted, rabbit)
+        running = _template(config, counted, rabbit, events)
+    elif path == "dbos":
+        running = references.run_dbos(config["amqp_url"], config["database_dsn"],
+                                      config["work"], config["sink"], config["in_flight"],
+                                      state_bytes)
     elif path == "faststream":
         running = references.run_faststream(config["amqp_url"], counted, config["work"],
-                                            config["sink"], config["in_flight"])
+                                            config["sink"], config["in_flight"], state_bytes)
     else:
         running = references.run_minimal(config["amqp_url"], counted, config["work"],
                                          config["sink"], config["in_flight"],
                                          config["batch_size"] if path.endswith("batched")
-                                         else 1, config["batch_wait_s"])
+                                         else 1, config["batch_wait_s"], state_bytes)
     task = asyncio.create_task(running)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -125,7 +135,8 @@ async def _main(config: dict[str, Any]) -> dict[str, Any]:
     await pool.close()
     counts = counted.counts
     return {"samples": samples, "round_trips": counts.total,
-            "by_statement": dict(counts.by_statement), "failure": failure}
+            "by_statement": dict(counts.by_statement), "failure": failure,
+            "conflicts": events.total("transaction.conflict")}
 
 
 def main() -> None:
