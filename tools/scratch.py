@@ -139,12 +139,20 @@ class RunBroker:
 
 async def _made_vhost(url: str, prefix: str) -> RunBroker | None:
     """`url` on a virtual host of a fresh name made with rabbitmqctl, or None when this host
-    cannot administer the broker."""
+    cannot administer the broker. Cancelled while rabbitmqctl makes it, it waits for it
+    and deletes it before it raises CancelledError (a thread cannot be stopped)."""
     if not controllable(url):
         return None
     vhost = fresh_name(prefix, "-")
+    making = asyncio.ensure_future(asyncio.to_thread(on_own_vhost, url, vhost))
     try:
-        return RunBroker(await asyncio.to_thread(on_own_vhost, url, vhost), vhost)
+        return RunBroker(await asyncio.shield(making), vhost)
+    except asyncio.CancelledError:  # a SIGTERM or Ctrl-C: its thread makes it all the same
+        with contextlib.suppress(Exception):
+            await making
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            await asyncio.to_thread(rabbitmqctl, "delete_vhost", vhost)
+        raise
     except (OSError, subprocess.SubprocessError):
         with contextlib.suppress(OSError, subprocess.SubprocessError):  # half made
             await asyncio.to_thread(rabbitmqctl, "delete_vhost", vhost)

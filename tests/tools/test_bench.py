@@ -37,6 +37,7 @@ from tools.bench.worker import TEMPLATE_PATHS
 pytestmark = pytest.mark.slow(minutes=2)  # real processes, callgrind
 
 MESSAGES, PARTITIONS = 200, 50
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +198,50 @@ async def test_each_shape_has_every_run_its_state_size_and_ratios_of_its_own(
     print_table(result, Console(file=out, width=250))
     assert "zipf:1.2@1k" in out.getvalue()
     assert "conflicts/msg" in out.getvalue()
+
+
+async def test_a_bench_stopped_by_sigterm_removes_its_database_vhost_and_consumers(
+    services: Services
+) -> None:
+    """SIGTERM (`timeout`, `kill`, a CI runner) ended `eo bench` where it stood: its
+    database, its virtual host and its consumer processes stayed behind. Now SIGTERM
+    cancels the run as Ctrl-C does, its clean-ups run, and it exits 143."""
+    import asyncio
+    import signal
+    import time
+
+    name = this_run("eo_bench_term")
+    dsn = with_database(services.postgres_dsn, name)
+    bench = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from entrypoints.cli import main; main()", "bench",
+        "--messages", "20000", "--runs", "token", "--database-dsn", dsn,
+        "--amqp-url", services.amqp_url, "--json", os.devnull,
+        cwd=ROOT, env={**os.environ, "EO_PROFILE": "local"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    mark = f'"work": "bench-{bench.pid}-'  # its queues' prefix, in its consumers' arguments
+
+    def consumers() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if mark in " ".join(p.info["cmdline"] or ())]
+
+    try:
+        deadline = time.monotonic() + 90
+        while not consumers():  # its database made, the queue preloaded, a consumer up
+            assert bench.returncode is None, await bench.communicate()
+            assert time.monotonic() < deadline, "no consumer started"
+            await asyncio.sleep(0.2)
+        assert await databases_like(dsn, name) != []
+        bench.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(bench.communicate(), 60)
+    finally:
+        if bench.returncode is None:
+            bench.kill()
+            await bench.wait()
+    assert bench.returncode == 128 + signal.SIGTERM, (out, err)
+    assert b"stopped by SIGTERM" in err
+    assert await databases_like(dsn, name) == []
+    assert [v for v in vhosts() if v.startswith(f"eo-bench-{bench.pid}-")] == []
+    assert consumers() == []
 
 
 async def test_the_statements_bench_processes_every_message_once_per_configuration(

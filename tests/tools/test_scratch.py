@@ -81,6 +81,40 @@ async def test_own_vhost_is_made_for_the_run_and_deleted(services: Services) -> 
         assert await queued(url, "orders") == 1
 
 
+async def test_a_run_cancelled_while_its_virtual_host_is_made_deletes_it(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM arriving while rabbitmqctl makes the run's virtual host (seen: `eo bench`
+    stopped then left it): the thread goes on and makes it, so the cancelled run waits for
+    it and deletes it. The making is held until the cancellation has been delivered."""
+    import asyncio
+    import threading
+
+    cancelled, made = threading.Event(), []
+    real = scratch.on_own_vhost
+
+    def held(url: str, vhost: str) -> str:
+        cancelled.wait(30)  # made only once the run was cancelled
+        made.append(vhost)
+        return real(url, vhost)
+
+    monkeypatch.setattr(scratch, "on_own_vhost", held)
+
+    async def run() -> None:
+        async with own_vhost(services.amqp_url, "eo-scratch", ["orders"], DELAYS, "eo test"):
+            pytest.fail("the block ran")
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(0.2)  # in the thread, waiting
+    task.cancel()
+    await asyncio.sleep(0)
+    cancelled.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(made) == 1
+    assert made[0] not in vhosts()
+
+
 async def test_without_rabbitmqctl_a_virtual_host_holding_the_runs_queues_is_refused(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:

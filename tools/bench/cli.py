@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import asyncpg
 import typer
@@ -18,6 +20,7 @@ from tools.bench.shapes import Shape, parse
 from tools.guard import refuse_production
 
 console = Console()
+T = TypeVar("T")
 bench_app = typer.Typer(add_completion=False)
 
 
@@ -34,6 +37,20 @@ def _runs(spec: str) -> tuple[tuple[str, int], ...]:
                                      "optionally followed by xN (N consumer processes)")
         runs.append((match["path"], int(match["n"] or 1)))
     return tuple(runs)
+
+
+async def _until_terminated(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work`, cancelled by SIGTERM as Ctrl-C cancels `asyncio.run`'s task, so that
+    its clean-ups run either way (the bench's database, virtual host, queues and consumer
+    processes removed: `timeout`, a CI runner or `kill` stop it with SIGTERM, which would
+    otherwise end the process where it stands). Raises CancelledError after a SIGTERM."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _shapes(spec: str) -> tuple[Shape, ...]:
@@ -108,7 +125,11 @@ def bench(
                       f"CPU {r.cpu_ms['total']:.2f} ms/msg  p50 {r.p50_ms:,.1f} ms")
 
     try:
-        result = asyncio.run(run_bench(params, progress))
+        result = asyncio.run(_until_terminated(run_bench(params, progress)))
+    except asyncio.CancelledError as exc:  # SIGTERM: what the bench made is removed already
+        Console(stderr=True).print("[red]bench stopped by SIGTERM: its database, virtual host "
+                                   "and consumer processes removed[/red]")
+        raise typer.Exit(128 + signal.SIGTERM) from exc
     except (TransientError, OSError, asyncpg.PostgresError, RuntimeError) as exc:
         Console(stderr=True).print(f"[red]bench failed: {type(exc).__name__}: {exc}[/red]")
         raise typer.Exit(3) from exc
