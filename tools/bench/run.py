@@ -113,18 +113,17 @@ async def _delete(driver: RabbitConnection, work: str, sink: str) -> None:
 
 
 async def _run(params: Params, path: str, processes: int, round_no: int, admin: Any,
-               driver: RabbitConnection, spawn: Any, spans: SpanCount | None = None,
-               shape: Shape | None = None) -> RunFigures:
-    """One run under `shape` (default: uniform, the small balance), on queues declared
-    for it and deleted after it (also when it fails: on a virtual host the bench shares,
-    nothing of its own is left behind). `spans`: the OTLP sink's count, for a traced
-    path's `at_rest["spans_exported"]`."""
+               driver: RabbitConnection, spawn: Any, spans: SpanCount | None,
+               shape: Shape) -> RunFigures:
+    """One run under `shape`, on queues declared for it and deleted after it (also when it
+    fails: on a virtual host the bench shares, nothing of its own is left behind). `spans`:
+    the OTLP sink's count, for a traced path's `at_rest["spans_exported"]`."""
     work = f"{params.prefix}-{path}-{processes}"
     sink = f"{params.prefix}-sink-{path}-{processes}"
     await _declare(driver, work, sink)
     try:
         return await _measured(params, path, processes, round_no, admin, driver, spawn, work,
-                               sink, spans, shape or Shape())
+                               sink, spans, shape)
     finally:
         await _delete(driver, work, sink)
 

@@ -41,29 +41,24 @@ async def at_rest(admin: Any, path: str, work: str, incoming: list[uuid.UUID]
     the biggest account's state in bytes (`state_bytes`), and each path's deduplication
     rows (`dedup_rows`, see report.DEDUP_ROWS)."""
     strategy = TEMPLATE_PATHS.get(path, (path,))[0]
+    # where the path keeps each account's state, for the handler's count and the biggest size
     if strategy in ("token", "outbox"):
-        processed = f"SELECT {_COUNT} FROM eo_transaction_record WHERE endpoint = $1"
+        states = "eo_transaction_record WHERE endpoint = $1"
     elif strategy == "state":
-        processed = f"SELECT {_COUNT} FROM {_NEWEST}"
+        states = _NEWEST
     else:
-        processed = f"SELECT {_COUNT} FROM bench_state WHERE $1::text IS NOT NULL"
+        states = "bench_state WHERE $1::text IS NOT NULL"
     dedup = {"token": ("SELECT count(*) FROM eo_token WHERE message_id = ANY($1)", incoming),
              "outbox": ("SELECT count(*) FROM eo_processed_message WHERE endpoint = $1", work),
              "state": ("SELECT count(*) FROM eo_state_entry WHERE endpoint = $1", work),
              "dbos": (f"SELECT count(*) FROM {references.DBOS_SCHEMA}.workflow_status "
                       "WHERE workflow_uuid = ANY($1::text[])", [str(i) for i in incoming])}.get(
         strategy, ("SELECT count(*) FROM bench_inbox WHERE $1::text IS NOT NULL", work))
-    state = {"token": "SELECT coalesce(max(octet_length(state::text)), 0) FROM "
-                      "eo_transaction_record WHERE endpoint = $1",
-             "outbox": "SELECT coalesce(max(octet_length(state::text)), 0) FROM "
-                       "eo_transaction_record WHERE endpoint = $1",
-             "state": f"SELECT coalesce(max(octet_length(state::text)), 0) FROM {_NEWEST}"}.get(
-        strategy, "SELECT coalesce(max(octet_length(state::text)), 0) FROM bench_state "
-                  "WHERE $1::text IS NOT NULL")
     queries = {
-        "processed": (processed, work),
+        "processed": (f"SELECT {_COUNT} FROM {states}", work),
         # the biggest account's state as stored (its JSON text's bytes): the shape's size
-        "state_bytes": (state, work),
+        "state_bytes": (f"SELECT coalesce(max(octet_length(state::text)), 0) FROM {states}",
+                        work),
         "dedup_rows": dedup,
         "side_effect_records_left": (
             "SELECT count(*) FROM eo_side_effect_record WHERE endpoint = $1", work),

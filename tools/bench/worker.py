@@ -32,7 +32,7 @@ from adapters.rabbitmq.consumer import RabbitSource
 from adapters.rabbitmq.dispatcher import RabbitDispatcher
 from adapters.system.clock import SystemClock
 from application.assembly import build_processor
-from application.observability import CountingSink
+from application.observability import TRANSACTION_CONFLICT, CountingSink
 from application.ports import Ports
 from application.ports.null_tracer import NULL_TRACER
 from application.settlement import Settler
@@ -136,7 +136,7 @@ async def _main(config: dict[str, Any]) -> dict[str, Any]:
     counts = counted.counts
     return {"samples": samples, "round_trips": counts.total,
             "by_statement": dict(counts.by_statement), "failure": failure,
-            "conflicts": events.total("transaction.conflict")}
+            "conflicts": events.total(TRANSACTION_CONFLICT)}
 
 
 def main() -> None:
